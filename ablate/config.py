@@ -1,0 +1,227 @@
+"""Typed config schema, registered in Hydra's ConfigStore so overrides are checked at compose time.
+
+`conf/config.yaml` composes one option per axis group on top of `ablate_schema`; a wrong type
+(`train.steps=abc`) is a ValidationError before anything runs. Cross-key invariants that a type
+cannot express live in `validate()`, which runs before any directory is made or any tensor built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# The architectural axes, in the order they are listed and used in run names.
+AXES = ("norm", "norm_pos", "act", "pos", "attn", "tie", "bias", "dropout", "qk_norm")
+# Other config groups that `ablate axes` lists (they are not part of a variant's identity).
+OTHER_GROUPS = ("arch", "model", "data", "tokenizer", "logger", "train", "launcher")
+
+
+@dataclass
+class NormConfig:
+    name: str = "layernorm"
+    eps: float = 1e-5
+
+
+@dataclass
+class NormPosConfig:
+    name: str = "pre"
+
+
+@dataclass
+class ActConfig:
+    name: str = "gelu"
+
+
+@dataclass
+class PosConfig:
+    name: str = "learned"
+    base: float = 10000.0  # RoPE base (theta)
+
+
+@dataclass
+class AttnConfig:
+    name: str = "mha"
+    # gqa: n_kv_heads = n_heads // kv_group (4 by default); explicit model.n_kv_heads wins.
+    kv_group: int = 4
+
+
+@dataclass
+class TieConfig:
+    name: str = "tied"
+
+
+@dataclass
+class BiasConfig:
+    name: str = "on"
+
+
+@dataclass
+class DropoutConfig:
+    name: str = "off"
+    rate: float = 0.0
+
+
+@dataclass
+class QKNormConfig:
+    name: str = "off"
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None  # null: set by the attn axis
+    d_ff: Optional[int] = None  # null: ffn_ratio * d_model (2/3 of that for gated activations)
+    ffn_ratio: float = 4.0
+    ffn_multiple_of: int = 16
+    vocab_size: Optional[int] = None  # null: the tokenizer's, padded up to a multiple of 64
+    max_seq_len: int = 256
+    init_std: float = 0.02
+    depth_scaled_init: bool = True  # residual output projections get init_std / sqrt(2 * n_layers)
+    emb_scale: bool = False  # multiply token embeddings by sqrt(d_model)
+    parallel_block: bool = False  # GPT-J / PaLM: attention and FFN read the same input
+    z_loss: float = 0.0  # PaLM z-loss weight on log(Z)^2
+    attn_softcap: Optional[float] = None  # Gemma 2 tanh capping of attention logits
+    logit_softcap: Optional[float] = None  # Gemma 2 tanh capping of output logits
+    act_clamp: Optional[float] = None  # clamp the gated FFN's activations to [-c, c]
+    mtp_heads: int = 0  # extra heads predicting tokens t+2 .. t+k+1
+    mtp_weight: float = 0.3  # loss weight of each extra head
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 600
+    batch_size: int = 16
+    grad_accum: int = 1
+    seq_len: int = 128
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    schedule: str = "cosine"  # cosine | linear | constant
+    grad_clip: float = 1.0
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    precision: str = "auto"  # auto | fp32 | bf16
+    compile: Optional[bool] = None  # null: on for CUDA, off for CPU (measured slower there)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    eval_every: int = 100
+    eval_tokens: int = 32768
+    log_every: int = 10
+    ckpt_every: int = 0  # 0: only the final checkpoint (and on preemption)
+    keep_ckpts: int = 2
+    resume: str = "auto"  # auto | never
+    diverge_threshold: float = 3.0  # loss above threshold * running mean: diverged (0 = off)
+    skip_spikes: bool = False  # skip the update on a spike instead of stopping
+    diagnostics_every: int = 0  # 0: off
+    nproc: int = 1  # >1: torchrun --standalone with that many processes
+    strategy: str = "ddp"  # ddp | fsdp
+    threads: int = 0  # torch intra-op threads on CPU (0: torch's default)
+    progress: bool = True
+
+
+@dataclass
+class DataConfig:
+    name: str = "shakespeare"
+    paths: list[str] = field(default_factory=list)
+    hf_path: Optional[str] = None
+    hf_name: Optional[str] = None
+    hf_split: str = "train"
+    text_field: str = "text"
+    max_tokens: Optional[int] = None
+    val_fraction: float = 0.05
+    cache_dir: Optional[str] = None  # null: $ABLATE_CACHE or ~/.cache/ablate
+    num_proc: int = 0  # tokenization threads (0: all cores)
+
+
+@dataclass
+class TokenizerConfig:
+    name: str = "byte"
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"
+    mode: str = "auto"  # auto | online | offline | disabled
+    project: str = "ablate"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    job_type: str = "train"
+    tags: list[str] = field(default_factory=list)
+    init_timeout: float = 15.0
+
+
+@dataclass
+class AblateConfig:
+    norm: NormConfig = field(default_factory=NormConfig)
+    norm_pos: NormPosConfig = field(default_factory=NormPosConfig)
+    act: ActConfig = field(default_factory=ActConfig)
+    pos: PosConfig = field(default_factory=PosConfig)
+    attn: AttnConfig = field(default_factory=AttnConfig)
+    tie: TieConfig = field(default_factory=TieConfig)
+    bias: BiasConfig = field(default_factory=BiasConfig)
+    dropout: DropoutConfig = field(default_factory=DropoutConfig)
+    qk_norm: QKNormConfig = field(default_factory=QKNormConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0  # model init
+    data_seed: int = 0  # batch order
+    out_dir: str = "runs"
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
+
+
+def axis_values(cfg: Any) -> dict[str, str]:
+    """The variant's value on every axis, e.g. {"norm": "rmsnorm", ...}."""
+    return {axis: str(cfg[axis]["name"]) for axis in AXES}
+
+
+def validate(cfg: Any) -> None:
+    """Cross-key invariants; raises ConfigError naming the keys involved. Needs no torch."""
+    from ablate.errors import ConfigError
+
+    m, t = cfg.model, cfg.train
+    positive = {
+        "model.d_model": m.d_model, "model.n_layers": m.n_layers, "model.n_heads": m.n_heads,
+        "model.max_seq_len": m.max_seq_len, "train.batch_size": t.batch_size,
+        "train.seq_len": t.seq_len, "train.grad_accum": t.grad_accum, "train.log_every": t.log_every,
+        "train.nproc": t.nproc,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be a positive integer, got {value}")
+    if t.steps < 0:
+        raise ConfigError(f"train.steps must be >= 0, got {t.steps}")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr must be positive, got {t.lr}")
+    if t.warmup_steps < 0 or t.eval_every < 0 or t.ckpt_every < 0:
+        raise ConfigError("train.warmup_steps, train.eval_every and train.ckpt_every must be >= 0")
+    if t.schedule not in ("cosine", "linear", "constant"):
+        raise ConfigError(f"train.schedule must be cosine, linear or constant, got '{t.schedule}'")
+    if t.precision not in ("auto", "fp32", "bf16"):
+        raise ConfigError(f"train.precision must be auto, fp32 or bf16, got '{t.precision}'")
+    if t.strategy not in ("ddp", "fsdp"):
+        raise ConfigError(f"train.strategy must be ddp or fsdp, got '{t.strategy}'")
+    if t.resume not in ("auto", "never"):
+        raise ConfigError(f"train.resume must be auto or never, got '{t.resume}'")
+    if t.seq_len > m.max_seq_len and cfg.pos.name in ("learned", "sinusoidal"):
+        raise ConfigError(
+            f"train.seq_len={t.seq_len} exceeds model.max_seq_len={m.max_seq_len} with "
+            f"pos={cfg.pos.name}; raise model.max_seq_len or lower train.seq_len")
+    if not 0.0 <= cfg.dropout.rate < 1.0:
+        raise ConfigError(f"dropout.rate must be in [0, 1), got {cfg.dropout.rate}")
+    if m.mtp_heads < 0:
+        raise ConfigError(f"model.mtp_heads must be >= 0, got {m.mtp_heads}")
+    if not 0.0 < cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
+    from ablate.model.spec import ModelSpec
+
+    ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants

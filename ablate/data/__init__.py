@@ -1,0 +1,1 @@
+"""Data: sources, tokenizers, the token cache and paired batches."""

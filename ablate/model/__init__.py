@@ -1,0 +1,1 @@
+"""Model architecture. `spec` and `options` are torch-free; the rest builds nn.Modules."""

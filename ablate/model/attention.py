@@ -1,0 +1,77 @@
+"""Causal self-attention: MHA, GQA and MQA differ only in n_kv_heads (axis `attn`).
+
+PyTorch SDPA everywhere it applies (flash / memory-efficient kernels on CUDA). Attention-logit
+soft-capping (Gemma 2) and the max-logit diagnostic need the logits, so they take the explicit
+path, as on CPU (FlexAttention has no CPU backward).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ablate.model.norms import RMSNorm
+from ablate.model.positions import AttnContext, apply_rope
+from ablate.model.roles import Role, linear
+from ablate.model.spec import ModelSpec
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        q_out, kv_out = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+        self.split = (q_out, kv_out, kv_out)
+        self.qkv = linear(spec.d_model, q_out + 2 * kv_out, spec.bias, Role.INPUT)
+        self.proj = linear(q_out, spec.d_model, spec.bias, Role.OUTPUT)
+        # Per-head RMSNorm on q and k (Qwen 3 / OLMo 2 style), gains shared across heads.
+        self.q_norm = RMSNorm(spec.head_dim, eps=spec.norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, eps=spec.norm_eps) if spec.qk_norm else None
+        self.dropout = spec.dropout
+        self.resid_drop = nn.Dropout(spec.dropout)
+        self.softcap = spec.attn_softcap
+        self.record_max_logit = False  # set by diagnostics; forces the explicit path
+        self.max_logit: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if ctx.rope is not None:
+            cos, sin = ctx.rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.n_kv_heads != self.n_heads:  # each KV head serves n_heads / n_kv_heads queries
+            rep = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(rep, dim=1)  # (B, H, T, hd)
+            v = v.repeat_interleave(rep, dim=1)
+        p_drop = self.dropout if self.training else 0.0
+        if self.softcap is not None or self.record_max_logit:
+            y = self._explicit(q, k, v, ctx.bias, p_drop)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=ctx.bias, is_causal=ctx.bias is None, dropout_p=p_drop)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
+        return self.resid_drop(self.proj(y))
+
+    def _explicit(self, q, k, v, bias, p_drop):
+        T = q.shape[2]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
+        if self.record_max_logit:
+            self.max_logit = scores.detach().amax()
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
+        if bias is not None:
+            scores = scores + bias
+        else:
+            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+            scores = scores.masked_fill(causal, float("-inf"))
+        probs = F.dropout(scores.softmax(dim=-1), p=p_drop, training=p_drop > 0)
+        return probs @ v  # (B, H, T, hd)

@@ -1,0 +1,108 @@
+"""Axis `norm_pos`: where the norms sit in a block. One small class per option, so the
+structural difference is visible in `forward`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ablate.model.attention import CausalSelfAttention
+from ablate.model.ffn import build_ffn
+from ablate.model.norms import NormFactory
+from ablate.model.positions import AttnContext
+from ablate.model.spec import ModelSpec
+from ablate.registry import Registry
+
+
+class Block(nn.Module):
+    needs_final_norm = True  # whether the model applies a norm before the output head
+
+    def __init__(self, spec: ModelSpec, make_norm: NormFactory):
+        super().__init__()
+        self.attn = CausalSelfAttention(spec)
+        self.ffn = build_ffn(spec)
+
+
+class PreNormBlock(Block):
+    """Pre-norm (GPT-2, Llama); the model adds a final norm.
+
+        x ─┬─ norm1 ─ attn ─(+)─┬─ norm2 ─ ffn ─(+)─>
+           └────────────────┘   └──────────────┘
+
+    With model.parallel_block (GPT-J, PaLM): x + attn(norm1(x)) + ffn(norm1(x)).
+    """
+
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
+        self.parallel = spec.parallel_block
+        self.norm1 = make_norm(spec.d_model)
+        self.norm2 = None if self.parallel else make_norm(spec.d_model)
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        if self.parallel:
+            h = self.norm1(x)
+            return x + self.attn(h, ctx) + self.ffn(h)
+        x = x + self.attn(self.norm1(x), ctx)
+        return x + self.ffn(self.norm2(x))
+
+
+class PostNormBlock(Block):
+    """Post-norm (Vaswani et al. 2017): norm after the residual add; no final norm.
+
+        x ─┬─ attn ─(+)─ norm1 ─┬─ ffn ─(+)─ norm2 ─>
+           └────────┘           └───────┘
+    """
+
+    needs_final_norm = False
+
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
+        self.norm1 = make_norm(spec.d_model)
+        self.norm2 = make_norm(spec.d_model)
+
+    def forward(self, x, ctx):
+        x = self.norm1(x + self.attn(x, ctx))
+        return self.norm2(x + self.ffn(x))
+
+
+class SandwichBlock(Block):
+    """Sandwich norm (Gemma 2): norm before and after each sublayer, then the residual add.
+
+        x ─┬─ pre_attn ─ attn ─ post_attn ─(+)─┬─ pre_ffn ─ ffn ─ post_ffn ─(+)─>
+           └───────────────────────────────┘   └─────────────────────────────┘
+    """
+
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
+        self.pre_attn_norm = make_norm(spec.d_model)
+        self.post_attn_norm = make_norm(spec.d_model)
+        self.pre_ffn_norm = make_norm(spec.d_model)
+        self.post_ffn_norm = make_norm(spec.d_model)
+
+    def forward(self, x, ctx):
+        x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), ctx))
+        return x + self.post_ffn_norm(self.ffn(self.pre_ffn_norm(x)))
+
+
+class ReorderedBlock(Block):
+    """Reordered norm (OLMo 2): norm on the sublayer output only, before the residual add.
+
+        x ─┬─ attn ─ norm1 ─(+)─┬─ ffn ─ norm2 ─(+)─>
+           └────────────────┘   └───────────────┘
+    """
+
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
+        self.norm1 = make_norm(spec.d_model)
+        self.norm2 = make_norm(spec.d_model)
+
+    def forward(self, x, ctx):
+        x = x + self.norm1(self.attn(x, ctx))
+        return x + self.norm2(self.ffn(x))
+
+
+BLOCKS: Registry[type[Block]] = Registry("norm_pos")
+BLOCKS.add("pre", PreNormBlock)
+BLOCKS.add("post", PostNormBlock)
+BLOCKS.add("sandwich", SandwichBlock)
+BLOCKS.add("reordered", ReorderedBlock)

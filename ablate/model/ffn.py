@@ -1,0 +1,77 @@
+"""Axis `act`: the feed-forward sublayer. Plain options use two matrices, gated ones three
+(Shazeer 2020, "GLU Variants Improve Transformer"): FFN(x) = down(act(gate(x)) * up(x))."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ablate.model.roles import Role, linear
+from ablate.model.spec import ModelSpec
+from ablate.registry import Registry
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    # GPT-2's GELU (tanh approximation), so GPT-2 checkpoints import exactly.
+    return F.gelu(x, approximate="tanh")
+
+
+@dataclass(frozen=True)
+class Activation:
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    gated: bool
+
+
+ACTIVATIONS: Registry[Activation] = Registry("act")
+ACTIVATIONS.add("relu", Activation(F.relu, gated=False))
+ACTIVATIONS.add("gelu", Activation(gelu_tanh, gated=False))
+ACTIVATIONS.add("silu", Activation(F.silu, gated=False))
+ACTIVATIONS.add("swiglu", Activation(F.silu, gated=True))
+ACTIVATIONS.add("geglu", Activation(gelu_tanh, gated=True))
+ACTIVATIONS.add("reglu", Activation(F.relu, gated=True))
+
+
+class MLP(nn.Module):
+    """down(act(up(x)))"""
+
+    def __init__(self, spec: ModelSpec, act: Activation):
+        super().__init__()
+        self.act = act.fn
+        self.up = linear(spec.d_model, spec.d_ff, spec.bias, Role.INPUT)
+        self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.up(x))  # (B, T, d_ff)
+
+    def forward(self, x):
+        return self.down(self.hidden(x))  # (B, T, d)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)); gate and up are one fused (d, 2*d_ff) matmul."""
+
+    def __init__(self, spec: ModelSpec, act: Activation):
+        super().__init__()
+        self.act = act.fn
+        self.clamp = spec.act_clamp
+        self.gate_up = linear(spec.d_model, 2 * spec.d_ff, spec.bias, Role.INPUT)
+        self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (B, T, d_ff) each
+        h = self.act(gate) * up
+        if self.clamp is not None:
+            h = h.clamp(-self.clamp, self.clamp)
+        return h
+
+    def forward(self, x):
+        return self.down(self.hidden(x))
+
+
+def build_ffn(spec: ModelSpec) -> nn.Module:
+    act = ACTIVATIONS.get(spec.act)
+    return (GatedMLP if act.gated else MLP)(spec, act)

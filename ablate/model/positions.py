@@ -1,0 +1,156 @@
+"""Axis `pos`: how a token learns where it is.
+
+Each option is a module with three hooks, so the forward pass shows where position enters:
+  add_to_embeddings(x)   absolute encodings (learned, sinusoidal) are added to the embeddings;
+  context(T)             per-forward tensors the attention layers use: RoPE's (cos, sin) or
+                         ALiBi's additive bias (with the causal -inf folded in, for SDPA).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ablate.model.roles import Role, tag
+from ablate.model.spec import ModelSpec
+from ablate.registry import Registry
+
+
+@dataclass
+class AttnContext:
+    rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (cos, sin), each (T, head_dim)
+    bias: Optional[torch.Tensor] = None  # (n_heads, T, T) additive, causal mask included
+
+
+class Positional(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+
+    def add_to_embeddings(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def context(self, T: int, device: torch.device, dtype: torch.dtype) -> AttnContext:
+        return AttnContext()
+
+
+class Learned(Positional):
+    """GPT-2: a trained (max_seq_len, d_model) table added to the token embeddings."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.emb = nn.Embedding(spec.max_seq_len, spec.d_model)
+        tag(self.emb.weight, Role.POSITION)
+
+    def add_to_embeddings(self, x):
+        return x + self.emb.weight[: x.shape[1]]  # (B, T, d) + (T, d)
+
+
+def sinusoidal_table(T: int, d: int) -> torch.Tensor:
+    """Vaswani et al. 2017: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)."""
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    inv = torch.pow(10000.0, -torch.arange(0, d, 2, dtype=torch.float64) / d)
+    table = torch.zeros(T, d, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv[: d // 2])
+    return table.float()
+
+
+class Sinusoidal(Positional):
+    """Fixed sin/cos table added to the embeddings; no parameters."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.register_buffer("table", sinusoidal_table(spec.max_seq_len, spec.d_model), persistent=False)
+
+    def add_to_embeddings(self, x):
+        T = x.shape[1]
+        if T > self.table.shape[0]:
+            self.table = sinusoidal_table(T, self.spec.d_model).to(self.table.device)
+        return x + self.table[:T].to(x.dtype)
+
+
+def rope_tables(T: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoFormer (Su et al. 2021) in the half-split layout used by GPT-NeoX and Llama:
+    theta_i = base^(-2i/head_dim); dims i and i + head_dim/2 rotate together."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv_freq)  # (T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, hd)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, hd). Rotates pairs (x_i, x_{i+hd/2}) by angle p * theta_i."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class RoPE(Positional):
+    """Rotary embeddings on queries and keys: q.k depends only on the offset between positions."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self._cache: dict = {}
+
+    def context(self, T, device, dtype):
+        key = (T, device)
+        if key not in self._cache:
+            self._cache = {key: rope_tables(T, self.spec.head_dim, self.spec.rope_base, device)}
+        cos, sin = self._cache[key]
+        return AttnContext(rope=(cos.to(dtype), sin.to(dtype)))
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Press et al. 2022: geometric slopes 2^(-8/n), 2^(-16/n), ...; for n not a power of two,
+    the slopes of the closest lower power of two, then every other slope of twice that."""
+
+    def power_of_two(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        slopes = power_of_two(n_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(n_heads))
+        slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(n_heads: int, T: int, device=None) -> torch.Tensor:
+    """(n_heads, T, T): -slope * (i - j) for keys j <= query i, -inf for future keys."""
+    i = torch.arange(T, device=device)[:, None]
+    j = torch.arange(T, device=device)[None, :]
+    dist = (j - i).float()  # <= 0 on and below the diagonal
+    bias = alibi_slopes(n_heads).to(device)[:, None, None] * dist  # (H, T, T)
+    return bias.masked_fill(j > i, float("-inf"))
+
+
+class ALiBi(Positional):
+    """Linear distance penalty on attention logits, folded into SDPA's float mask."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self._cache: dict = {}
+
+    def context(self, T, device, dtype):
+        key = (T, device, dtype)
+        if key not in self._cache:
+            self._cache = {key: alibi_bias(self.spec.n_heads, T, device).to(dtype)}
+        return AttnContext(bias=self._cache[key])
+
+
+class NoPE(Positional):
+    """No positional information: the causal mask alone (Kazemnejad et al. 2023)."""
+
+
+POSITIONS: Registry[type[Positional]] = Registry("pos")
+POSITIONS.add("learned", Learned)
+POSITIONS.add("sinusoidal", Sinusoidal)
+POSITIONS.add("rope", RoPE)
+POSITIONS.add("alibi", ALiBi)
+POSITIONS.add("nope", NoPE)

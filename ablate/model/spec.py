@@ -1,0 +1,202 @@
+"""ModelSpec: the resolved, validated description of one model variant (torch-free).
+
+The model files receive a ModelSpec, never the Hydra config. Analytic parameter and FLOP
+counts live here too, so `ablate inspect` can answer without building the model, and tests
+can assert analytic == real for every option.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from ablate.errors import ConfigError
+from ablate.model import options
+
+VOCAB_MULTIPLE = 64  # padded vocab: faster matmuls; the padding ids are never targets
+
+
+def round_up(x: int, multiple: int) -> int:
+    return ((x + multiple - 1) // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_pos: str = "pre"
+    act: str = "gelu"
+    pos: str = "learned"
+    rope_base: float = 10000.0
+    tied: bool = True
+    bias: bool = True
+    dropout: float = 0.0
+    qk_norm: bool = False
+    init_std: float = 0.02
+    depth_scaled_init: bool = True
+    emb_scale: bool = False
+    parallel_block: bool = False
+    z_loss: float = 0.0
+    attn_softcap: Optional[float] = None
+    logit_softcap: Optional[float] = None
+    act_clamp: Optional[float] = None
+    mtp_heads: int = 0
+    mtp_weight: float = 0.3
+    tokenizer_vocab: Optional[int] = None  # before padding, for reporting
+
+    def __post_init__(self):
+        self.check()
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def gated(self) -> bool:
+        return self.act in options.GATED_ACTS
+
+    def check(self) -> None:
+        for axis, value, names in (
+            ("norm", self.norm, options.NORM_NAMES),
+            ("norm_pos", self.norm_pos, options.NORM_POS_NAMES),
+            ("act", self.act, options.ACT_NAMES),
+            ("pos", self.pos, options.POS_NAMES),
+        ):
+            if value not in names:
+                raise ConfigError(f"unknown {axis} option '{value}'; valid options: {', '.join(names)}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads="
+                f"{self.n_kv_heads}; pick n_kv_heads that divides n_heads")
+        if self.pos == "rope" and self.head_dim % 2:
+            raise ConfigError(
+                f"pos=rope needs an even head dim, but model.d_model/model.n_heads = "
+                f"{self.d_model}/{self.n_heads} = {self.head_dim}")
+        if self.d_ff <= 0:
+            raise ConfigError(f"model.d_ff must be positive, got {self.d_ff}")
+        if self.parallel_block and self.norm_pos != "pre":
+            raise ConfigError("model.parallel_block=true needs norm_pos=pre")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout.rate must be in [0, 1), got {self.dropout}")
+        if self.mtp_heads < 0:
+            raise ConfigError(f"model.mtp_heads must be >= 0, got {self.mtp_heads}")
+        for key in ("attn_softcap", "logit_softcap", "act_clamp"):
+            v = getattr(self, key)
+            if v is not None and v <= 0:
+                raise ConfigError(f"model.{key} must be positive or null, got {v}")
+
+    @classmethod
+    def from_config(cls, cfg: Any, tokenizer_vocab: Optional[int] = None) -> "ModelSpec":
+        """Resolve derived sizes: n_kv_heads from the attn axis, d_ff from ffn_ratio, the vocab."""
+        from ablate.data.tokenizers import TOKENIZERS
+
+        m = cfg.model
+        if tokenizer_vocab is None:
+            tokenizer_vocab = TOKENIZERS.get(cfg.tokenizer.name).vocab_size
+        if m.vocab_size is None:
+            vocab = round_up(tokenizer_vocab, VOCAB_MULTIPLE)
+        else:
+            vocab = int(m.vocab_size)
+            if vocab < tokenizer_vocab:
+                raise ConfigError(
+                    f"model.vocab_size={vocab} is smaller than tokenizer={cfg.tokenizer.name}'s "
+                    f"{tokenizer_vocab} ids; raise it or leave it null")
+        if m.n_kv_heads is not None:
+            n_kv = int(m.n_kv_heads)
+        else:
+            n_kv = options.ATTENTION.get(cfg.attn.name)(m.n_heads, cfg.attn.kv_group)
+        act = cfg.act.name
+        if m.d_ff is not None:
+            d_ff = int(m.d_ff)
+        else:
+            d_ff = int(m.ffn_ratio * m.d_model)
+            if act in options.GATED_ACTS:  # three matrices: 2/3 of the width keeps params equal
+                d_ff = round_up(int(2 * d_ff / 3), m.ffn_multiple_of)
+        dropout_on = options.DROPOUT.get(cfg.dropout.name)
+        return cls(
+            vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+            n_kv_heads=n_kv, d_ff=d_ff, max_seq_len=m.max_seq_len,
+            norm=cfg.norm.name, norm_eps=float(cfg.norm.eps), norm_pos=cfg.norm_pos.name,
+            act=act, pos=cfg.pos.name, rope_base=float(cfg.pos.base),
+            tied=options.TIE.get(cfg.tie.name), bias=options.BIAS.get(cfg.bias.name),
+            dropout=float(cfg.dropout.rate) if dropout_on else 0.0,
+            qk_norm=options.QK_NORM.get(cfg.qk_norm.name),
+            init_std=m.init_std, depth_scaled_init=m.depth_scaled_init, emb_scale=m.emb_scale,
+            parallel_block=m.parallel_block, z_loss=m.z_loss, attn_softcap=m.attn_softcap,
+            logit_softcap=m.logit_softcap, act_clamp=m.act_clamp, mtp_heads=m.mtp_heads,
+            mtp_weight=m.mtp_weight, tokenizer_vocab=tokenizer_vocab,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def norm_params(spec: ModelSpec, d: int) -> int:
+    # LayerNorm: gain (+ beta with bias=on); RMSNorm: gain only.
+    return d * (2 if spec.norm == "layernorm" and spec.bias else 1)
+
+
+def norms_per_block(spec: ModelSpec) -> int:
+    if spec.parallel_block:
+        return 1
+    return 4 if spec.norm_pos == "sandwich" else 2
+
+
+def count_params(spec: ModelSpec) -> dict[str, int]:
+    """Analytic parameter count by component (tied weights counted once, in `embedding`)."""
+    d, L, hd = spec.d_model, spec.n_layers, spec.head_dim
+    b = 1 if spec.bias else 0
+    q_out, kv_out = spec.n_heads * hd, spec.n_kv_heads * hd
+    attn = d * (q_out + 2 * kv_out) + b * (q_out + 2 * kv_out) + q_out * d + b * d
+    if spec.qk_norm:
+        attn += 2 * hd  # RMSNorm gains shared across heads
+    n_in = 2 if spec.gated else 1
+    ffn = n_in * (d * spec.d_ff + b * spec.d_ff) + spec.d_ff * d + b * d
+    norm_block = norms_per_block(spec) * norm_params(spec, d)
+    final_norm = 0 if spec.norm_pos == "post" else norm_params(spec, d)
+    embedding = spec.vocab_size * d
+    position = spec.max_seq_len * d if spec.pos == "learned" else 0
+    head = 0 if spec.tied else spec.vocab_size * d
+    mtp = spec.mtp_heads * (norm_params(spec, d) + d * d)  # each: norm + d x d projection, shared unembedding
+    out = {
+        "embedding": embedding + position,
+        "attention": L * attn,
+        "ffn": L * ffn,
+        "norm": L * norm_block + final_norm,
+        "head": head + mtp,
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def non_embedding_params(spec: ModelSpec) -> int:
+    p = count_params(spec)
+    return p["total"] - p["embedding"] - (0 if spec.tied else spec.vocab_size * spec.d_model)
+
+
+def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+    """Training FLOPs per token, PaLM appendix B: 6 * N + 12 * L * d_attn * T.
+
+    N counts the weights used in matmuls per token: every non-embedding weight plus the output
+    head (a tied head is still a d x V matmul). The second term is the attention score and
+    value matmuls (QK^T and AV, forward + backward), with d_attn = n_heads * head_dim.
+    """
+    p = count_params(spec)
+    n_matmul = p["attention"] + p["ffn"] + spec.vocab_size * spec.d_model
+    n_matmul += spec.mtp_heads * spec.d_model * (spec.d_model + spec.vocab_size)
+    return int(6 * n_matmul + 12 * spec.n_layers * spec.n_heads * spec.head_dim * seq_len)
+
+
+def kv_cache_bytes_per_token(spec: ModelSpec, bytes_per_elem: int = 2) -> int:
+    return 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_elem

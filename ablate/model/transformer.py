@@ -1,0 +1,86 @@
+"""The decoder-only transformer, assembled from one registry entry per axis."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ablate.model.blocks import BLOCKS
+from ablate.model.norms import norm_factory
+from ablate.model.positions import POSITIONS
+from ablate.model.roles import Role, init_weights, linear, tag
+from ablate.model.spec import ModelSpec
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # (B, T, V)
+    loss: Optional[torch.Tensor] = None  # the training objective (next-token + z-loss + MTP)
+    lm_loss: Optional[torch.Tensor] = None  # next-token cross-entropy alone: comparable across variants
+
+
+class Transformer(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        make_norm = norm_factory(spec.norm, spec.norm_eps, spec.bias)
+        block_cls = BLOCKS.get(spec.norm_pos)
+        self.tok_emb = nn.Embedding(spec.vocab_size, spec.d_model)
+        tag(self.tok_emb.weight, Role.EMBEDDING)
+        self.pos = POSITIONS.get(spec.pos)(spec)
+        self.emb_drop = nn.Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(block_cls(spec, make_norm) for _ in range(spec.n_layers))
+        self.final_norm = make_norm(spec.d_model) if block_cls.needs_final_norm else nn.Identity()
+        self.lm_head = None if spec.tied else linear(spec.d_model, spec.vocab_size, False, Role.HEAD)
+        # Multi-token prediction: head k maps h_t to a state predicting token t+1+k through the
+        # shared unembedding.
+        self.mtp = nn.ModuleList(
+            nn.Sequential(make_norm(spec.d_model), linear(spec.d_model, spec.d_model, False, Role.INPUT))
+            for _ in range(spec.mtp_heads))
+        self.emb_multiplier = math.sqrt(spec.d_model) if spec.emb_scale else 1.0
+        init_weights(self, spec.init_std, spec.n_layers, spec.depth_scaled_init)
+
+    def unembed(self, h: torch.Tensor) -> torch.Tensor:
+        w = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(h, w)  # (B, T, V)
+        if self.spec.logit_softcap is not None:
+            c = self.spec.logit_softcap
+            logits = c * torch.tanh(logits / c)
+        return logits
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        x = self.tok_emb(idx)  # (B, T, d)
+        if self.emb_multiplier != 1.0:
+            x = x * self.emb_multiplier
+        x = self.emb_drop(self.pos.add_to_embeddings(x))
+        ctx = self.pos.context(T, idx.device, x.dtype)
+        for block in self.blocks:
+            x = block(x, ctx)  # (B, T, d)
+        return self.final_norm(x)
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> LMOutput:
+        h = self.hidden_states(idx)  # (B, T, d)
+        logits = self.unembed(h)  # (B, T, V)
+        if targets is None:
+            return LMOutput(logits)
+        V = logits.shape[-1]
+        lm_loss = F.cross_entropy(logits.float().view(-1, V), targets.reshape(-1))
+        loss = lm_loss
+        if self.spec.z_loss > 0:  # PaLM: penalise log Z drifting from 0
+            log_z = torch.logsumexp(logits.float(), dim=-1)  # (B, T)
+            loss = loss + self.spec.z_loss * log_z.pow(2).mean()
+        for k, head in enumerate(self.mtp, start=1):  # head k predicts targets shifted by k
+            lk = self.unembed(head(h[:, :-k]))  # (B, T-k, V)
+            loss = loss + self.spec.mtp_weight * F.cross_entropy(
+                lk.float().reshape(-1, V), targets[:, k:].reshape(-1))
+        return LMOutput(logits, loss, lm_loss)
+
+
+def build_model(spec: ModelSpec) -> Transformer:
+    return Transformer(spec)

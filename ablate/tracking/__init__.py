@@ -1,0 +1,1 @@
+"""Metric sinks and run analysis (`ablate compare`)."""

@@ -1,0 +1,1 @@
+"""The shared trainer: one loop for every variant."""

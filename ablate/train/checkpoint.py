@@ -1,0 +1,145 @@
+"""Atomic checkpoints (temp file, fsync, rename; keep the last K), loaded with weights_only=True.
+
+A checkpoint holds everything a bit-exact resume needs: model, optimizer, step, tokens seen and
+every RNG state. Batches are a pure function of (data_seed, step), so the data position is the
+step itself. A file that fails to load (truncated, corrupt, wrong checksum) is reported in one
+line and the previous good one is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ablate.errors import CheckpointError
+
+CKPT_DIR = "checkpoints"
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+def rng_state() -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(_to_python_random(state["python"]))
+    np.random.set_state(_to_numpy_random(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_python_random(s):
+    # weights_only loading returns lists where random.getstate() had tuples
+    return (s[0], tuple(s[1]), s[2])
+
+
+def _to_numpy_random(s):
+    return (s[0], np.asarray(s[1], dtype=np.uint32), int(s[2]), int(s[3]), float(s[4]))
+
+
+def _plain(obj: Any) -> Any:
+    """Make RNG states loadable under weights_only=True (tuples of ints, numpy arrays -> lists)."""
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (tuple, list)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    return obj
+
+
+def ckpt_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CKPT_DIR
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    d = ckpt_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = []
+    for p in d.iterdir():
+        m = _NAME.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def save(run_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
+    """Serialize to memory, append a sha256 footer, write to a temp file, fsync, rename."""
+    d = ckpt_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    digest = hashlib.sha256(payload).hexdigest().encode()
+    final = d / f"step_{step:08d}.pt"
+    tmp = d / f".step_{step:08d}.pt.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(payload)
+        f.write(b"\nSHA256:" + digest)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(d)
+    for _, old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def load_file(path: Path) -> dict:
+    data = Path(path).read_bytes()
+    marker = data.rfind(b"\nSHA256:")
+    if marker < 0:
+        raise CheckpointError(f"{path}: no checksum footer (truncated or not an ablate checkpoint)")
+    payload, digest = data[:marker], data[marker + 8:]
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        raise CheckpointError(f"{path}: checksum mismatch (corrupt or truncated)")
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__})") from None
+
+
+def latest_valid(run_dir: Path, warn=print) -> Optional[dict]:
+    """The newest checkpoint that loads; each bad one is reported in one line and skipped."""
+    for step, path in reversed(list_checkpoints(run_dir)):
+        try:
+            return load_file(path)
+        except CheckpointError as e:
+            warn(f"warning: skipping checkpoint: {e}")
+    return None
+
+
+def plain_rng_state() -> dict:
+    return _plain(rng_state())

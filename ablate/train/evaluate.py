@@ -1,0 +1,44 @@
+"""Validation on fixed windows: val_loss in nats per token, val_bpb = nats / (ln 2 * bytes).
+
+Bits per byte divides by the UTF-8 bytes of the predicted tokens, so runs with different
+tokenizers compare.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def evaluate(model, tokens: np.ndarray, windows: list[tuple[int, int]], byte_lengths: np.ndarray,
+             device: torch.device, batch_size: int, autocast=nullcontext) -> dict:
+    was_training = model.training
+    model.eval()
+    total_nats, total_tokens, total_bytes = 0.0, 0, 0
+    # Group windows by length (all but possibly the last are full) and run them in batches.
+    by_len: dict[int, list[int]] = {}
+    for start, length in windows:
+        by_len.setdefault(length, []).append(start)
+    for length, starts in by_len.items():
+        offsets = np.arange(length + 1)
+        for i in range(0, len(starts), batch_size):
+            s = np.asarray(starts[i:i + batch_size])
+            w = torch.from_numpy(tokens[s[:, None] + offsets].astype(np.int64))
+            x, y = w[:, :-1].to(device), w[:, 1:]
+            with autocast():
+                logits = model(x).logits
+            nats = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum")
+            total_nats += nats.item()
+            total_tokens += y.numel()
+            total_bytes += int(byte_lengths[y.numpy()].sum())
+    if was_training:
+        model.train()
+    return {
+        "val_loss": total_nats / max(1, total_tokens),
+        "val_bpb": total_nats / (math.log(2) * max(1, total_bytes)),
+    }

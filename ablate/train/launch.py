@@ -1,0 +1,116 @@
+"""Build a run from its config: data, model, sinks, trainer; then train."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ablate.errors import ConfigError
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def prepare_data(cfg: Any, progress: bool = True):
+    from ablate.data.cache import prepare
+    from ablate.data.tokenizers import build_tokenizer
+
+    tok = build_tokenizer(cfg.tokenizer.name)
+    data, _ = prepare(cfg.data, tok, progress=progress)
+    return tok, data
+
+
+def run_tags(cfg: Any) -> list[str]:
+    from ablate.config import axis_values
+    from ablate.run import default_axes
+
+    base = default_axes()
+    tags = [f"{k}={v}" for k, v in axis_values(cfg).items() if v != base[k]]
+    return tags + list(cfg.logger.tags)
+
+
+def build_sinks(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], start_step: int,
+                info: dict):
+    from omegaconf import OmegaConf
+
+    from ablate.config import axis_values
+    from ablate.tracking.sinks import ConsoleSink, JsonlSink, Sinks
+
+    sinks = [JsonlSink(run_dir / "metrics.jsonl", append=start_step > 0),
+             ConsoleSink(cfg.train.steps, enabled=cfg.train.progress, start_step=start_step)]
+    if cfg.logger.name == "wandb" and cfg.logger.mode != "disabled":
+        from ablate.tracking.wandb_sink import WandbSink
+
+        config = OmegaConf.to_container(cfg, resolve=True)
+        config.update(axis_values(cfg))  # top level, so the W&B UI can group by axis
+        config.update(params=info["params"], flops_per_token=info["flops_per_token"], variant=variant)
+        name = f"{variant} seed={cfg.seed}"
+        sinks.append(WandbSink(cfg.logger, run_dir, name, config, run_tags(cfg),
+                               cfg.logger.group or sweep_name, resume_id=_wandb_id(run_dir)))
+    return Sinks(sinks)
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """One W&B run per run directory, kept across resumes."""
+    path = Path(run_dir) / ".wandb_id"
+    if path.is_file():
+        return path.read_text().strip()
+    import uuid
+
+    rid = uuid.uuid4().hex[:12]
+    path.write_text(rid)
+    return rid
+
+
+def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict):
+    import torch
+
+    from ablate.model.spec import ModelSpec, count_params, flops_per_token, non_embedding_params
+    from ablate.model.transformer import build_model
+    from ablate.train.distributed import setup_distributed
+    from ablate.train.trainer import Trainer
+
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    dist = setup_distributed(cfg)
+    tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0)
+    if data.meta["vocab_size"] != tok.vocab_size:
+        raise ConfigError("the data cache and the tokenizer disagree on the vocab size")
+    spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
+    seed_everything(cfg.seed)
+    model = build_model(spec)
+    params = count_params(spec)
+    info = {
+        "params": params["total"], "params_breakdown": params,
+        "non_embedding_params": non_embedding_params(spec),
+        "flops_per_token": flops_per_token(spec, cfg.train.seq_len),
+        "vocab_size": spec.vocab_size, "tokenizer_vocab": tok.vocab_size,
+        "data": {"source": data.meta["source"], "tokenizer": data.meta["tokenizer"],
+                 "train_tokens": data.meta["tokens"]["train"], "val_tokens": data.meta["tokens"]["val"],
+                 "cache": str(data.path)},
+        "world_size": dist.world_size,
+    }
+    trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=run_dir,
+                      byte_lengths=tok.token_byte_lengths(), data_seed=cfg.data_seed,
+                      rank=dist.rank, world_size=dist.world_size, wrap=dist.wrap)
+    start = trainer.try_resume() or 0
+    info.update(device=str(trainer.device), precision=trainer.precision)
+    sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info) if dist.rank == 0 else None
+    if sinks is not None:
+        built["sinks"] = sinks
+        sinks.start(info)
+    trainer.sinks = sinks
+    try:
+        outcome = trainer.fit(start)
+    finally:
+        dist.close()
+    return outcome, info

@@ -1,0 +1,277 @@
+"""The shared trainer. It knows the model only through its constructor and forward; metrics
+leave through sinks; the run's outcome is returned as a status the caller writes down."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from ablate.data.batches import Batches, val_windows
+from ablate.data.cache import TokenData
+from ablate.model.roles import param_groups, unique_parameters
+from ablate.tracking.sinks import Sink
+from ablate.train import checkpoint
+from ablate.train.evaluate import evaluate
+from ablate.train.schedule import lr_at
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return name
+
+
+@dataclass
+class Outcome:
+    status: str  # completed | diverged | interrupted | preempted
+    step: int  # optimizer steps done
+    tokens: int
+    reason: str = ""
+    train_loss: Optional[float] = None
+    val_loss: Optional[float] = None
+    val_bpb: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    skipped_steps: int = 0
+    resumed_from: Optional[int] = None
+    first_step_s: Optional[float] = None  # seconds from trainer start to the first finished step
+    extra: dict = field(default_factory=dict)
+
+
+class StopRequest:
+    """Set by SIGTERM / SIGUSR1 (SLURM preemption, submitit's signal) or SIGINT; checked once
+    per step, so the current step finishes and a checkpoint is written before stopping."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+
+    def __call__(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.signum = signum
+
+    def install(self) -> list:
+        old = []
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            try:
+                old.append((sig, signal.signal(sig, self)))
+            except ValueError:  # not the main thread (e.g. a joblib worker thread)
+                pass
+        return old
+
+    @staticmethod
+    def restore(old: list) -> None:
+        for sig, handler in old:
+            signal.signal(sig, handler)
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, cfg: Any, data: TokenData, sinks: Optional[Sink],
+                 run_dir: Path, byte_lengths, *, data_seed: int = 0, rank: int = 0, world_size: int = 1,
+                 wrap: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None,
+                 on_diagnostics: Optional[Callable] = None):
+        self.cfg = cfg  # the `train` config group
+        self.run_dir = Path(run_dir)
+        self.rank, self.world = rank, world_size
+        self.is_main = rank == 0
+        self.device = resolve_device(cfg.device)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.model = model.to(self.device)  # unwrapped: checkpoints, eval
+        self.train_model = wrap(self.model) if wrap else self.model
+        use_compile = cfg.compile if cfg.compile is not None else self.device.type == "cuda"
+        if use_compile:
+            self.train_model = torch.compile(self.train_model)
+        self.sinks = sinks
+        self.data = data
+        self.byte_lengths = byte_lengths
+        self.batches = Batches(data.train, cfg.seq_len, cfg.batch_size, data_seed=data_seed,
+                               rank=rank, world_size=world_size)
+        self.val_windows = val_windows(data.val, cfg.seq_len, cfg.eval_tokens)
+        self.on_diagnostics = on_diagnostics
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2), fused=fused or None)
+        self.params = [p for p in unique_parameters(self.model) if p.requires_grad]
+        self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * world_size
+        self.step = 0
+        self.skipped = 0
+        self.stop = StopRequest()
+
+    def autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step, "tokens": self.step * self.tokens_per_step, "skipped": self.skipped,
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "rng": checkpoint.plain_rng_state(),
+        }
+
+    def save_checkpoint(self) -> None:
+        if self.is_main:
+            checkpoint.save(self.run_dir, self.step, self.state_dict(), keep=self.cfg.keep_ckpts)
+
+    def try_resume(self) -> Optional[int]:
+        if self.cfg.resume != "auto":
+            return None
+        state = checkpoint.latest_valid(self.run_dir)
+        if state is None:
+            return None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        checkpoint.set_rng_state(state["rng"])
+        self.step, self.skipped = int(state["step"]), int(state.get("skipped", 0))
+        return self.step
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        return evaluate(self.model, self.data.val, self.val_windows, self.byte_lengths,
+                        self.device, self.cfg.batch_size, self.autocast)
+
+    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, backward, clip, optimizer step. Returns (next-token loss, grad norm) tensors."""
+        cfg = self.cfg
+        lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.schedule, cfg.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        lm_loss = torch.zeros((), device=self.device)
+        for micro in range(cfg.grad_accum):
+            x, y = self.batches.get(step, micro)
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            sync = micro == cfg.grad_accum - 1
+            ctx = nullcontext() if sync or not hasattr(self.train_model, "no_sync") else self.train_model.no_sync()
+            with ctx:
+                with self.autocast():
+                    out = self.train_model(x, y)
+                (out.loss / cfg.grad_accum).backward()
+            lm_loss += out.lm_loss.detach() / cfg.grad_accum
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
+        return lm_loss, grad_norm, lr
+
+    def fit(self, start_step: int = 0) -> Outcome:
+        cfg = self.cfg
+        self.step = start_step
+        resumed_from = start_step if start_step else None
+        self.train_model.train()
+        old_handlers = self.stop.install()
+        recent: deque[float] = deque(maxlen=50)
+        sync_every = 1 if (self.device.type == "cpu" or cfg.skip_spikes) else cfg.log_every
+        t_start = time.perf_counter()
+        t_log, tokens_log = t_start, 0
+        first_step_s = None
+        last = {"train_loss": None, "val_loss": None, "val_bpb": None, "tokens_per_s": None}
+        total_tokens_s, total_time = 0, 0.0
+        try:
+            while self.step < cfg.steps:
+                step = self.step
+                lm_loss, grad_norm, lr = self.train_step(step)
+                check = (step + 1) % sync_every == 0 or step + 1 == cfg.steps
+                loss_v = gnorm_v = None
+                if check:
+                    loss_v, gnorm_v = float(lm_loss), float(grad_norm)
+                    verdict = self._judge(loss_v, gnorm_v, recent)
+                    if verdict and cfg.skip_spikes and verdict.startswith("spike"):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        self.skipped += 1
+                        self.step += 1
+                        continue
+                    if verdict:
+                        self._log_row(step + 1, loss_v, gnorm_v, lr, None)
+                        return self._outcome("diverged", verdict, loss_v, last, resumed_from,
+                                             first_step_s, total_tokens_s, total_time)
+                    recent.append(loss_v)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                if first_step_s is None:
+                    first_step_s = time.perf_counter() - t_start
+                tokens_log += self.tokens_per_step
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    if loss_v is None:
+                        loss_v, gnorm_v = float(lm_loss), float(grad_norm)
+                    now = time.perf_counter()
+                    tps = tokens_log / max(now - t_log, 1e-9)
+                    total_tokens_s += tokens_log
+                    total_time += now - t_log
+                    t_log, tokens_log = now, 0
+                    last["train_loss"], last["tokens_per_s"] = loss_v, tps
+                    self._log_row(self.step, loss_v, gnorm_v, lr, tps)
+                if self.on_diagnostics and cfg.diagnostics_every and self.step % cfg.diagnostics_every == 0:
+                    self.on_diagnostics(self, self.step)
+                if (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps:
+                    t_eval = time.perf_counter()
+                    metrics = self.evaluate()
+                    last.update(metrics)
+                    if self.is_main:
+                        self.sinks.log({"step": self.step, "tokens": self.step * self.tokens_per_step, **metrics})
+                    t_log += time.perf_counter() - t_eval  # eval time is not training throughput
+                    if not math.isfinite(metrics["val_loss"]):
+                        return self._outcome("diverged", "non-finite validation loss", loss_v, last,
+                                             resumed_from, first_step_s, total_tokens_s, total_time)
+                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self.step < cfg.steps:
+                    self.save_checkpoint()
+                if self.stop.signum is not None:
+                    self.save_checkpoint()
+                    status = "interrupted" if self.stop.signum == signal.SIGINT else "preempted"
+                    return self._outcome(status, f"signal {signal.Signals(self.stop.signum).name}",
+                                         loss_v, last, resumed_from, first_step_s, total_tokens_s, total_time)
+            self.save_checkpoint()
+            return self._outcome("completed", "", None, last, resumed_from, first_step_s,
+                                 total_tokens_s, total_time)
+        except KeyboardInterrupt:
+            self.save_checkpoint()
+            return self._outcome("interrupted", "KeyboardInterrupt", None, last, resumed_from,
+                                 first_step_s, total_tokens_s, total_time)
+        finally:
+            StopRequest.restore(old_handlers)
+
+    def _judge(self, loss: float, gnorm: float, recent) -> Optional[str]:
+        """A reason to stop, or None. Non-finite values always; a spike when the loss exceeds
+        diverge_threshold times its recent running mean (after 10 steps of history)."""
+        if not math.isfinite(loss):
+            return f"non-finite loss ({loss}) at step {self.step + 1}"
+        if not math.isfinite(gnorm):
+            return f"non-finite grad norm ({gnorm}) at step {self.step + 1}"
+        thr = self.cfg.diverge_threshold
+        if thr > 0 and len(recent) >= 10:
+            mean = sum(recent) / len(recent)
+            if loss > thr * mean:
+                return f"spike: loss {loss:.3f} > {thr} x running mean {mean:.3f} at step {self.step + 1}"
+        return None
+
+    def _log_row(self, step, loss, gnorm, lr, tps):
+        if not self.is_main:
+            return
+        row = {"step": step, "tokens": step * self.tokens_per_step, "train_loss": loss,
+               "grad_norm": gnorm, "lr": lr}
+        if tps is not None:
+            row["tokens_per_s"] = tps
+        self.sinks.log(row)
+
+    def _outcome(self, status, reason, loss_v, last, resumed_from, first_step_s, tok, secs) -> Outcome:
+        return Outcome(
+            status=status, step=self.step, tokens=self.step * self.tokens_per_step, reason=reason,
+            train_loss=loss_v if loss_v is not None else last["train_loss"],
+            val_loss=last["val_loss"], val_bpb=last["val_bpb"],
+            tokens_per_s=(tok / secs) if secs > 0 else last["tokens_per_s"],
+            skipped_steps=self.skipped, resumed_from=resumed_from, first_step_s=first_step_s)
