@@ -91,13 +91,13 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 600
+    steps: int = 1200
     batch_size: int = 16
     grad_accum: int = 1
     seq_len: int = 128
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
+    warmup_steps: int = 100
     schedule: str = "cosine"  # cosine | linear | constant
     grad_clip: float = 1.0
     weight_decay: float = 0.1
@@ -106,7 +106,7 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16
     compile: Optional[bool] = None  # null: on for CUDA, off for CPU (measured slower there)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    eval_every: int = 100
+    eval_every: int = 200
     eval_tokens: int = 32768
     log_every: int = 10
     ckpt_every: int = 0  # 0: only the final checkpoint (and on preemption)

@@ -76,6 +76,17 @@ def axes(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     Console().print(t)
 
 
+# Each command below lives in its own module; they import their heavy dependencies lazily.
+from cli import bench as _bench  # noqa: E402
+from cli import compare as _compare  # noqa: E402
+from cli import data as _data  # noqa: E402
+from cli import inspect as _inspect  # noqa: E402
+from cli import sweep as _sweep  # noqa: E402
+
+for _module in (_sweep, _compare, _inspect, _bench, _data):
+    _module.register(app)
+
+
 def main() -> None:
     app()
 
