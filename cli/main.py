@@ -34,10 +34,34 @@ def compose_checked(overrides: list[str]):
         fail(str(e), e.exit_code)
 
 
+# Hydra flags that take a value (argparse cannot put positional overrides after them).
+HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
+                     "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def overrides_first(args: list[str]) -> list[str]:
+    """Move Hydra flags (and their values) after the overrides: `norm=x --cfg job y=1` works."""
+    overrides, flags, i = [], [], 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-"):
+            flags.append(a)
+            takes = a in HYDRA_VALUE_FLAGS or (a in ("--info", "-i") and i + 1 < len(args)
+                                               and args[i + 1] in INFO_TOPICS)
+            if takes and "=" not in a and i + 1 < len(args):
+                flags.append(args[i + 1])
+                i += 1
+        else:
+            overrides.append(a)
+        i += 1
+    return overrides + flags
+
+
 def call_hydra(args: list[str], multirun: bool = False) -> None:
     from ablate.run import hydra_entry
 
-    sys.argv = ["ablate"] + (["-m"] if multirun else []) + args
+    sys.argv = ["ablate"] + (["-m"] if multirun else []) + overrides_first(args)
     hydra_entry()
 
 

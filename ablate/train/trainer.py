@@ -182,6 +182,8 @@ class Trainer:
         last = {"train_loss": None, "val_loss": None, "val_bpb": None, "tokens_per_s": None}
         total_tokens_s, total_time = 0, 0.0
         try:
+            if start_step == 0 and cfg.eval_every and cfg.steps > 0:
+                self._eval_and_log(last)  # the loss at initialization: the curve's starting point
             while self.step < cfg.steps:
                 step = self.step
                 lm_loss, grad_norm, lr = self.train_step(step)
@@ -220,10 +222,7 @@ class Trainer:
                     self.on_diagnostics(self, self.step)
                 if (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps:
                     t_eval = time.perf_counter()
-                    metrics = self.evaluate()
-                    last.update(metrics)
-                    if self.is_main:
-                        self.sinks.log({"step": self.step, "tokens": self.step * self.tokens_per_step, **metrics})
+                    metrics = self._eval_and_log(last)
                     t_log += time.perf_counter() - t_eval  # eval time is not training throughput
                     if not math.isfinite(metrics["val_loss"]):
                         return self._outcome("diverged", "non-finite validation loss", loss_v, last,
@@ -244,6 +243,13 @@ class Trainer:
                                  first_step_s, total_tokens_s, total_time)
         finally:
             StopRequest.restore(old_handlers)
+
+    def _eval_and_log(self, last: dict) -> dict:
+        metrics = self.evaluate()
+        last.update(metrics)
+        if self.is_main:
+            self.sinks.log({"step": self.step, "tokens": self.step * self.tokens_per_step, **metrics})
+        return metrics
 
     def _judge(self, loss: float, gnorm: float, recent) -> Optional[str]:
         """A reason to stop, or None. Non-finite values always; a spike when the loss exceeds
