@@ -80,9 +80,13 @@ def _is_fresh(run_dir: Path) -> bool:
 
 
 def run_experiment(cfg: DictConfig) -> dict:
+    from ablate.train import distributed
+
     run_dir, overrides, multirun, sweep_name = _hydra_info()
     try:
         validate(cfg)
+        distributed.export_submitit_env()  # SLURM tasks_per_node > 1: ranks from submitit
+        distributed.check_nproc(cfg)
     except AblateError as e:
         print(f"error: {e}", file=sys.stderr)
         if run_dir.is_dir() and _is_fresh(run_dir):
@@ -91,6 +95,8 @@ def run_experiment(cfg: DictConfig) -> dict:
             return {"status": "failed", "error": str(e)}
         raise SystemExit(e.exit_code)
 
+    if distributed.needs_launch(cfg):  # train.nproc > 1: torchrun runs the ranks, we wait
+        return _run_ranks(cfg, run_dir, overrides, multirun, sweep_name)
     rank = int(os.environ.get("RANK", "0"))
     lock = RunLock(run_dir)
     if rank == 0:
@@ -102,14 +108,31 @@ def run_experiment(cfg: DictConfig) -> dict:
                 return {"status": "failed", "error": str(e)}
             raise SystemExit(e.exit_code)
     try:
-        return _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank)
+        summary = _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank)
     finally:
         lock.release()
+    if summary.get("status") == "preempted":
+        distributed.request_requeue()  # under submitit: requeue (the job resumes) and exit
+    return summary
+
+
+def _run_ranks(cfg, run_dir, overrides, multirun, sweep_name) -> dict:
+    from ablate.train.distributed import launch_ranks
+
+    code = launch_ranks(cfg, run_dir, overrides, sweep_name)
+    try:
+        summary = read_json(run_dir / SUMMARY)
+    except (OSError, ValueError):
+        summary = {"status": "failed", "error": f"torchrun exited with code {code} and no summary"}
+    if code and not multirun:
+        raise SystemExit(code)
+    return summary
 
 
 def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
     started = time.time()
-    variant = variant_name(overrides)
+    # A sweep job is named by its sweeper (what differs from the sweep's baseline).
+    variant = os.environ.get("ABLATE_VARIANT") or variant_name(overrides)
     summary: dict[str, Any] = {
         "status": "running", "variant": variant, "axes": axis_values(cfg), "seed": cfg.seed,
         "data_seed": cfg.data_seed, "overrides": variant_overrides(overrides),

@@ -1,9 +1,53 @@
-"""`ablate sweep` (work in progress: see the open issue)."""
+"""`ablate sweep`: many variants through Hydra multirun and the ablate sweeper plugin.
+
+Typer only dispatches: the options become hydra.sweeper.* overrides and everything else passes
+to the same `@hydra.main` entry point as `ablate run`, with `-m`."""
 
 from __future__ import annotations
 
 import typer
 
+# cli.main is imported inside the command: it imports this module (and may be __main__).
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command(context_settings=PASSTHROUGH)
+    def sweep(
+        ctx: typer.Context,
+        mode: str = typer.Option("ofat", "--mode", help="ofat: baseline + one change at a time; grid: every combination."),
+        seeds: int = typer.Option(0, "--seeds", help="Run every variant with seed=0..N-1 (same data_seed: paired)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs (overrides per job); run nothing."),
+        json_out: bool = typer.Option(False, "--json", help="With --dry-run: a JSON list of the jobs' override lists."),
+    ) -> None:
+        """Run many variants, e.g. `ablate sweep norm=layernorm,rmsnorm act=gelu,swiglu --seeds 3`.
+
+        Launchers: launcher=basic|joblib|submitit_local|slurm (e.g. `launcher=slurm
+        hydra.launcher.partition=gpu`). Presets: study=gpt2_to_llama. Hydra flags pass through.
+        At the end the runs are compared; the exit code is non-zero only if every job failed.
+        """
+        from ablate.errors import AblateError
+        from ablate.sweep import MODES, preflight
+        from cli.main import call_hydra, fail
+
+        if mode not in MODES:
+            fail(f"unknown --mode '{mode}'; choose one of {', '.join(MODES)}")
+        if seeds < 0:
+            fail(f"--seeds must be >= 0, got {seeds}")
+        args = list(ctx.args)
+        if not any(a.startswith("-") for a in args):
+            try:
+                preflight(args, mode, seeds)
+            except AblateError as e:
+                fail(str(e), e.exit_code)
+        sweeper = [f"hydra.sweeper.mode={mode}", f"hydra.sweeper.seeds={seeds}"]
+        if dry_run:
+            sweeper.append("hydra.sweeper.dry_run=true")
+        if json_out:
+            if not dry_run:
+                fail("--json lists the jobs: use it with --dry-run")
+            sweeper.append("hydra.sweeper.json=true")
+        # Hydra takes --cfg/--info instead of -m: show the (first) job's config, run nothing.
+        inspecting = any(a in ("--cfg", "-c", "--info", "-i") or a.startswith(("--cfg=", "--info="))
+                         for a in args)
+        call_hydra(args + sweeper, multirun=not inspecting)

@@ -20,6 +20,7 @@ from ablate.data.cache import TokenData
 from ablate.model.roles import param_groups, unique_parameters
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
+from ablate.train.distributed import all_ranks_mean, any_rank
 from ablate.train.evaluate import evaluate
 from ablate.train.schedule import lr_at
 
@@ -53,7 +54,7 @@ class Outcome:
 
 
 class StopRequest:
-    """Set by SIGTERM / SIGUSR1 (SLURM preemption, submitit's signal) or SIGINT; checked once
+    """Set by SIGTERM / SIGUSR1 / SIGUSR2 (SLURM preemption, submitit's signal) or SIGINT; checked once
     per step, so the current step finishes and a checkpoint is written before stopping."""
 
     def __init__(self):
@@ -66,7 +67,7 @@ class StopRequest:
 
     def install(self) -> list:
         old = []
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
             try:
                 old.append((sig, signal.signal(sig, self)))
             except ValueError:  # not the main thread (e.g. a joblib worker thread)
@@ -166,6 +167,7 @@ class Trainer:
             lm_loss += out.lm_loss.detach() / cfg.grad_accum
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
+        lm_loss = all_ranks_mean(lm_loss, self.world)  # the global batch's loss on every rank
         return lm_loss, grad_norm, lr
 
     def fit(self, start_step: int = 0) -> Outcome:
@@ -229,7 +231,8 @@ class Trainer:
                                              resumed_from, first_step_s, total_tokens_s, total_time)
                 if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self.step < cfg.steps:
                     self.save_checkpoint()
-                if self.stop.signum is not None:
+                if any_rank(self.stop.signum is not None, self.world, self.device):  # same step on all ranks
+                    self.stop.signum = self.stop.signum or signal.SIGTERM
                     self.save_checkpoint()
                     status = "interrupted" if self.stop.signum == signal.SIGINT else "preempted"
                     return self._outcome(status, f"signal {signal.Signals(self.stop.signum).name}",

@@ -1,0 +1,310 @@
+"""Sweeps: which jobs a sweep runs, the checks before anything is launched, and the summary
+printed at the end. Hydra runs the sweep (multirun + a launcher); the sweeper plugin in
+hydra_plugins/ablate_sweeper/ calls into this module for everything ablate-specific.
+
+Modes
+- ofat (one factor at a time): the baseline (the first value of every swept key) plus one job
+  per other value of each swept key, every other key held at its baseline value.
+- grid: Hydra's cartesian product (hydra's BasicSweeper.split_arguments).
+- an explicit job list (a study, conf/study/*.yaml), e.g. a cumulative ladder.
+Seeds (`--seeds N` or a swept `seed=...`) multiply every variant; `data_seed` is left alone so
+the seeds of different variants are paired (same batches in the same order).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from ablate.errors import ConfigError
+
+MODES = ("ofat", "grid")
+SEED_KEY = "seed"
+# Hydra launcher plugin -> the package that provides it (for a clear "not installed" message).
+LAUNCHER_PACKAGES = {"submitit_local": "hydra-submitit-launcher",
+                     "submitit_slurm": "hydra-submitit-launcher",
+                     "joblib": "hydra-joblib-launcher", "ray": "hydra-ray-launcher",
+                     "rq": "hydra-rq-launcher"}
+
+
+@dataclass
+class Job:
+    """One run of a sweep: its overrides, its variant name (what differs from the baseline)
+    and its seed (None: the config's)."""
+
+    overrides: list[str]
+    variant: str = "baseline"
+    seed: Optional[int] = None
+
+    @property
+    def name(self) -> str:
+        return self.variant if self.seed is None else f"{self.variant}_seed{self.seed}"
+
+
+@dataclass
+class Parsed:
+    fixed: list[str] = field(default_factory=list)  # every job gets these
+    swept: list[tuple[str, list[str]]] = field(default_factory=list)  # (key, ["k=v", ...])
+    seeds: list[int] = field(default_factory=list)  # from a swept `seed=...`
+
+
+def parse(arguments: Sequence[str]) -> Parsed:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(list(arguments))
+    except HydraException as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    out = Parsed()
+    for o in overrides:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            out.fixed.append(o.input_line)
+            continue
+        if not o.is_discrete_sweep():
+            raise ConfigError(f"'{o.input_line}': only lists of values can be swept (a,b,c or range(...))")
+        values = list(dict.fromkeys(o.sweep_string_iterator()))  # keep order, drop repeats
+        if key.lstrip("+") == SEED_KEY:
+            try:
+                out.seeds = [int(v) for v in values]
+            except ValueError:
+                raise ConfigError(f"'{o.input_line}': seeds must be integers") from None
+            continue
+        out.swept.append((key, [f"{key}={v}" for v in values]))
+    return out
+
+
+def _plain(override: str) -> str:
+    """The override without its +/~ prefix, for names ('+x=1' and 'x=1' name the same change)."""
+    return override.lstrip("+~")
+
+
+def dir_safe(name: str, limit: int = 120) -> str:
+    name = re.sub(r"[^A-Za-z0-9=,.+_-]", "_", name)
+    return name if len(name) <= limit else name[:limit]
+
+
+def expand_ofat(p: Parsed) -> list[Job]:
+    if not p.swept:
+        raise ConfigError(
+            "an ofat sweep needs at least one swept axis with two or more values, e.g. "
+            "`ablate sweep norm=layernorm,rmsnorm` (or use --mode grid / --seeds N alone)")
+    baseline = {key: values[0] for key, values in p.swept}
+    jobs = [Job(p.fixed + list(baseline.values()), "baseline")]
+    for key, values in p.swept:
+        for value in values[1:]:
+            held = [v for k, v in baseline.items() if k != key]
+            jobs.append(Job(p.fixed + held + [value], _plain(value)))
+    if len(jobs) == 1:
+        raise ConfigError(
+            f"an ofat sweep needs a swept axis with two or more values; got only "
+            f"{', '.join(v[0] for _, v in p.swept)}")
+    return jobs
+
+
+def expand_grid(p: Parsed) -> list[Job]:
+    """Hydra's basic sweep: the cartesian product, in Hydra's order."""
+    import itertools
+
+    jobs = []
+    for combo in itertools.product(*[values for _, values in p.swept]):
+        name = ",".join(_plain(v) for v in combo) or "baseline"
+        jobs.append(Job(p.fixed + list(combo), name))
+    return jobs
+
+
+def expand_explicit(p: Parsed, entries: Iterable[Any]) -> list[Job]:
+    """A fixed job list (a study): each entry {name, overrides}."""
+    if p.swept:
+        raise ConfigError(
+            "a study fixes its own job list; sweep no axes with it "
+            f"(got {', '.join(k for k, _ in p.swept)})")
+    jobs = []
+    for i, entry in enumerate(entries):
+        name = str(entry.get("name") or f"job{i}")
+        jobs.append(Job(p.fixed + [str(o) for o in (entry.get("overrides") or [])], name))
+    if not jobs:
+        raise ConfigError("the study's job list (hydra.sweeper.jobs) is empty")
+    return jobs
+
+
+def with_seeds(jobs: list[Job], seeds: Sequence[int]) -> list[Job]:
+    """Every job once per seed; the seed is the last override so it wins."""
+    if not seeds:
+        return jobs
+    return [Job(j.overrides + [f"{SEED_KEY}={s}"], j.variant, s) for j in jobs for s in seeds]
+
+
+def plan(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0,
+         jobs: Optional[Iterable[Any]] = None) -> list[Job]:
+    """The sweep's jobs, in launch order."""
+    if mode not in MODES:
+        raise ConfigError(f"unknown sweep mode '{mode}'; choose one of {', '.join(MODES)}")
+    if seeds < 0:
+        raise ConfigError(f"--seeds must be >= 0, got {seeds}")
+    p = parse(arguments)
+    if seeds and p.seeds:
+        raise ConfigError("give seeds either as --seeds N or as seed=a,b,..., not both")
+    seed_list = list(range(seeds)) if seeds else p.seeds
+    if jobs:
+        base = expand_explicit(p, jobs)
+    elif mode == "grid" or (not p.swept and seed_list):
+        base = expand_grid(p)  # seeds only: one variant, N seeds
+    else:
+        base = expand_ofat(p)
+    return with_seeds(base, seed_list)
+
+
+# ---- checks before launching ---------------------------------------------------------------
+def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> list[Job]:
+    """Compose the sweep's first job (with the hydra node) and plan the jobs, so a wrong option,
+    a launcher that is not installed or an empty ofat sweep is refused in one line before
+    Hydra makes any directory. The sweeper checks every job again before launching."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ablate.compose import hydra_message
+    from ablate.run import CONF_DIR
+
+    p = parse(arguments)
+    first = p.fixed + [values[0] for _, values in p.swept]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        message = hydra_message(e)
+        raise ConfigError(missing_launcher_message(message, first) or message) from None
+    finally:
+        GlobalHydra.instance().clear()
+    sweeper = cfg.hydra.sweeper
+    if not str(sweeper.get("_target_", "")).startswith("hydra_plugins.ablate_sweeper"):
+        return []  # another sweeper was chosen (hydra/sweeper=...): it plans its own jobs
+    jobs = sweeper.get("jobs")
+    from omegaconf import OmegaConf
+
+    return plan(arguments, mode, seeds, OmegaConf.to_container(jobs, resolve=True) if jobs else None)
+
+
+def missing_launcher_message(error: str, overrides: Sequence[str]) -> Optional[str]:
+    """Hydra's "Could not find 'hydra/launcher/X'" as an install hint, else None."""
+    m = re.search(r"hydra/launcher/([A-Za-z0-9_]+)", error)
+    if not m:
+        return None
+    plugin = m.group(1)
+    chosen = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "launcher"), plugin)
+    package = LAUNCHER_PACKAGES.get(plugin, f"the Hydra launcher plugin '{plugin}'")
+    return (f"launcher={chosen} needs the Hydra launcher plugin '{plugin}', which is not installed; "
+            f"install it with `pip install {package}` (nothing was launched)")
+
+
+def check_job(config: Any, local: bool) -> None:
+    """A job's composed config (with its hydra node): ablate's invariants, and torchrun's
+    process count where the job will run on this machine."""
+    from ablate.config import validate
+
+    validate(config)
+    if local:
+        from ablate.train.distributed import check_nproc
+
+        check_nproc(config)
+
+
+def is_local_launcher(config: Any) -> bool:
+    target = str(config.hydra.launcher.get("_target_", ""))
+    return not target.endswith("SlurmLauncher")
+
+
+# ---- sbatch preview ------------------------------------------------------------------------
+def sbatch_script(launcher_params: dict, folder: str, command: str = "<submitit job>") -> str:
+    """The sbatch script hydra-submitit-launcher would submit for these launcher parameters,
+    rendered by submitit itself (no cluster needed). The renames are AutoExecutor's, which the
+    launcher goes through: timeout_min -> time, mem_gb -> mem, tasks_per_node -> ntasks_per_node."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    generic = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name",
+               "mem_gb": "mem"}
+    not_sbatch = {"_target_", "submitit_folder", "max_num_timeout"}
+    kwargs = {}
+    for key, value in launcher_params.items():
+        if key in not_sbatch or value is None:
+            continue
+        if key == "mem_gb":
+            value = f"{value}GB"
+        kwargs[generic.get(key, key)] = value
+    kwargs.setdefault("job_name", "ablate")
+    return _make_sbatch_string(command=command, folder=folder, **kwargs)
+
+
+# ---- the end of a sweep --------------------------------------------------------------------
+@dataclass
+class JobResult:
+    job: Job
+    status: str
+    run_dir: Optional[str] = None
+    error: str = ""
+
+
+def result_of(job: Job, ret: Any) -> JobResult:
+    """A Hydra JobReturn as (status, dir); a job that raised or crashed counts as failed."""
+    run_dir = None
+    try:
+        run_dir = str(ret.hydra_cfg.hydra.runtime.output_dir)
+    except Exception:
+        pass
+    try:
+        value = ret.return_value  # re-raises the job's exception
+    except BaseException as e:  # noqa: BLE001 - a crashed job must not stop the summary
+        return JobResult(job, "failed", run_dir, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if isinstance(value, dict):
+        return JobResult(job, str(value.get("status", "failed")), run_dir, str(value.get("error", "")))
+    return JobResult(job, "failed", run_dir, "the job returned no summary")
+
+
+def print_plan(jobs: list[Job], as_json: bool, header: str = "", out=None) -> None:
+    out = out or sys.stdout
+    if as_json:
+        out.write(json.dumps([j.overrides for j in jobs], indent=None) + "\n")
+        return
+    if header:
+        out.write(header + "\n")
+    width = len(str(len(jobs) - 1))
+    for i, j in enumerate(jobs):
+        out.write(f"  #{i:<{width}} {j.name:<28} {' '.join(j.overrides)}\n")
+
+
+def finish(results: list[JobResult], sweep_dir: Path) -> int:
+    """Print the comparison (or a status list) and which jobs failed; the sweep's exit code:
+    non-zero only when every job failed."""
+    failed = [r for r in results if r.status not in ("completed", "diverged", "preempted")]
+    printed = _print_compare(sweep_dir) if len(failed) < len(results) else False
+    if not printed:
+        for i, r in enumerate(results):
+            print(f"  #{i} {r.job.name:<28} {r.status:<10} {r.run_dir or ''}")
+    print(f"sweep: {len(results) - len(failed)}/{len(results)} jobs finished "
+          f"({sum(r.status == 'diverged' for r in results)} diverged); sweep dir {sweep_dir}")
+    for r in failed:
+        print(f"failed: #{results.index(r)} {r.job.name} ({r.status}{': ' + r.error if r.error else ''})",
+              file=sys.stderr)
+    return 1 if results and len(failed) == len(results) else 0
+
+
+def _print_compare(sweep_dir: Path) -> bool:
+    """`ablate compare` of the sweep directory, when that module is available."""
+    try:
+        from ablate.tracking import compare
+    except ImportError:
+        return False
+    try:
+        compare.print_comparison(compare.compare_dirs([sweep_dir]))
+    except Exception as e:  # noqa: BLE001 - the runs are done; a report problem must not hide them
+        print(f"warning: could not compare the sweep's runs ({type(e).__name__}: {e})", file=sys.stderr)
+        return False
+    return True
