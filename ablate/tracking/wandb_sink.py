@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,6 +22,14 @@ WANDB_KEYS = {
     "tokens": "tokens",
 }
 SECRET_KEYS = ("api_key", "apikey", "wandb_api_key", "token", "password", "secret")
+
+
+def is_secret_key(name: str) -> bool:
+    """A credential-like key: a SECRET_KEYS entry as a whole `_`/`.`-separated part of the name
+    (`hf_token`, `api_key`), not a substring (`tokenizer`, `max_tokens` are not secrets)."""
+    parts = [p for p in re.split(r"[._\-]", str(name).lower()) if p]
+    joined = "_".join(parts)
+    return any(re.search(rf"(^|_){re.escape(s)}($|_)", joined) for s in SECRET_KEYS)
 
 
 def logged_in() -> bool:
@@ -46,7 +55,7 @@ def scrub(obj: Any) -> Any:
     """Drop anything that looks like a credential before it reaches a config or a file."""
     if isinstance(obj, dict):
         return {k: scrub(v) for k, v in obj.items()
-                if not any(s in str(k).lower() for s in SECRET_KEYS)}
+                if not is_secret_key(k)}
     if isinstance(obj, list):
         return [scrub(v) for v in obj]
     return obj
