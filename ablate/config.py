@@ -225,3 +225,6 @@ def validate(cfg: Any) -> None:
     from ablate.model.spec import ModelSpec
 
     ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants
+    from ablate.data.sources import preflight
+
+    preflight(cfg.data)  # missing data paths fail here, before a run directory exists

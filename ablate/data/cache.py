@@ -1,9 +1,11 @@
 """Tokenize once into flat token files (train.bin, val.bin) plus meta.json, in a cache
-directory keyed by a hash of (source, tokenizer, settings).
+directory keyed by a hash of (source, tokenizer, settings, source fingerprint).
 
 Writes go to a temporary directory that is renamed into place under a file lock, so two
-processes preparing the same data never corrupt or duplicate it, and a crash leaves nothing
-half-written that a later run could mistake for a cache.
+processes preparing the same data never corrupt or duplicate it (the second waits, then reuses
+the first one's cache), and a crash leaves nothing half-written that a later run could mistake
+for a cache: a directory is a cache only once its meta.json exists, and meta.json is written
+before the rename.
 """
 
 from __future__ import annotations
@@ -12,131 +14,183 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ablate.data.sources import iter_documents
+from ablate.data.sources import get_source
 from ablate.data.tokenizers import Tokenizer
 from ablate.errors import DataError
 
-FORMAT_VERSION = 1
-_BATCH_DOCS = 256
+FORMAT_VERSION = 2
+_BATCH_DOCS = 512  # documents handed to the tokenizer's threads at once ...
+_BATCH_BYTES = 16 << 20  # ... or this much text, whichever comes first
+META = "meta.json"
 
 
 def default_cache_root() -> Path:
     return Path(os.environ.get("ABLATE_CACHE", Path.home() / ".cache" / "ablate")) / "data"
 
 
+def cache_root(data_cfg: Any) -> Path:
+    return Path(os.path.expanduser(data_cfg.cache_dir)) if data_cfg.cache_dir else default_cache_root()
+
+
 def cache_key(data_cfg: Any, tokenizer_name: str) -> dict:
     """Everything that changes the tokens; its hash names the cache directory."""
     return {
         "format": FORMAT_VERSION, "source": data_cfg.name, "tokenizer": tokenizer_name,
-        "paths": [str(Path(os.path.expanduser(str(p))).resolve()) for p in (data_cfg.paths or [])],
         "hf_path": data_cfg.hf_path, "hf_name": data_cfg.hf_name, "hf_split": data_cfg.hf_split,
         "text_field": data_cfg.text_field, "max_tokens": data_cfg.max_tokens,
         "val_fraction": data_cfg.val_fraction,
+        **get_source(data_cfg).fingerprint(data_cfg),  # file sizes/mtimes, package version, ...
     }
 
 
 def cache_dir_for(data_cfg: Any, tokenizer_name: str) -> Path:
     key = cache_key(data_cfg, tokenizer_name)
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    root = Path(os.path.expanduser(data_cfg.cache_dir)) if data_cfg.cache_dir else default_cache_root()
-    return root / f"{data_cfg.name}-{tokenizer_name}-{digest}"
+    return cache_root(data_cfg) / f"{data_cfg.name}-{tokenizer_name}-{digest}"
 
 
 @dataclass
 class TokenData:
-    train: np.ndarray  # flat token ids (memmap)
+    train: np.ndarray  # flat token ids (read-only memmap)
     val: np.ndarray
     meta: dict
     path: Path
 
 
-def load(path: Path) -> TokenData:
-    meta = json.loads((path / "meta.json").read_text())
-    dtype = np.dtype(meta["dtype"])
-    return TokenData(
-        train=np.memmap(path / "train.bin", dtype=dtype, mode="r"),
-        val=np.memmap(path / "val.bin", dtype=dtype, mode="r"),
-        meta=meta, path=path)
-
-
 def is_complete(path: Path) -> bool:
-    return (path / "meta.json").is_file()
+    return (path / META).is_file()
 
 
-def _batched(it: Iterator[str], n: int) -> Iterator[list[str]]:
-    batch = []
-    for x in it:
-        batch.append(x)
-        if len(batch) == n:
+def load(path: Path) -> TokenData:
+    try:
+        meta = json.loads((path / META).read_text())
+        dtype = np.dtype(meta["dtype"])
+        splits = {}
+        for split in ("train", "val"):
+            f = path / f"{split}.bin"
+            if f.stat().st_size != meta["tokens"][split] * dtype.itemsize:
+                raise ValueError(f"{f.name} has the wrong size")
+            splits[split] = np.memmap(f, dtype=dtype, mode="r")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"the data cache {path} is corrupt ({e}); delete it and prepare again") from None
+    return TokenData(train=splits["train"], val=splits["val"], meta=meta, path=path)
+
+
+def num_threads(data_cfg: Any) -> int:
+    if data_cfg.num_proc and data_cfg.num_proc > 0:
+        return int(data_cfg.num_proc)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def _batched(docs: Iterator[str]) -> Iterator[list[str]]:
+    batch, size = [], 0
+    for d in docs:
+        if not d:
+            continue
+        batch.append(d)
+        size += len(d)
+        if len(batch) == _BATCH_DOCS or size >= _BATCH_BYTES:
             yield batch
-            batch = []
+            batch, size = [], 0
     if batch:
         yield batch
 
 
+class _Progress:
+    """A tqdm bar on stderr: tokens against data.max_tokens when set, else text bytes."""
+
+    def __init__(self, enabled: bool, desc: str, max_tokens: Optional[int]):
+        self.bar, self.by_tokens = None, bool(max_tokens)
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(desc=desc, total=max_tokens or None, unit="tok" if max_tokens else "B",
+                            unit_scale=True, unit_divisor=1000 if max_tokens else 1024,
+                            leave=False, mininterval=0.5, file=sys.stderr)
+
+    def update(self, n_bytes: int, n_tokens: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n_tokens if self.by_tokens else n_bytes)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> dict:
-    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
-    threads = data_cfg.num_proc or os.cpu_count() or 1
+    """Stream documents -> token ids with an end-of-text after each document, appended to one
+    file (memory stays bounded); then cut the contiguous tail off as the validation split."""
+    dtype = np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.uint32)
+    threads = num_threads(data_cfg)
     max_tokens = data_cfg.max_tokens
-    chunks: list[np.ndarray] = []
-    n_tokens, n_docs, n_bytes = 0, 0, 0
-    bar = _progress(progress, f"tokenizing {data_cfg.name} with {tok.name}")
-    for docs in _batched(iter_documents(data_cfg), _BATCH_DOCS):
-        docs = [d for d in docs if d]
-        for ids in tok.encode_batch(docs, num_threads=threads):
-            arr = np.asarray(ids + [tok.eot_id], dtype=dtype)  # end-of-text after each document
-            chunks.append(arr)
-            n_tokens += arr.size
-        n_docs += len(docs)
-        n_bytes += sum(len(d.encode("utf-8")) for d in docs)
-        if bar is not None:
-            bar.update(sum(len(d) for d in docs))
-        if max_tokens and n_tokens >= max_tokens:
-            break
-    if bar is not None:
-        bar.close()
-    if n_tokens == 0:
-        raise DataError(f"data={data_cfg.name}: the corpus is empty (no text found)")
-    tokens = np.concatenate(chunks)
-    if max_tokens:
-        tokens = tokens[:max_tokens]
-    # Contiguous tail split: training windows never overlap validation text.
-    n_val = max(2, int(len(tokens) * data_cfg.val_fraction))
-    train, val = tokens[:-n_val], tokens[-n_val:]
-    train.tofile(tmp / "train.bin")
-    val.tofile(tmp / "val.bin")
+    eot = np.asarray([tok.eot_id], dtype=dtype)
     lengths = tok.token_byte_lengths()
+    n_tokens = n_docs = n_text_bytes = 0
+    total_bytes = 0  # UTF-8 bytes the kept tokens stand for
+    bar = _Progress(progress, f"tokenizing {data_cfg.name} with {tok.name}", max_tokens)
+    t0 = time.perf_counter()
+    all_path = tmp / "tokens.bin"
+    with all_path.open("wb") as out:
+        for docs in _batched(get_source(data_cfg).documents(data_cfg)):
+            arrays = tok.encode_arrays(docs, threads, dtype)
+            chunk = np.concatenate([x for a in arrays for x in (a, eot)])
+            if max_tokens and n_tokens + chunk.size > max_tokens:
+                chunk = chunk[:max_tokens - n_tokens]
+            chunk.tofile(out)
+            n_tokens += chunk.size
+            total_bytes += int(np.bincount(chunk, minlength=len(lengths)) @ lengths)
+            n_docs += len(docs)
+            batch_bytes = sum(len(d.encode("utf-8")) for d in docs)
+            n_text_bytes += batch_bytes
+            bar.update(batch_bytes, chunk.size)
+            if max_tokens and n_tokens >= max_tokens:
+                break
+    seconds = time.perf_counter() - t0
+    bar.close()
+    if n_docs == 0:
+        raise DataError(f"data={data_cfg.name}: the corpus is empty (no text found)")
+    # Contiguous tail split: training windows never overlap the validation text.
+    n_val = max(2, int(n_tokens * data_cfg.val_fraction))
+    n_train = n_tokens - n_val
+    if n_train < 2:
+        raise DataError(f"data={data_cfg.name}: the corpus has only {n_tokens} tokens, too few to "
+                        "split into training and validation; add data")
+    tokens = np.memmap(all_path, dtype=dtype, mode="r")
+    val = np.array(tokens[n_train:])
+    del tokens
+    val.tofile(tmp / "val.bin")
+    os.truncate(all_path, n_train * dtype.itemsize)
+    os.replace(all_path, tmp / "train.bin")
+    val_bytes = int(lengths[val].sum())
     return {
         "source": data_cfg.name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
-        "eot_id": tok.eot_id, "dtype": np.dtype(dtype).name, "documents": n_docs,
-        "tokens": {"train": int(train.size), "val": int(val.size)},
-        "bytes": {"train": int(lengths[train].sum()), "val": int(lengths[val].sum())},
-        "source_bytes": n_bytes, "key": cache_key(data_cfg, tok.name),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "eot_id": tok.eot_id, "dtype": dtype.name, "documents": n_docs,
+        "tokens": {"train": int(n_train), "val": int(n_val)},
+        "bytes": {"train": total_bytes - val_bytes, "val": val_bytes},
+        "split": {"method": "contiguous tail", "val_fraction": data_cfg.val_fraction},
+        "source_bytes": n_text_bytes, "truncated": bool(max_tokens and n_tokens >= max_tokens),
+        "tokenize_s": round(seconds, 3), "threads": threads,
+        "mb_per_s": round(n_text_bytes / 1e6 / max(seconds, 1e-9), 2),
+        "key": cache_key(data_cfg, tok.name), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
 
-def _progress(enabled: bool, desc: str):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(desc=desc, unit="char", unit_scale=True, leave=False, mininterval=0.5)
-
-
-def prepare(data_cfg: Any, tok: Tokenizer, progress: bool = True) -> tuple[TokenData, bool]:
+def prepare(data_cfg: Any, tok: Tokenizer, progress: bool = True,
+            wait_message: bool = True) -> tuple[TokenData, bool]:
     """Return the cached token data, tokenizing first if needed. Second value: built now?"""
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     path = cache_dir_for(data_cfg, tok.name)
     if is_complete(path):
@@ -145,17 +199,45 @@ def prepare(data_cfg: Any, tok: Tokenizer, progress: bool = True) -> tuple[Token
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create the data cache directory {path.parent}: {e.strerror}") from None
-    with FileLock(str(path) + ".lock"):
+    lock = FileLock(str(path) + ".lock")
+    try:
+        lock.acquire(timeout=1)
+    except Timeout:
+        if wait_message:
+            print(f"waiting for another process that is preparing {path.name} ...", file=sys.stderr)
+        lock.acquire()
+    try:
         if is_complete(path):  # another process built it while we waited
             return load(path), False
+        for stale in path.parent.glob(path.name + ".tmp-*"):  # left by a killed process
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
         try:
             meta = _tokenize_to(tmp, data_cfg, tok, progress)
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            (tmp / META).write_text(json.dumps(meta, indent=2))
             if path.exists():  # an incomplete leftover without meta.json
                 shutil.rmtree(path)
             os.replace(tmp, path)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        lock.release()
     return load(path), True
+
+
+def list_cached(root: Path) -> list[dict]:
+    """Every complete cache under root, with its meta.json and size on disk."""
+    out = []
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        if not d.is_dir() or ".tmp-" in d.name or not is_complete(d):
+            continue
+        try:
+            meta = json.loads((d / META).read_text())
+        except (OSError, ValueError):
+            continue
+        size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+        out.append({"path": str(d), "size_bytes": size, **meta})
+    return out

