@@ -79,6 +79,11 @@ def parse(arguments: Sequence[str]) -> Parsed:
     return out
 
 
+def quote(value: str) -> str:
+    """A string as a quoted Hydra override value (run dirs and names hold '=' and ',')."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _plain(override: str) -> str:
     """The override without its +/~ prefix, for names ('+x=1' and 'x=1' name the same change)."""
     return override.lstrip("+~")

@@ -98,9 +98,11 @@ def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], sweep_name: Opti
     """Run this same run under torchrun --standalone with train.nproc processes; returns
     torchrun's exit code. The ranks share run_dir (hydra.run.dir pinned); a sweep's W&B group
     is passed on because the ranks run in Hydra's run mode."""
-    extra = [f"hydra.run.dir={Path(run_dir).resolve()}"]
+    from ablate.sweep import quote
+
+    extra = [f"hydra.run.dir={quote(str(Path(run_dir).resolve()))}"]  # names hold '=' and ','
     if sweep_name and cfg.logger.group is None:
-        extra.append(f"logger.group={sweep_name}")
+        extra.append(f"logger.group={quote(sweep_name)}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={int(cfg.train.nproc)}", "-m", "ablate.train.distributed",
            *overrides, *extra]

@@ -38,10 +38,6 @@ ConfigStore.instance().store(group="hydra/sweeper", name="ablate", node=AblateSw
                              provider="ablate")
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 class AblateSweeper(Sweeper):
     def __init__(self, mode: str = "ofat", seeds: int = 0, jobs: Optional[List[Any]] = None,
                  dry_run: bool = False, json: bool = False, max_batch_size: Optional[int] = None):
@@ -109,12 +105,12 @@ class AblateSweeper(Sweeper):
 
     @staticmethod
     def _job_overrides(job) -> list[str]:
-        from ablate.sweep import dir_safe
+        from ablate.sweep import dir_safe, quote
 
         # env_set is applied around the task function; the sweep subdir reads it too.
         return list(job.overrides) + [
-            f"+hydra.job.env_set.{VARIANT_ENV}={_quote(job.variant)}",
-            f"+hydra.job.env_set.{JOB_ENV}={_quote(dir_safe(job.name))}"]
+            f"+hydra.job.env_set.{VARIANT_ENV}={quote(job.variant)}",
+            f"+hydra.job.env_set.{JOB_ENV}={quote(dir_safe(job.name))}"]
 
     def _check(self, jobs, batches, local: bool) -> None:
         from hydra.errors import HydraException
