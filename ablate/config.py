@@ -220,6 +220,10 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"dropout.rate must be in [0, 1), got {cfg.dropout.rate}")
     if m.mtp_heads < 0:
         raise ConfigError(f"model.mtp_heads must be >= 0, got {m.mtp_heads}")
+    if m.mtp_heads >= t.seq_len:  # head k needs targets k positions ahead inside the window
+        raise ConfigError(f"model.mtp_heads={m.mtp_heads} must be below train.seq_len={t.seq_len}")
+    if t.diagnostics_every < 0:
+        raise ConfigError(f"train.diagnostics_every must be >= 0 (0 = off), got {t.diagnostics_every}")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
     from ablate.model.spec import ModelSpec

@@ -64,8 +64,9 @@ class CausalSelfAttention(nn.Module):
     def _explicit(self, q, k, v, bias, p_drop):
         T = q.shape[2]
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
-        if self.record_max_logit:
-            self.max_logit = scores.detach().amax()
+        if self.record_max_logit:  # raw q.k logit (before capping, position bias), causal entries only
+            future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+            self.max_logit = scores.detach().masked_fill(future, float("-inf")).amax()
         if self.softcap is not None:
             scores = self.softcap * torch.tanh(scores / self.softcap)
         if bias is not None:

@@ -24,15 +24,16 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 class Activation:
     fn: Callable[[torch.Tensor], torch.Tensor]
     gated: bool
+    relu_family: bool = False  # outputs exact zeros, so a unit can die (diagnostics count them)
 
 
 ACTIVATIONS: Registry[Activation] = Registry("act")
-ACTIVATIONS.add("relu", Activation(F.relu, gated=False))
+ACTIVATIONS.add("relu", Activation(F.relu, gated=False, relu_family=True))
 ACTIVATIONS.add("gelu", Activation(gelu_tanh, gated=False))
 ACTIVATIONS.add("silu", Activation(F.silu, gated=False))
 ACTIVATIONS.add("swiglu", Activation(F.silu, gated=True))
 ACTIVATIONS.add("geglu", Activation(gelu_tanh, gated=True))
-ACTIVATIONS.add("reglu", Activation(F.relu, gated=True))
+ACTIVATIONS.add("reglu", Activation(F.relu, gated=True, relu_family=True))
 
 
 class MLP(nn.Module):
@@ -41,6 +42,7 @@ class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, act: Activation):
         super().__init__()
         self.act = act.fn
+        self.relu_family = act.relu_family
         self.up = linear(spec.d_model, spec.d_ff, spec.bias, Role.INPUT)
         self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
 
@@ -57,6 +59,7 @@ class GatedMLP(nn.Module):
     def __init__(self, spec: ModelSpec, act: Activation):
         super().__init__()
         self.act = act.fn
+        self.relu_family = act.relu_family
         self.clamp = spec.act_clamp
         self.gate_up = linear(spec.d_model, 2 * spec.d_ff, spec.bias, Role.INPUT)
         self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)

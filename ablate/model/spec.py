@@ -95,6 +95,12 @@ class ModelSpec:
             v = getattr(self, key)
             if v is not None and v <= 0:
                 raise ConfigError(f"model.{key} must be positive or null, got {v}")
+        if self.z_loss < 0 or self.mtp_weight < 0:
+            raise ConfigError(f"model.z_loss and model.mtp_weight must be >= 0, got "
+                              f"{self.z_loss} and {self.mtp_weight}")
+        if self.act_clamp is not None and not self.gated:  # it clamps act(gate) * up
+            raise ConfigError(f"model.act_clamp clamps a gated FFN's activations; act={self.act} is "
+                              f"not gated (use {', '.join(options.GATED_ACTS)}) or set it to null")
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer_vocab: Optional[int] = None) -> "ModelSpec":

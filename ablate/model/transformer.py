@@ -38,10 +38,12 @@ class Transformer(nn.Module):
         self.final_norm = make_norm(spec.d_model) if block_cls.needs_final_norm else nn.Identity()
         self.lm_head = None if spec.tied else linear(spec.d_model, spec.vocab_size, False, Role.HEAD)
         # Multi-token prediction: head k maps h_t to a state predicting token t+1+k through the
-        # shared unembedding.
-        self.mtp = nn.ModuleList(
-            nn.Sequential(make_norm(spec.d_model), linear(spec.d_model, spec.d_model, False, Role.INPUT))
-            for _ in range(spec.mtp_heads))
+        # shared unembedding. Built on a forked RNG (init_weights re-draws them, after the trunk)
+        # so adding heads leaves the trunk's initialization exactly that of the plain model.
+        with torch.random.fork_rng(devices=[]):
+            self.mtp = nn.ModuleList(
+                nn.Sequential(make_norm(spec.d_model), linear(spec.d_model, spec.d_model, False, Role.INPUT))
+                for _ in range(spec.mtp_heads))
         self.emb_multiplier = math.sqrt(spec.d_model) if spec.emb_scale else 1.0
         init_weights(self, spec.init_std, spec.n_layers, spec.depth_scaled_init)
 

@@ -1,0 +1,353 @@
+"""Diagnostics that show why a variant wins or fails: gradient norms by layer, residual-stream
+RMS, max attention logit, dead FFN units, update-to-weight ratios and a loss-spike count.
+
+The trainer calls `Diagnostics(trainer, step)` every `train.diagnostics_every` steps, after the
+backward pass and before clipping and the optimizer step (gradients are the raw ones, like the
+logged `grad_norm`). It returns a callable the trainer runs after the optimizer step, which
+measures the update and logs one row of `diag/...` keys to every sink.
+
+Activation statistics come from a separate no-grad forward pass over the step's batch in eval
+mode, on the unwrapped (never compiled) model: it consumes no random numbers and touches no
+gradient or optimizer state, so a run's losses are the same with diagnostics on or off.
+Everything is reduced on the device and read back with one synchronisation per logged row.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ablate.model.roles import Role, role_of, unique_parameters
+
+PREFIX = "diag/"
+SPIKE_WINDOW = 50  # the trainer's running window of recent losses
+SPIKE_Z = 4.0  # a spike: loss above mean + SPIKE_Z * std of the window
+SPIKE_MIN_HISTORY = 10
+
+
+# ---- loss spikes (torch-free) --------------------------------------------------------------
+
+def is_loss_spike(history: Sequence[float], loss: float, z: float = SPIKE_Z,
+                  min_history: int = SPIKE_MIN_HISTORY) -> bool:
+    """Whether `loss` exceeds the mean of the recent losses by more than z standard deviations
+    (with a floor of 1% of the mean, so a flat loss curve does not count noise as spikes)."""
+    n = len(history)
+    if n < min_history or not math.isfinite(loss):
+        return False
+    mean = sum(history) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in history) / n)
+    return loss - mean > max(z * std, 0.01 * abs(mean))
+
+
+# ---- gradient norms by component -----------------------------------------------------------
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2) reduced to a plain tensor; a plain tensor unchanged."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    if not tensors:
+        return []
+    if hasattr(tensors[0], "full_tensor"):  # sharded: each norm is a collective
+        return [_full(torch.linalg.vector_norm(t.float())) for t in tensors]
+    return [n.float() for n in torch._foreach_norm(tensors)]
+
+
+def components(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Parameters by the component their gradient norm is logged under: `block{i}` (every
+    weight of the block), `block{i}.attn`, `block{i}.ffn`, `embedding` (token and learned
+    positions; with tied weights it also carries the head's gradient), `head` (untied only),
+    `final_norm` and `mtp` where the model has them."""
+    out: dict[str, list[nn.Parameter]] = {}
+    for i, block in enumerate(model.blocks):
+        out[f"block{i}"] = list(block.parameters())
+        out[f"block{i}.attn"] = list(block.attn.parameters())
+        out[f"block{i}.ffn"] = list(block.ffn.parameters())
+    out["embedding"] = list(model.tok_emb.parameters()) + list(model.pos.parameters())
+    if model.lm_head is not None:
+        out["head"] = list(model.lm_head.parameters())
+    out["final_norm"] = list(model.final_norm.parameters())
+    out["mtp"] = list(model.mtp.parameters())
+    return {k: v for k, v in out.items() if v}
+
+
+def grad_norms(model: nn.Module) -> dict[str, torch.Tensor]:
+    """L2 norm of the gradients of each component, as 0-dim device tensors (no sync)."""
+    params = [p for p in unique_parameters(model) if p.grad is not None]
+    sq = {id(p): n.pow(2) for p, n in zip(params, _norms([p.grad for p in params]))}
+    out = {}
+    for name, ps in components(model).items():
+        parts = [sq[id(p)] for p in ps if id(p) in sq]
+        if parts:
+            out[name] = torch.stack(parts).sum().sqrt()
+    return out
+
+
+# ---- activations: one extra forward pass ---------------------------------------------------
+
+def dead_fraction(hidden: torch.Tensor) -> torch.Tensor:
+    """Fraction of FFN units that are exactly zero on every token: for ReLU-family activations
+    the units that never fire (never positive) over the batch. hidden: (..., d_ff)."""
+    fired = hidden.detach().ne(0).flatten(0, -2).any(dim=0)  # (d_ff,)
+    return 1.0 - fired.float().mean()
+
+
+class ActivationProbe:
+    """Within `with`: forward hooks on the blocks (residual-stream RMS after each block) and
+    the FFNs (dead units, ReLU family only), and attention's max-logit recording."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.stats: dict[str, torch.Tensor] = {}
+        self._handles: list = []
+
+    def __enter__(self) -> "ActivationProbe":
+        for i, block in enumerate(self.model.blocks):
+            self._handles.append(block.register_forward_hook(self._resid_hook(i)))
+            if getattr(block.ffn, "relu_family", False):
+                self._handles.append(block.ffn.register_forward_hook(self._dead_hook(i)))
+            block.attn.record_max_logit = True
+            block.attn.max_logit = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for i, block in enumerate(self.model.blocks):
+            block.attn.record_max_logit = False
+            if block.attn.max_logit is not None:
+                self.stats[f"max_attn_logit/block{i}"] = block.attn.max_logit.float()
+            block.attn.max_logit = None
+
+    def _resid_hook(self, i: int):
+        def hook(module, inputs, output):
+            self.stats[f"resid_rms/block{i}"] = output.detach().float().pow(2).mean().sqrt()
+        return hook
+
+    def _dead_hook(self, i: int):
+        def hook(module, inputs, output):
+            self.stats[f"dead_ffn_frac/block{i}"] = dead_fraction(module.hidden(inputs[0]))
+        return hook
+
+
+@torch.no_grad()
+def activation_stats(model: nn.Module, x: torch.Tensor, autocast: Callable = nullcontext) -> dict:
+    """Residual RMS, max attention logit and dead units per block, plus the output logits'
+    max and mean log-partition (what logit soft-capping and z-loss act on). Eval mode: no
+    dropout, so no random numbers are drawn."""
+    was_training = model.training
+    model.eval()
+    try:
+        with ActivationProbe(model) as probe, autocast():
+            logits = model(x).logits.float()  # (B, T, V)
+    finally:
+        model.train(was_training)
+    stats = dict(probe.stats)
+    stats["max_out_logit"] = logits.amax()
+    stats["mean_log_z"] = torch.logsumexp(logits, dim=-1).mean()
+    return stats
+
+
+# ---- update-to-weight ratio ----------------------------------------------------------------
+
+def role_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Trainable parameters by role (embedding, input, output, head, gain, bias, ...): the
+    groups whose update-to-weight ratio is logged."""
+    groups: dict[str, list[nn.Parameter]] = {}
+    for p in unique_parameters(model):
+        if p.requires_grad:
+            groups.setdefault(Role(role_of(p)).value, []).append(p)
+    return groups
+
+
+def _group_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([n.pow(2) for n in _norms(tensors)]).sum().sqrt()
+
+
+def update_ratios(groups: dict[str, list[nn.Parameter]], before: dict[str, list[torch.Tensor]]):
+    """||W_after - W_before|| / ||W_before|| per group (NaN for an all-zero group, e.g. biases
+    at initialization; such entries are not logged)."""
+    out = {}
+    for name, params in groups.items():
+        delta = [p.detach() - b for p, b in zip(params, before[name])]
+        w = _group_norm(before[name])
+        out[name] = torch.where(w > 0, _group_norm(delta) / w, torch.full_like(w, float("nan")))
+    return out
+
+
+# ---- the trainer hook ----------------------------------------------------------------------
+
+class Diagnostics:
+    """Trainer(on_diagnostics=Diagnostics(model)). `model` is the unwrapped Transformer."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.groups: Optional[dict] = None  # built at the first call: after any FSDP wrapping
+
+    def __call__(self, trainer: Any, step: int) -> Callable[[bool], None]:
+        """`step` is the row's step (as for the train row of this batch; 0 for the profile at
+        initialization of a `train.steps=0` run). Gradients must be present."""
+        if self.groups is None:
+            self.groups = role_groups(self.model)
+        values = {f"grad_norm/{k}": v for k, v in grad_norms(self.model).items()}
+        x, _ = trainer.batches.get(max(step - 1, 0), 0)  # the batch these gradients came from
+        x = x.to(trainer.device)
+        values.update(activation_stats(self.model, x, trainer.autocast))
+        before = {name: [p.detach().clone() for p in ps] for name, ps in self.groups.items()}
+
+        def finish(updated: bool) -> None:
+            """After the optimizer step (updated=True) or instead of it (a skipped step, a
+            diverged step, the init profile): log the row."""
+            if updated:
+                values.update({f"update_ratio/{k}": v
+                               for k, v in update_ratios(self.groups, before).items()})
+            before.clear()
+            keys = list(values)
+            nums = torch.stack([values[k].detach().float().reshape(()) for k in keys]).tolist()
+            row: dict[str, Any] = {"step": step, "tokens": step * trainer.tokens_per_step}
+            for k, v in zip(keys, nums):
+                if not (k.startswith("update_ratio/") and math.isnan(v)):
+                    row[PREFIX + k] = v
+            row[PREFIX + "loss_spikes"] = getattr(trainer, "loss_spikes", 0)
+            if trainer.is_main and trainer.sinks is not None:
+                trainer.sinks.log(row)
+
+        return finish
+
+
+# ---- gradient profile at initialization (`ablate inspect --grad-profile`) ------------------
+
+def grad_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[dict]:
+    """One forward/backward of the training objective on (x, y); per block the grad norm of
+    all its weights (and of its attention and FFN), first block to last. No update."""
+    model.zero_grad(set_to_none=True)
+    model(x, y).loss.backward()
+    norms = {k: float(v) for k, v in grad_norms(model).items()}
+    model.zero_grad(set_to_none=True)
+    return [{"layer": i, "grad_norm": norms[f"block{i}"], "attn": norms.get(f"block{i}.attn"),
+             "ffn": norms.get(f"block{i}.ffn")} for i in range(len(model.blocks))]
+
+
+def grad_profile_for_config(cfg: Any) -> dict:
+    """The profile of the model `ablate run` would build (same seed, same first batch), so it
+    equals the step-0 row of `ablate run train.steps=0 train.diagnostics_every=1`."""
+    from ablate.data.batches import Batches
+    from ablate.model.spec import ModelSpec
+    from ablate.model.transformer import build_model
+    from ablate.train.launch import prepare_data, seed_everything
+
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    tok, data = prepare_data(cfg, progress=False)
+    spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
+    seed_everything(cfg.seed)
+    model = build_model(spec)
+    model.train()
+    x, y = Batches(data.train, cfg.train.seq_len, cfg.train.batch_size,
+                   data_seed=cfg.data_seed).get(0, 0)
+    layers = grad_profile(model, x, y)
+    return {"layers": layers}
+
+
+def profile_json(profile: dict) -> dict:
+    """The public JSON shape: {"layers": [{"layer": 0, "grad_norm": ...}, ...]}."""
+    return {"layers": [{"layer": r["layer"], "grad_norm": r["grad_norm"]} for r in profile["layers"]]}
+
+
+def format_profile(profile: dict) -> str:
+    rows = profile["layers"]
+    top = max((r["grad_norm"] for r in rows if math.isfinite(r["grad_norm"])), default=0.0) or 1.0
+    lines = ["gradient norm by layer at initialization (one batch)",
+             f"{'layer':>5}  {'block':>10}  {'attn':>10}  {'ffn':>10}"]
+    for r in rows:
+        bar = "#" * int(round(30 * r["grad_norm"] / top)) if math.isfinite(r["grad_norm"]) else "?"
+        lines.append(f"{r['layer']:>5}  {r['grad_norm']:>10.4g}  {r['attn'] or 0:>10.4g}  "
+                     f"{r['ffn'] or 0:>10.4g}  {bar}")
+    return "\n".join(lines)
+
+
+# ---- plots for `ablate compare --plot` -----------------------------------------------------
+
+def diag_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if any(k.startswith(PREFIX) for k in r)]
+
+
+def _by_layer(row: dict, key: str) -> tuple[list[int], list[float]]:
+    pts = []
+    for k, v in row.items():
+        if k.startswith(f"{PREFIX}{key}/block") and "." not in k[len(PREFIX + key) + 6:]:
+            try:
+                pts.append((int(k[len(PREFIX + key) + 6:]), float(v)))
+            except ValueError:
+                continue
+    pts.sort()
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _over_steps(rows: list[dict], key_prefix: str, reduce: Callable) -> tuple[list, list]:
+    xs, ys = [], []
+    for r in rows:
+        vals = [float(v) for k, v in r.items() if k.startswith(PREFIX + key_prefix)
+                and isinstance(v, (int, float))]
+        if vals:
+            xs.append(r["step"])
+            ys.append(reduce(vals))
+    return xs, ys
+
+
+def plot_diagnostics(runs: dict[str, list[dict]], path) -> Optional[str]:
+    """One figure of diagnostics for several runs ({label: metrics.jsonl rows}); returns the
+    path written, or None when no run has diagnostics rows."""
+    runs = {label: diag_rows(rows) for label, rows in runs.items()}
+    runs = {label: rows for label, rows in runs.items() if rows}
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    (a_grad, a_rms, a_logit), (a_dead, a_upd, a_spk) = axes
+    for i, (label, rows) in enumerate(runs.items()):
+        color = f"C{i % 10}"
+        first, last = rows[0], rows[-1]
+        xs, ys = _by_layer(first, "grad_norm")
+        a_grad.plot(xs, ys, "--o", color=color, ms=3, label=f"{label} (step {first['step']})")
+        if last is not first:
+            xs, ys = _by_layer(last, "grad_norm")
+            a_grad.plot(xs, ys, "-o", color=color, ms=3, label=f"{label} (step {last['step']})")
+        xs, ys = _by_layer(last, "resid_rms")
+        a_rms.plot(xs, ys, "-o", color=color, ms=3, label=label)
+        a_logit.plot(*_over_steps(rows, "max_attn_logit/", max), color=color, label=label)
+        xs, ys = _over_steps(rows, "dead_ffn_frac/", lambda v: sum(v) / len(v))
+        if xs:
+            a_dead.plot(xs, ys, color=color, label=label)
+        xs, ys = _over_steps(rows, "update_ratio/", lambda v: math.exp(sum(map(math.log, v)) / len(v))
+                             if all(u > 0 for u in v) else float("nan"))
+        a_upd.plot(xs, ys, color=color, label=label)
+        a_spk.step(*_over_steps(rows, "loss_spikes", max), where="post", color=color, label=label)
+    for ax, title, xl, log in (
+            (a_grad, "grad norm by block (dashed: first, solid: last row)", "block", True),
+            (a_rms, "residual-stream RMS after each block (last row)", "block", True),
+            (a_logit, "max attention logit (max over blocks)", "step", False),
+            (a_dead, "dead FFN units (mean over blocks; ReLU family)", "step", False),
+            (a_upd, "update / weight ratio (geo. mean over groups)", "step", True),
+            (a_spk, "loss spikes (cumulative)", "step", False)):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(xl)
+        if log and ax.lines:
+            ax.set_yscale("log")
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
