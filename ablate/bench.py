@@ -1,0 +1,441 @@
+"""`ablate bench`: time full training steps of the configured model on synthetic batches.
+
+What is timed is the trainer's own step (Trainer.train_step + Trainer.apply_update: forward,
+backward, clip, optimizer), never a separate loop, so a speed-up measured here is a speed-up
+of every run and sweep. Machine noise (other processes on a shared CPU) hits back-to-back
+measurements alike, so comparisons alternate contenders in short rounds (ABAB...) inside one
+process and report the median of the per-round ratios.
+
+Three modes:
+  bench(cfg)                   tokens/s, ms/step, peak memory, FLOPs/token, MFU
+  bench(cfg, reference=True)   ... and a minimal plain-PyTorch GPT of the same dimensions
+  bench_variants(overrides, variants)   each variant (e.g. every axis option) vs the baseline
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ---- device peak FLOP/s --------------------------------------------------------------------
+
+# Dense (no sparsity) peaks in FLOP/s: (name fragment, bf16 tensor core, fp32 non-tensor-core).
+# Matched in order against torch.cuda.get_device_name(), so specific names come first.
+GPU_PEAKS: list[tuple[str, float, float]] = [
+    ("H100 PCIe", 756e12, 51e12),
+    ("H100 NVL", 835e12, 60e12),
+    ("H100", 989e12, 67e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H200", 989e12, 67e12),
+    ("H20", 148e12, 44e12),
+    ("GH200", 989e12, 67e12),
+    ("B200", 2250e12, 80e12),
+    ("A100", 312e12, 19.5e12),
+    ("A800", 312e12, 19.5e12),
+    ("A6000", 155e12, 38.7e12),
+    ("L40S", 362e12, 91.6e12),
+    ("L40", 181e12, 90.5e12),
+    ("L4", 121e12, 30.3e12),
+    ("A10G", 70e12, 31.2e12),
+    ("A10", 125e12, 31.2e12),
+    ("RTX 4090", 165e12, 82.6e12),
+    ("RTX 3090", 71e12, 35.6e12),
+    ("V100", 125e12, 15.7e12),  # fp16 tensor cores (no bf16)
+    ("T4", 65e12, 8.1e12),  # fp16 tensor cores (no bf16)
+]
+
+
+@dataclass
+class Peak:
+    flops: Optional[float]  # FLOP/s; None when unknown
+    source: str  # how it was obtained, printed beside the MFU
+
+
+def gpu_peak(device_name: str, precision: str) -> Peak:
+    for fragment, bf16, fp32 in GPU_PEAKS:
+        if fragment.lower() in device_name.lower():
+            value = bf16 if precision == "bf16" else fp32
+            return Peak(value, f"{fragment} {precision} spec sheet ({value / 1e12:.0f} TFLOP/s)")
+    return Peak(None, f"unknown GPU '{device_name}': no MFU")
+
+
+def measure_cpu_peak(n: int = 1024, reps: int = 8) -> Peak:
+    """The best of `reps` timed (n x n) @ (n x n) fp32 matmuls on this machine, with the
+    threads torch uses for training: the practical ceiling of a dense fp32 model here."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(2):
+        a @ b
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    flops = 2 * n ** 3 / best
+    return Peak(flops, f"measured: {n}x{n} fp32 matmul on this CPU, {torch.get_num_threads()} "
+                       f"threads ({flops / 1e9:.1f} GFLOP/s)")
+
+
+def device_peak(device: torch.device, precision: str) -> Peak:
+    if device.type == "cuda":
+        return gpu_peak(torch.cuda.get_device_name(device), precision)
+    return measure_cpu_peak()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+# ---- contenders: something that does one full training step ---------------------------------
+
+@dataclass
+class Contender:
+    name: str
+    step: Callable[[int], Any]  # one full training step; returns the loss tensor
+    tokens_per_step: int
+    device: torch.device
+    params: int = 0
+    times: list[float] = field(default_factory=list)  # seconds per timed round
+    steps_timed: int = 0
+    last_loss: Optional[torch.Tensor] = None
+
+    def run(self, first_step: int, n: int) -> float:
+        sync(self.device)
+        t0 = time.perf_counter()
+        for i in range(n):
+            self.last_loss = self.step(first_step + i)
+        sync(self.device)
+        return time.perf_counter() - t0
+
+    def round(self, first_step: int, n: int) -> None:
+        self.times.append(self.run(first_step, n))
+        self.steps_timed += n
+
+    @property
+    def step_s(self) -> float:
+        """Median seconds per step over the timed rounds."""
+        return statistics.median(t / (self.steps_timed / len(self.times)) for t in self.times)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_s
+
+
+def alternate(contenders: list[Contender], rounds: int, steps_per_round: int, start: int) -> None:
+    """ABAB...: each round times every contender for steps_per_round steps, back to back."""
+    for r in range(rounds):
+        order = contenders if r % 2 == 0 else contenders[::-1]  # no one always goes first
+        for c in order:
+            c.round(start + r * steps_per_round, steps_per_round)
+
+
+def round_ratios(a: Contender, b: Contender) -> list[float]:
+    """Per-round tokens/s ratio a/b (a faster: > 1)."""
+    return [tb / ta for ta, tb in zip(a.times, b.times)]
+
+
+def _ratios(a: Contender, b: Contender) -> dict:
+    """tokens/s of a relative to b: the median of the paired rounds (robust to slow drifts in
+    machine load) and the ratio of the best rounds (robust to bursts)."""
+    per_round = round_ratios(a, b)
+    return {"ratio": statistics.median(per_round), "ratio_best": min(b.times) / min(a.times),
+            "round_ratios": per_round}
+
+
+# ---- our trainer ---------------------------------------------------------------------------
+
+def synthetic_data(vocab: int, n_tokens: int, seed: int = 0):
+    """Uniform random token ids in a TokenData, so the trainer's own batch code runs unchanged."""
+    from ablate.data.cache import TokenData
+
+    dtype = np.uint16 if vocab <= 2 ** 16 else np.uint32
+    rng = np.random.default_rng(seed)
+    train = rng.integers(0, vocab, size=n_tokens, dtype=dtype)
+    val = rng.integers(0, vocab, size=4096, dtype=dtype)
+    meta = {"source": "synthetic", "tokenizer": "synthetic", "vocab_size": vocab, "dtype": str(np.dtype(dtype)),
+            "tokens": {"train": n_tokens, "val": len(val)}}
+    return TokenData(train=train, val=val, meta=meta, path=Path("."))
+
+
+def synthetic_tokens_needed(cfg: Any) -> int:
+    t = cfg.train
+    return max(1 << 20, 8 * t.batch_size * (t.seq_len + 1))
+
+
+def build_trainer(cfg: Any, data=None):
+    """The configured model inside the real Trainer (no sinks, no run directory writes)."""
+    from ablate.data.tokenizers import TOKENIZERS
+    from ablate.model.spec import ModelSpec, count_params
+    from ablate.model.transformer import build_model
+    from ablate.train.launch import seed_everything
+    from ablate.train.trainer import Trainer
+
+    tok_vocab = TOKENIZERS.get(cfg.tokenizer.name).vocab_size
+    spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok_vocab)
+    if data is None:
+        data = synthetic_data(tok_vocab, synthetic_tokens_needed(cfg), seed=cfg.data_seed)
+    seed_everything(cfg.seed)
+    model = build_model(spec)
+    trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=Path("."),
+                      byte_lengths=np.ones(spec.vocab_size, dtype=np.int64), data_seed=cfg.data_seed)
+    trainer.train_model.train()
+    return trainer, spec, count_params(spec)["total"]
+
+
+def trainer_contender(name: str, trainer, params: int) -> Contender:
+    def step(s: int) -> torch.Tensor:
+        lm_loss, _, _ = trainer.train_step(s)
+        trainer.apply_update()
+        return lm_loss
+
+    return Contender(name, step, trainer.tokens_per_step, trainer.device, params)
+
+
+# ---- the reference: a minimal plain-PyTorch GPT ----------------------------------------------
+
+class RefBlock(nn.Module):
+    """nanoGPT's block: pre-LayerNorm, fused qkv, SDPA causal, GELU (tanh) MLP, biases."""
+
+    def __init__(self, d: int, n_heads: int, d_ff: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class RefGPT(nn.Module):
+    """GPT-2: learned positions, tied embedding / head, final LayerNorm."""
+
+    def __init__(self, vocab: int, d: int, n_layers: int, n_heads: int, d_ff: int, max_seq_len: int):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(max_seq_len, d)
+        self.h = nn.ModuleList(RefBlock(d, n_heads, d_ff) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("c_proj.weight", "mlp_proj.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
+        for block in self.h:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V), tied
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def reference_contender(cfg: Any, spec, trainer, data) -> Contender:
+    """The reference with our dims, precision, compile setting, AdamW settings and batch size,
+    fed nanoGPT-style batches (random windows of the same token array)."""
+    t = cfg.train
+    device = trainer.device
+    torch.manual_seed(cfg.seed)
+    model = RefGPT(spec.vocab_size, spec.d_model, spec.n_layers, spec.n_heads, spec.d_ff,
+                   spec.max_seq_len).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=t.lr, betas=(t.beta1, t.beta2), fused=(device.type == "cuda") or None)
+    fwd = torch.compile(model) if trainer.train_model is not trainer.model else model
+    bf16 = trainer.precision == "bf16"
+    tokens = torch.from_numpy(data.train.astype(np.int64))
+    B, T, accum = t.batch_size, t.seq_len, t.grad_accum
+    max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
+    params = list(model.parameters())
+
+    def get_batch():
+        ix = torch.randint(len(tokens) - T - 1, (B,))
+        x = torch.stack([tokens[i:i + T] for i in ix])
+        y = torch.stack([tokens[i + 1:i + 1 + T] for i in ix])
+        if device.type == "cuda":
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x, y
+
+    def step(s: int) -> torch.Tensor:
+        for _ in range(accum):
+            x, y = get_batch()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = fwd(x, y)
+            (loss / accum).backward()
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    n = sum(p.numel() for p in model.parameters())
+    return Contender("reference", step, B * T * accum, device, n)
+
+
+# ---- the benchmarks --------------------------------------------------------------------------
+
+def _memory_start(device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    return 0
+
+
+def _memory_peak(device: torch.device, start: int) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) - start, "cuda max_memory_allocated"
+    return peak_rss_bytes(), "process peak RSS"
+
+
+def _finite(c: Contender) -> bool:
+    return c.last_loss is not None and bool(torch.isfinite(c.last_loss).all())
+
+
+def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference: bool = False) -> dict:
+    """Time our trainer's step (and optionally the reference's, alternating). Returns a dict
+    with tokens_per_s, step_ms, mfu, peak_flops, flops_per_token, and more."""
+    from ablate.model.spec import flops_per_token
+
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    t_build = time.perf_counter()
+    trainer, spec, params = build_trainer(cfg)
+    device = trainer.device
+    mem0 = _memory_start(device)
+    ours = trainer_contender("ablate", trainer, params)
+    ours.run(0, max(warmup, 1))  # compile, allocator and optimizer state warm-up
+    memory, memory_kind = _memory_peak(device, mem0)
+    warm_s = time.perf_counter() - t_build
+    contenders = [ours]
+    ref = None
+    if reference:
+        ref_mem0 = _memory_start(device)
+        ref = reference_contender(cfg, spec, trainer, trainer.data)
+        ref.run(0, max(warmup, 1))
+        ref_memory = _memory_peak(device, ref_mem0)[0] if device.type == "cuda" else None
+        contenders.append(ref)
+    rounds = min(rounds, steps)
+    alternate(contenders, rounds, max(1, steps // rounds), warmup)
+    fpt = flops_per_token(spec, cfg.train.seq_len)
+    peak = device_peak(device, trainer.precision)
+    tps = ours.tokens_per_s
+    result = {
+        "tokens_per_s": tps, "step_ms": ours.step_s * 1e3,
+        "mfu": (tps * fpt / peak.flops) if peak.flops else None,
+        "peak_flops": peak.flops, "peak_flops_source": peak.source,
+        "flops_per_token": fpt, "achieved_flops": tps * fpt,
+        "peak_memory_bytes": memory, "peak_memory_kind": memory_kind,
+        "params": params, "tokens_per_step": ours.tokens_per_step,
+        "steps": ours.steps_timed, "rounds": len(ours.times), "warmup": max(warmup, 1),
+        "warmup_s": warm_s, "device": _device_name(device), "precision": trainer.precision,
+        "compile": trainer.train_model is not trainer.model, "threads": torch.get_num_threads(),
+        "batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len,
+        "grad_accum": cfg.train.grad_accum, "loss_finite": _finite(ours),
+    }
+    if ref is not None:
+        result["reference"] = {
+            "tokens_per_s": ref.tokens_per_s, "step_ms": ref.step_s * 1e3, "params": ref.params,
+            "mfu": (ref.tokens_per_s * fpt / peak.flops) if peak.flops else None,
+            "peak_memory_bytes": ref_memory, "loss_finite": _finite(ref),
+        }
+        result.update(_ratios(ours, ref))  # ours / reference tokens/s: > 1, we are faster
+    return result
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def axis_variants(base_overrides: list[str]) -> list[tuple[str, list[str]]]:
+    """(label, overrides) for every axis option other than the baseline's, then every arch
+    preset other than the baseline's; each changes one thing relative to the baseline."""
+    from ablate.axes import list_axes
+    from ablate.compose import compose_config
+
+    base = compose_config(base_overrides)
+    out = []
+    for row in list_axes():
+        group = row["group"]
+        if not row["axis"] and group != "arch":
+            continue
+        current = base[group].name if row["axis"] else _given(base_overrides, "arch", row["default"])
+        for option in row["options"]:
+            if option != current:
+                out.append((f"{group}={option}", [f"{group}={option}"]))
+    return out
+
+
+def _given(overrides: list[str], key: str, default: str) -> str:
+    for o in overrides:
+        if o.split("=", 1)[0] == key:
+            return o.split("=", 1)[1]
+    return default
+
+
+def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str]]], steps: int = 10,
+                   warmup: int = 2, rounds: int = 5,
+                   progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Each variant (extra overrides on top of the baseline's) alternating with the baseline,
+    one variant at a time; ratio = variant tokens/s / baseline tokens/s (median of rounds)."""
+    from ablate.compose import compose_config
+    from ablate.errors import ConfigError
+
+    base_cfg = compose_config(base_overrides)
+    if base_cfg.train.threads > 0:
+        torch.set_num_threads(base_cfg.train.threads)
+    trainer, spec, params = build_trainer(base_cfg)
+    base = trainer_contender("baseline", trainer, params)
+    base.run(0, max(warmup, 1))
+    rows = []
+    rounds = min(rounds, steps)
+    steps_per_round = max(1, steps // rounds)
+    for label, extra in variants:
+        if progress:
+            progress(label)
+        try:
+            cfg = compose_config(base_overrides + extra)
+        except ConfigError as e:  # an option that cannot combine with these dims
+            rows.append({"variant": label, "error": str(e)})
+            continue
+        v_trainer, _, v_params = build_trainer(cfg, data=trainer.data)
+        variant = trainer_contender(label, v_trainer, v_params)
+        variant.run(0, max(warmup, 1))
+        base.times, base.steps_timed = [], 0
+        alternate([base, variant], rounds, steps_per_round, warmup)
+        rows.append({"variant": label, "overrides": extra, "params": v_params,
+                     "tokens_per_s": variant.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s,
+                     **_ratios(variant, base)})
+        del v_trainer, variant
+    return {"baseline": {"overrides": base_overrides, "params": params}, "rows": rows,
+            "device": _device_name(trainer.device), "tokens_per_step": base.tokens_per_step,
+            "steps_per_round": steps_per_round, "rounds": rounds}

@@ -1,0 +1,93 @@
+"""Issue 8: `ablate bench` times the trainer's own step and reports tokens/s, MFU, memory;
+--reference and --vs/--axes alternate contenders in one process. Ratios are reported, never
+asserted: timings on a shared machine are noise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import TINY, compose, run_ablate
+
+KEYS = ("tokens_per_s", "step_ms", "mfu", "peak_flops", "flops_per_token", "peak_memory_bytes",
+        "params", "achieved_flops")
+FAST = ["--steps", "2", "--warmup", "1", "--rounds", "2"]
+
+
+def bench_json(*args: str) -> dict:
+    res = run_ablate("bench", *TINY, *FAST, "--json", *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_bench_json_reports_positive_speed_and_mfu():
+    r = bench_json()
+    for key in KEYS:
+        assert isinstance(r[key], (int, float)) and r[key] > 0, key
+    assert r["tokens_per_step"] == 4 * 32  # TINY: batch 4 x seq 32
+    assert r["steps"] == 2 and r["loss_finite"] is True
+    assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / r["peak_flops"])
+    assert r["peak_flops_source"].startswith("measured")  # CPU: a timed matmul, and it says so
+
+
+def test_reference_has_the_same_dimensions_and_gives_a_ratio():
+    r = bench_json("--reference")
+    ref = r["reference"]
+    assert ref["params"] == r["params"]  # the plain-PyTorch GPT matches our gpt2 exactly
+    assert ref["tokens_per_s"] > 0 and ref["loss_finite"] is True
+    assert r["ratio"] > 0 and r["ratio_best"] > 0 and len(r["round_ratios"]) == 2
+
+
+def test_vs_and_axes_time_each_variant_against_the_baseline():
+    r = bench_json("--axes", "--only", "act=swiglu", "--only", "pos=rope", "--vs", "norm=rmsnorm")
+    rows = {row["variant"]: row for row in r["rows"]}
+    assert set(rows) == {"norm=rmsnorm", "act=swiglu", "pos=rope"}
+    for row in rows.values():
+        assert row["tokens_per_s"] > 0 and row["ratio"] > 0
+    assert rows["pos=rope"]["params"] < r["baseline"]["params"]  # no learned position table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--reference", "--axes"], "pick one"),
+    (["norm=nope"], "norm"),
+    (["--vs", "act=nope"], "act"),
+])
+def test_bad_input_is_one_line(args, message):
+    res = run_ablate("bench", *TINY, *args)
+    assert res.returncode != 0
+    assert res.stderr.strip().startswith("error:") and message in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_bench_times_the_trainers_own_step(monkeypatch):
+    """No separate loop: every timed step goes through Trainer.train_step and apply_update."""
+    from ablate import bench
+    from ablate.train.trainer import Trainer
+
+    calls = {"train_step": 0, "apply_update": 0}
+    for name in calls:
+        original = getattr(Trainer, name)
+
+        def counted(self, *a, _orig=original, _name=name, **k):
+            calls[_name] += 1
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(Trainer, name, counted)
+    r = bench.bench(compose(TINY), steps=3, warmup=2, rounds=3)
+    assert calls == {"train_step": 5, "apply_update": 5}
+    assert r["steps"] == 3 and r["warmup"] == 2
+
+
+@pytest.mark.parametrize("name, precision, peak", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+    ("NVIDIA H100 PCIe", "bf16", 756e12),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312e12),
+    ("NVIDIA A100-SXM4-80GB", "fp32", 19.5e12),
+    ("Some Future GPU", "bf16", None),
+])
+def test_gpu_peak_table_matches_specific_names_first(name, precision, peak):
+    from ablate.bench import gpu_peak
+
+    assert gpu_peak(name, precision).flops == peak
