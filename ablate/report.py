@@ -15,16 +15,18 @@ def _fmt(v, spec=".4f"):
 
 def print_summary(summary: dict, run_dir: Path) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     status = summary.get("status", "?")
     color = {"completed": "green", "diverged": "yellow", "failed": "red"}.get(status, "magenta")
-    t = Table(title=f"ablate run: {summary.get('variant', '')} (seed {summary.get('seed')})",
+    # escape: overrides such as data.paths=[a.txt] look like markup tags to rich
+    t = Table(title=escape(f"ablate run: {summary.get('variant', '')} (seed {summary.get('seed')})"),
               show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("status", f"[{color}]{status}[/{color}]" + (f" ({summary['reason']})" if summary.get("reason") else "")
-              + (f" ({summary['error']})" if summary.get("error") else ""))
+    t.add_row("status", f"[{color}]{status}[/{color}]" + escape((f" ({summary['reason']})" if summary.get("reason") else "")
+                                                     + (f" ({summary['error']})" if summary.get("error") else "")))
     t.add_row("axes", " ".join(f"{k}={v}" for k, v in summary.get("axes", {}).items()))
     if "params" in summary:
         t.add_row("params", f"{summary['params']:,} ({summary.get('non_embedding_params', 0):,} non-embedding)")
