@@ -127,7 +127,7 @@ def test_run_refuses_missing_data_and_a_too_large_vocab_before_making_a_run_dir(
 
 
 def test_run_refuses_a_corpus_smaller_than_one_batch(tmp_path):
-    (tmp_path / "a.txt").write_text("tiny " * 30)  # 150 bytes: 112 train tokens < 4 x 32 + 1
+    (tmp_path / "a.txt").write_text("tiny " * 20)  # 101 tokens: 96 for training < 4 x 32 + 1
     res = run_ablate("run", *TINY, "data=text_files", f"data.paths=[{tmp_path / 'a.txt'}]",
                      f"hydra.run.dir={tmp_path / 'run'}")
     one_error_line(res, "fewer than one batch", "train.batch_size=4", "train.seq_len=32")

@@ -28,8 +28,8 @@ from ablate.data.tokenizers import Tokenizer
 from ablate.errors import DataError
 
 FORMAT_VERSION = 2
-_BATCH_DOCS = 512  # documents handed to the tokenizer's threads at once ...
-_BATCH_BYTES = 16 << 20  # ... or this much text, whichever comes first
+_BATCH_DOCS = 1024  # documents handed to the tokenizer's threads at once ...
+_BATCH_BYTES = 2 << 20  # ... or this much text, whichever comes first
 META = "meta.json"
 
 
@@ -108,6 +108,46 @@ def _batched(docs: Iterator[str]) -> Iterator[list[str]]:
         yield batch
 
 
+def _prefetch(batches: Iterator[list[str]], depth: int = 2) -> Iterator[list[str]]:
+    """Read and clean the next batches in a thread while the current one is tokenized
+    (tiktoken releases the GIL), so reading and tokenizing overlap. Errors are re-raised here."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for b in batches:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # handed to the consumer, raised in its thread
+            q.put(e)
+
+    thread = threading.Thread(target=produce, name="ablate-data-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()  # the consumer stopped early (max_tokens, an error): let the reader finish
+        thread.join(timeout=5)
+
+
 class _Progress:
     """A tqdm bar on stderr: tokens against data.max_tokens when set, else text bytes."""
 
@@ -143,7 +183,7 @@ def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> di
     t0 = time.perf_counter()
     all_path = tmp / "tokens.bin"
     with all_path.open("wb") as out:
-        for docs in _batched(get_source(data_cfg).documents(data_cfg)):
+        for docs in _prefetch(_batched(get_source(data_cfg).documents(data_cfg))):
             arrays = tok.encode_arrays(docs, threads, dtype)
             chunk = np.concatenate([x for a in arrays for x in (a, eot)])
             if max_tokens and n_tokens + chunk.size > max_tokens:
