@@ -49,7 +49,12 @@ def variant_name(overrides: list[str]) -> str:
 
 
 def _name_resolver(override_dirname: str) -> str:
-    return override_dirname or "baseline"
+    name = override_dirname or "baseline"
+    if len(name) > 160:  # a file name stops at 255 bytes: keep the start, make the rest a hash
+        import hashlib
+
+        name = name[:150] + "~" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    return name
 
 
 if not OmegaConf.has_resolver("ablate_name"):

@@ -21,15 +21,16 @@ def curve(run_dir):
     return [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in rows]
 
 
-@pytest.mark.slow
-def test_two_process_ddp_matches_one_process_and_only_rank0_writes(tmp_path):
-    res = run_ablate("run", *BASE, "train.batch_size=2", "train.nproc=2", f"out_dir={tmp_path / 'ddp'}")
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("one") / "run"
+    res = run_ablate("run", *BASE, "train.batch_size=4", f"hydra.run.dir={run_dir}")
     assert res.returncode == 0, res.stderr
-    (ddp_dir,) = find_run_dirs(tmp_path / "ddp")  # the ranks shared one pinned run dir
-    one = tmp_path / "one"
-    res = run_ablate("run", *BASE, "train.batch_size=4", f"hydra.run.dir={one}")
-    assert res.returncode == 0, res.stderr
-    a, b = curve(ddp_dir), curve(one)
+    return run_dir
+
+
+def assert_same_training(run_dir, reference):
+    a, b = curve(run_dir), curve(reference)
     assert [s for s, _, _ in a] == [s for s, _, _ in b]  # every row once: one writer
     for (_, ta, va), (_, tb, vb) in zip(a, b):
         assert (ta is None) == (tb is None) and (va is None) == (vb is None)
@@ -37,10 +38,40 @@ def test_two_process_ddp_matches_one_process_and_only_rank0_writes(tmp_path):
             assert ta == pytest.approx(tb, **TOL)
         if va is not None:
             assert va == pytest.approx(vb, **TOL)
-    summary = json.loads((ddp_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2
-    assert summary["tokens"] == json.loads((one / "summary.json").read_text())["tokens"]
-    assert res.stdout.count("ablate run:") == 1
+    assert summary["tokens"] == json.loads((reference / "summary.json").read_text())["tokens"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_train_like_one_and_only_rank0_writes(tmp_path, one_process, strategy):
+    res = run_ablate("run", *BASE, "train.batch_size=2", "train.nproc=2", f"train.strategy={strategy}",
+                     f"out_dir={tmp_path}")
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = find_run_dirs(tmp_path)  # the ranks shared the run dir Hydra made
+    assert_same_training(run_dir, one_process)
+    assert res.stdout.count("ablate run:") == 1  # rank 0 reports
+    assert len(list((run_dir / "checkpoints").iterdir())) == 1
+
+
+def test_fsdp_checkpoint_resumes(tmp_path):
+    args = [*BASE, "train.batch_size=2", "train.nproc=2", "train.strategy=fsdp", f"hydra.run.dir={tmp_path}"]
+    assert run_ablate("run", *args).returncode == 0
+    res = run_ablate("run", *args, "train.steps=9")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"] == 6 and summary["step"] == 9
+
+
+@pytest.mark.slow
+def test_ranks_from_submitit_tasks_train_like_one_process(tmp_path, one_process):
+    """launcher=slurm with tasks_per_node=2 runs the job twice; submitit_local does the same on
+    this machine, so the ranks come from submitit's environment exactly as under SLURM."""
+    res = run_ablate("sweep", *BASE, "train.batch_size=2", "launcher=submitit_local",
+                     "hydra.launcher.tasks_per_node=2", "--seeds", "1", f"out_dir={tmp_path}")
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = find_run_dirs(tmp_path)
+    assert_same_training(run_dir, one_process)
 
 
 def test_nproc_larger_than_the_machine_is_refused_before_launch(tmp_path):

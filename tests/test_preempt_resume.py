@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT, TINY, find_run_dirs, read_jsonl, run_ablate
 
-STEPS = 3000  # long enough to be interrupted (a tiny step takes ~1 ms)
+STEPS = 1500  # long enough to be interrupted after 30 steps (a tiny step takes ~1-5 ms)
 LONG = [o for o in TINY if not o.startswith("train.steps")] + [f"train.steps={STEPS}", "train.threads=1"]
 
 

@@ -136,10 +136,16 @@ def setup_distributed(cfg: Any) -> DistEnv:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
+            from ablate.model.roles import role_of, tag
+
+            # fully_shard swaps every parameter for a sharded one: carry the role tags over
+            roles = {name: role_of(p) for name, p in model.named_parameters()}
             mesh = init_device_mesh("cuda" if use_cuda else "cpu", (world,))
             for block in model.blocks:
                 fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
+            for name, p in model.named_parameters():
+                tag(p, roles[name])
             return model
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -147,6 +153,36 @@ def setup_distributed(cfg: Any) -> DistEnv:
 
     env.wrap = wrap
     return env
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def model_and_optimizer_state(model, optimizer) -> dict:
+    """Full (unsharded) state dicts for a checkpoint. Under FSDP they are gathered onto rank 0
+    (collective: every rank must call this; the others get empty dicts)."""
+    if not is_sharded(model):
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer,
+                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {"model": msd, "optimizer": osd}
+
+
+def load_model_and_optimizer_state(model, optimizer, state: dict) -> None:
+    """The inverse: every rank loads the full state; under FSDP each keeps its own shard."""
+    if not is_sharded(model):
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
 
 
 def all_ranks_mean(value, world_size: int):

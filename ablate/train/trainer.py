@@ -20,7 +20,8 @@ from ablate.data.cache import TokenData
 from ablate.model.roles import param_groups, unique_parameters
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
-from ablate.train.distributed import all_ranks_mean, any_rank
+from ablate.train.distributed import (all_ranks_mean, any_rank, load_model_and_optimizer_state,
+                                      model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
 from ablate.train.schedule import lr_at
 
@@ -124,13 +125,14 @@ class Trainer:
     def state_dict(self) -> dict:
         return {
             "step": self.step, "tokens": self.step * self.tokens_per_step, "skipped": self.skipped,
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            **model_and_optimizer_state(self.model, self.optimizer),
             "rng": checkpoint.plain_rng_state(),
         }
 
     def save_checkpoint(self) -> None:
+        state = self.state_dict()  # on every rank: gathering a sharded (FSDP) model is collective
         if self.is_main:
-            checkpoint.save(self.run_dir, self.step, self.state_dict(), keep=self.cfg.keep_ckpts)
+            checkpoint.save(self.run_dir, self.step, state, keep=self.cfg.keep_ckpts)
 
     def try_resume(self) -> Optional[int]:
         if self.cfg.resume != "auto":
@@ -138,8 +140,7 @@ class Trainer:
         state = checkpoint.latest_valid(self.run_dir)
         if state is None:
             return None
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_model_and_optimizer_state(self.model, self.optimizer, state)
         checkpoint.set_rng_state(state["rng"])
         self.step, self.skipped = int(state["step"]), int(state.get("skipped", 0))
         return self.step
