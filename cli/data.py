@@ -58,6 +58,30 @@ def prepare(
     else:
         typer.echo(f"already prepared (nothing to do): {what}")
     typer.echo(f"cache: {data.path}")
+    _time_fetch(cfg, data)
+
+
+def _time_fetch(cfg, data, steps: int = 200) -> None:
+    """What one training step's batch costs (the trainer's own sampler), to compare with a step."""
+    import time
+
+    from ablate.data.batches import Batches
+    from ablate.errors import DataError
+
+    t = cfg.train
+    try:
+        batches = Batches(data.train, t.seq_len, t.batch_size, cfg.data_seed, grad_accum=t.grad_accum)
+    except DataError as e:
+        typer.echo(f"warning: {e}", err=True)
+        return
+    batches.get(0)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        for micro in range(t.grad_accum):
+            batches.get(step, micro)
+    ms = (time.perf_counter() - t0) / steps * 1e3
+    typer.echo(f"batch fetch: {ms:.3f} ms per step (train.batch_size={t.batch_size} x "
+               f"train.seq_len={t.seq_len} x train.grad_accum={t.grad_accum}, mean of {steps} steps)")
 
 
 @data_app.command()
