@@ -47,7 +47,7 @@ def test_prepare_then_prepare_again_is_a_no_op_and_info_lists_it(tmp_path):
     assert first.returncode == 0, first.stderr
     assert "prepared text_files / cl100k" in first.stdout and "MB/s" in first.stdout
     assert "batch fetch:" in first.stdout and "ms per step" in first.stdout
-    path = Path(first.stdout.split("cache: ")[1].strip())
+    path = Path(first.stdout.split("cache: ")[1].splitlines()[0].strip())
     stamp = {f.name: f.stat().st_mtime_ns for f in path.iterdir()}
     second = run_ablate(*args, "--json")
     assert second.returncode == 0, second.stderr
