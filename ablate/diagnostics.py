@@ -255,6 +255,17 @@ def grad_profile_for_config(cfg: Any) -> dict:
     return {"layers": layers}
 
 
+def profile_from_row(row: dict) -> dict:
+    """The profile from a logged diagnostics row (`diag/grad_norm/block{i}[.attn|.ffn]`)."""
+    layers, i = [], 0
+    while f"{PREFIX}grad_norm/block{i}" in row:
+        g = f"{PREFIX}grad_norm/block{i}"
+        layers.append({"layer": i, "grad_norm": float(row[g]), "attn": row.get(g + ".attn"),
+                       "ffn": row.get(g + ".ffn")})
+        i += 1
+    return {"layers": layers}
+
+
 def profile_json(profile: dict) -> dict:
     """The public JSON shape: {"layers": [{"layer": 0, "grad_norm": ...}, ...]}."""
     return {"layers": [{"layer": r["layer"], "grad_norm": r["grad_norm"]} for r in profile["layers"]]}

@@ -63,6 +63,10 @@ class ConsoleSink(Sink):
                         dynamic_ncols=True, mininterval=0.5)
 
     def log(self, row):
+        if row.get("step") == 0 and "diag/grad_norm/block0" in row:  # train.steps=0: init profile
+            from ablate.diagnostics import format_profile, profile_from_row
+
+            (self.bar.write if self.bar is not None else print)(format_profile(profile_from_row(row)))
         if self.bar is None:
             return
         if "train_loss" in row:
