@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ablate.errors import RunDirError
 
@@ -39,7 +40,12 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def _pid_alive(pid: int) -> bool:
+def owner() -> dict:
+    """Who runs here: enough for a later reader to tell whether that process still lives."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "job": os.environ.get("SLURM_JOB_ID")}
+
+
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -49,34 +55,109 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def owner_alive(who: dict) -> Optional[bool]:
+    """True/False for a process on this host; None when it ran elsewhere (cannot tell)."""
+    if not who.get("pid"):
+        return False
+    if who.get("host") not in (None, socket.gethostname()):
+        me = os.environ.get("SLURM_JOB_ID")
+        return False if me and me == who.get("job") else None  # a requeued job replaces itself
+    return pid_alive(int(who["pid"]))
+
+
+def live_status(run_dir: Path) -> Optional[str]:
+    """summary.json's status, except that a "running" run whose process is gone (SIGKILL, OOM
+    kill, node failure) reads as "killed". None when there is no readable summary."""
+    try:
+        summary = read_json(Path(run_dir) / SUMMARY)
+    except (OSError, ValueError):
+        return None
+    status = summary.get("status")
+    if status == "running" and owner_alive(summary) is False:
+        return "killed"
+    return status
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Keep the rows up to `step` (a resumed run re-logs the rest); drop a torn last line.
+    Returns the number of rows removed."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            dropped += 1  # written half when the process died
+            continue
+        if isinstance(row, dict) and int(row.get("step", 0)) <= step:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        write_atomic(path, "".join(ln + "\n" for ln in kept))
+    return dropped
+
+
 class RunLock:
-    """run.lock holds the owner's pid. A lock whose process is gone is stale and taken over."""
+    """run.lock holds the owner's pid, host and SLURM job id. A lock whose process is gone is
+    stale and taken over; a live one refuses a second process."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK
         self.held = False
 
-    def acquire(self) -> None:
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    pid = int(self.path.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _pid_alive(pid):
-                    raise RunDirError(
-                        f"run directory {self.path.parent} is in use by process {pid}; "
-                        "wait for it or choose another hydra.run.dir") from None
-                self.path.unlink(missing_ok=True)  # stale: its owner died
-                continue
-            except OSError as e:
-                raise RunDirError(f"cannot write to run directory {self.path.parent}: {e.strerror}") from None
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self.held = True
+    def holder(self) -> Optional[dict]:
+        try:
+            text = self.path.read_text().strip()
+        except OSError:
+            return None
+        try:
+            who = json.loads(text)
+            return who if isinstance(who, dict) else {"pid": int(who)}
+        except ValueError:
+            return {"pid": 0}  # torn write: its owner died while writing
+
+    def _refuse_if_held(self) -> None:
+        who = self.holder()
+        if who is None or who.get("pid") == os.getpid() and who.get("host") == socket.gethostname():
             return
+        alive = owner_alive(who)
+        if alive is False:
+            return
+        where = f"process {who.get('pid')}" + (f" on {who['host']}" if who.get("host") else "")
+        hint = "wait for it or choose another hydra.run.dir"
+        if alive is None:
+            hint = f"if that process is gone, delete {self.path}"
+        raise RunDirError(f"run directory {self.path.parent} is in use by {where}; {hint}")
+
+    def check_free(self) -> None:
+        """Pre-flight: refuse early, before anything is written (acquire() is the real test)."""
+        self._refuse_if_held()
+
+    def acquire(self) -> None:
+        # The content is written first and hard-linked into place, so the lock appears
+        # atomically with its owner in it (link fails if the lock exists).
+        tmp = self.path.with_name(f".{LOCK}.{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(owner()))
+        except OSError as e:
+            raise RunDirError(f"cannot write to run directory {self.path.parent}: {e.strerror}") from None
+        try:
+            for _ in range(2):
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    self._refuse_if_held()
+                    self.path.unlink(missing_ok=True)  # stale: its owner died
+                    continue
+                except OSError as e:
+                    raise RunDirError(f"cannot write to run directory {self.path.parent}: {e.strerror}") from None
+                self.held = True
+                return
+        finally:
+            tmp.unlink(missing_ok=True)
         raise RunDirError(f"could not take the lock {self.path}")
 
     def release(self) -> None:

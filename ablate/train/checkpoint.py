@@ -13,19 +13,22 @@ import io
 import os
 import random
 import re
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-import torch
 
 from ablate.errors import CheckpointError
+from ablate.rundir import pid_alive
 
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
 def rng_state() -> dict:
+    import torch
+
     state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -37,6 +40,8 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    import torch
+
     random.setstate(_to_python_random(state["python"]))
     np.random.set_state(_to_numpy_random(state["numpy"]))
     torch.set_rng_state(state["torch"])
@@ -86,8 +91,11 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 def save(run_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
     """Serialize to memory, append a sha256 footer, write to a temp file, fsync, rename."""
+    import torch
+
     d = ckpt_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(d)
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
@@ -106,6 +114,14 @@ def save(run_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
     return final
 
 
+def _remove_stale_temps(d: Path) -> None:
+    """Temp files of writers that died mid-save (SIGKILL) are never renamed: delete them."""
+    for p in d.glob(".step_*.pt.tmp-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid() or not pid_alive(int(pid)):
+            p.unlink(missing_ok=True)
+
+
 def _fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY)
@@ -117,27 +133,74 @@ def _fsync_dir(d: Path) -> None:
         pass
 
 
-def load_file(path: Path) -> dict:
-    data = Path(path).read_bytes()
+def verified_payload(path: Path) -> bytes:
+    """The serialized state, if the file is whole (torch-free: pre-flight uses it)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
     marker = data.rfind(b"\nSHA256:")
     if marker < 0:
         raise CheckpointError(f"{path}: no checksum footer (truncated or not an ablate checkpoint)")
     payload, digest = data[:marker], data[marker + 8:]
     if hashlib.sha256(payload).hexdigest().encode() != digest:
         raise CheckpointError(f"{path}: checksum mismatch (corrupt or truncated)")
+    return payload
+
+
+def check_resumable(run_dir: Path) -> None:
+    """Pre-flight: if the run directory has checkpoints, at least one must be whole."""
+    found = list_checkpoints(run_dir)
+    problems = []
+    for _, path in reversed(found):
+        try:
+            verified_payload(path)
+            return
+        except CheckpointError as e:
+            problems.append(str(e))
+    if found:
+        raise CheckpointError(_none_usable(found, problems))
+
+
+def _none_usable(found, problems) -> str:
+    return (f"no usable checkpoint ({len(found)} found, newest: {problems[0]}); remove them to "
+            "start over, or use train.resume=never or another hydra.run.dir")
+
+
+def load_file(path: Path) -> dict:
+    import torch
+
+    payload = verified_payload(path)
     try:
         return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
     except Exception as e:
         raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__})") from None
 
 
-def latest_valid(run_dir: Path, warn=print) -> Optional[dict]:
-    """The newest checkpoint that loads; each bad one is reported in one line and skipped."""
-    for step, path in reversed(list_checkpoints(run_dir)):
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def latest_valid(run_dir: Path, warn=_warn) -> Optional[dict]:
+    """The newest checkpoint that loads; each bad one is reported in one line and skipped.
+    None when there is none; CheckpointError when there are some but none is usable (starting
+    over would silently overwrite that run's record)."""
+    found = list_checkpoints(run_dir)
+    problems = []
+    for step, path in reversed(found):
         try:
-            return load_file(path)
+            state = load_file(path)
         except CheckpointError as e:
-            warn(f"warning: skipping checkpoint: {e}")
+            problems.append(str(e))
+            continue
+        if not isinstance(state, dict) or state.get("step") != step:
+            problems.append(f"{path}: does not hold step {step}")
+            continue
+        for p in problems:
+            warn(f"warning: skipping checkpoint: {p}")
+        return state
+    if found:
+        raise CheckpointError(_none_usable(found, problems))
     return None
 
 
