@@ -131,3 +131,6 @@ def preflight(cfg: Any, overrides: list[str]) -> None:
         raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, got '{device}'")
     check_device(device)
     check_data(cfg.data)
+    from ablate.data.sources import preflight as data_preflight
+
+    data_preflight(cfg.data, cfg.tokenizer.name)  # e.g. a hub dataset, offline and not cached

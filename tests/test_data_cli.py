@@ -151,3 +151,11 @@ def test_hub_dataset_offline_is_one_line(tmp_path):
     res = run_ablate("data", "prepare", "--no-progress", "data=fineweb_edu", f"data.cache_dir={tmp_path / 'cache'}")
     one_error_line(res, "HuggingFaceFW/fineweb-edu", "HF_HUB_OFFLINE")
     assert leftovers(tmp_path / "cache") == []
+
+
+def test_run_with_an_uncached_hub_dataset_offline_makes_no_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_ablate("run", *TINY, "data=openwebtext", f"data.cache_dir={tmp_path / 'cache'}",
+                     f"hydra.run.dir={run_dir}")
+    one_error_line(res, "Skylion007/openwebtext", "not in the data cache")
+    assert not run_dir.exists()

