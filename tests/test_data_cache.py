@@ -161,3 +161,17 @@ def test_unreachable_hub_fails_fast_with_one_line(tmp_path, monkeypatch):
         prep(["data=openwebtext", f"data.cache_dir={tmp_path}"])
     assert time.perf_counter() - t0 < 15
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_many_small_batches_and_chunks_give_the_same_tokens(tmp_path, monkeypatch):
+    """One document per tokenizer batch (read ahead in a thread) and a 3-token copy chunk:
+    the cache holds exactly what one big batch gives."""
+    import ablate.data.cache as cache
+
+    docs = make_corpus(tmp_path / "c")
+    (big, _), _ = prep([f"data.paths=[{tmp_path / 'c'}]", f"data.cache_dir={tmp_path / 'one'}"], "cl100k")
+    monkeypatch.setattr(cache, "_BATCH_DOCS", 1)
+    monkeypatch.setattr(cache, "_COPY_CHUNK", 3)
+    (small, _), _ = prep([f"data.paths=[{tmp_path / 'c'}]", f"data.cache_dir={tmp_path / 'two'}"], "cl100k")
+    assert np.array_equal(big.train, small.train) and np.array_equal(big.val, small.val)
+    assert big.meta["bytes"] == small.meta["bytes"] and small.meta["documents"] == len(docs)

@@ -30,6 +30,7 @@ from ablate.errors import DataError
 FORMAT_VERSION = 2
 _BATCH_DOCS = 1024  # documents handed to the tokenizer's threads at once ...
 _BATCH_BYTES = 2 << 20  # ... or this much text, whichever comes first
+_COPY_CHUNK = 1 << 24  # tokens per read when the validation tail is copied out
 META = "meta.json"
 
 
@@ -208,12 +209,15 @@ def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> di
         raise DataError(f"data={data_cfg.name}: the corpus has only {n_tokens} tokens, too few to "
                         "split into training and validation; add data")
     tokens = np.memmap(all_path, dtype=dtype, mode="r")
-    val = np.array(tokens[n_train:])
+    val_bytes = 0
+    with (tmp / "val.bin").open("wb") as out:  # in chunks: a 5% tail can be gigabytes
+        for i in range(n_train, n_tokens, _COPY_CHUNK):
+            part = np.asarray(tokens[i:min(i + _COPY_CHUNK, n_tokens)])
+            part.tofile(out)
+            val_bytes += int(lengths[part].sum())
     del tokens
-    val.tofile(tmp / "val.bin")
     os.truncate(all_path, n_train * dtype.itemsize)
     os.replace(all_path, tmp / "train.bin")
-    val_bytes = int(lengths[val].sum())
     return {
         "source": data_cfg.name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
         "eot_id": tok.eot_id, "dtype": dtype.name, "documents": n_docs,
