@@ -1,0 +1,340 @@
+"""Import and export Hugging Face `transformers` checkpoints, so ablated models can be evaluated
+with HF tooling and HF models can be loaded into the ablation trainer.
+
+    to_hf(model)          -> (hf_config, state_dict)   our Transformer as an HF family
+    to_hf_model(model)    -> an HF *ForCausalLM with our weights
+    from_hf(hf_model)     -> Transformer                ModelSpec derived from the HF config
+
+Families (keyed by the HF config's `model_type`): `gpt2` (GPT2LMHeadModel: arch=gpt2),
+`llama` (LlamaForCausalLM: arch=llama, any n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama
+qk_norm=on) and `gemma2` (Gemma2ForCausalLM: rmsnorm, sandwich norm, geglu, rope, tied,
+emb_scale, soft-caps). Layout differences handled here:
+  - GPT-2 stores linear weights as Conv1D, (in, out): transposed on the way.
+  - Our attention has one fused `qkv` Linear with rows [q; k; v] (GPT-2's c_attn has the same
+    order); Llama-style models have q_proj, k_proj, v_proj.
+  - Our gated FFN has one fused `gate_up` Linear with rows [gate; up].
+  - Gemma's RMSNorm multiplies by (1 + w): its stored gain is ours minus 1.
+  - RoPE: both sides use the half-split (rotate_half) layout, so q/k rows need no permutation.
+Our `gelu` is the tanh approximation, HF's "gelu_new" / "gelu_pytorch_tanh".
+torch and transformers are imported inside the functions (the CLI stays fast).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ablate.errors import ConfigError
+from ablate.model.spec import ModelSpec
+from ablate.registry import Registry
+
+GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """One of our tensors <-> one or more HF tensors (concatenated along dim 0 on our side)."""
+
+    ours: str
+    theirs: tuple[str, ...]
+    sizes: Optional[tuple[int, ...]] = None  # row counts of the parts when theirs has several
+    transpose: bool = False  # HF Conv1D: (in, out)
+    offset: float = 0.0  # HF value = ours - offset (Gemma's 1 + w gains)
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    model_class: str  # transformers class name of the causal LM
+    required: dict  # spec field -> value the family needs (checked on export)
+    spec_from_config: Callable[[Any], ModelSpec]
+    config_from_spec: Callable[[ModelSpec], Any]
+    tensor_maps: Callable[[ModelSpec], list[TensorMap]]
+
+    def mismatches(self, spec: ModelSpec) -> list[str]:
+        return [f"{k}={getattr(spec, k)!r} (needs {v!r})" for k, v in self.required.items()
+                if getattr(spec, k) != v]
+
+
+FAMILIES: Registry[Family] = Registry("hf family")
+
+
+# ---- shared pieces -------------------------------------------------------------------------------
+def _block_norm_names(spec: ModelSpec) -> list[str]:
+    return {"pre": ["norm1", "norm2"], "sandwich": ["pre_attn_norm", "post_attn_norm",
+                                                    "pre_ffn_norm", "post_ffn_norm"]}[spec.norm_pos]
+
+
+def _rope_theta(c: Any) -> float:
+    params = getattr(c, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") != "default":
+        raise ConfigError(f"HF rope_type={params['rope_type']!r} is not supported (only 'default' RoPE)")
+    return float(params.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
+
+
+def _check_head_dim(c: Any) -> None:
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if head_dim * c.num_attention_heads != c.hidden_size:
+        raise ConfigError(
+            f"HF model has head_dim={head_dim} with {c.num_attention_heads} heads != hidden_size="
+            f"{c.hidden_size}; ablate's head dim is d_model / n_heads")
+
+
+def _rope_family_maps(spec: ModelSpec, offset: float = 0.0) -> list[TensorMap]:
+    """Llama / Qwen 3 / Gemma 2 naming: model.layers.{i}.self_attn.q_proj ..."""
+    hd = spec.head_dim
+    qkv = (spec.n_heads * hd, spec.n_kv_heads * hd, spec.n_kv_heads * hd)
+    hf_norms = {"pre": ["input_layernorm", "post_attention_layernorm"],
+                "sandwich": ["input_layernorm", "post_attention_layernorm",
+                             "pre_feedforward_layernorm", "post_feedforward_layernorm"]}[spec.norm_pos]
+    maps = [TensorMap("tok_emb.weight", ("model.embed_tokens.weight",)),
+            TensorMap("final_norm.weight", ("model.norm.weight",), offset=offset)]
+    if not spec.tied:
+        maps.append(TensorMap("lm_head.weight", ("lm_head.weight",)))
+    suffixes = ["weight"] + (["bias"] if spec.bias else [])
+    for i in range(spec.n_layers):
+        o, t = f"blocks.{i}.", f"model.layers.{i}."
+        for s in suffixes:
+            maps += [TensorMap(o + f"attn.qkv.{s}", tuple(t + f"self_attn.{p}_proj.{s}" for p in "qkv"), qkv),
+                     TensorMap(o + f"attn.proj.{s}", (t + f"self_attn.o_proj.{s}",)),
+                     TensorMap(o + f"ffn.gate_up.{s}", (t + f"mlp.gate_proj.{s}", t + f"mlp.up_proj.{s}"),
+                               (spec.d_ff, spec.d_ff)),
+                     TensorMap(o + f"ffn.down.{s}", (t + f"mlp.down_proj.{s}",))]
+        for ours, theirs in zip(_block_norm_names(spec), hf_norms):
+            maps.append(TensorMap(o + f"{ours}.weight", (t + f"{theirs}.weight",), offset=offset))
+        if spec.qk_norm:
+            maps += [TensorMap(o + "attn.q_norm.weight", (t + "self_attn.q_norm.weight",), offset=offset),
+                     TensorMap(o + "attn.k_norm.weight", (t + "self_attn.k_norm.weight",), offset=offset)]
+    return maps
+
+
+def _rope_config_kwargs(spec: ModelSpec) -> dict:
+    return dict(vocab_size=spec.vocab_size, hidden_size=spec.d_model, intermediate_size=spec.d_ff,
+                num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
+                num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
+                max_position_embeddings=spec.max_seq_len, rms_norm_eps=spec.norm_eps,
+                tie_word_embeddings=spec.tied, attention_dropout=spec.dropout,
+                rope_parameters={"rope_type": "default", "rope_theta": spec.rope_base})
+
+
+def _rope_spec_kwargs(c: Any) -> dict:
+    _check_head_dim(c)
+    return dict(vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+                n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
+                d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
+                norm_eps=float(c.rms_norm_eps), pos="rope", rope_base=_rope_theta(c),
+                tied=bool(c.tie_word_embeddings), init_std=float(c.initializer_range))
+
+
+# ---- GPT-2 -------------------------------------------------------------------------------------
+def _gpt2_spec(c: Any) -> ModelSpec:
+    if c.activation_function not in GELU_TANH:
+        raise ConfigError(f"HF GPT-2 activation {c.activation_function!r} is not supported (tanh GELU only)")
+    if c.scale_attn_by_inverse_layer_idx or not c.scale_attn_weights:
+        raise ConfigError("HF GPT-2 with non-standard attention scaling is not supported")
+    return ModelSpec(vocab_size=c.vocab_size, d_model=c.n_embd, n_layers=c.n_layer, n_heads=c.n_head,
+                     n_kv_heads=c.n_head, d_ff=c.n_inner or 4 * c.n_embd, max_seq_len=c.n_positions,
+                     norm="layernorm", norm_eps=float(c.layer_norm_epsilon), norm_pos="pre", act="gelu",
+                     pos="learned", tied=bool(getattr(c, "tie_word_embeddings", True)), bias=True,
+                     dropout=float(c.resid_pdrop), init_std=float(c.initializer_range))
+
+
+def _gpt2_config(spec: ModelSpec) -> Any:
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=spec.vocab_size, n_positions=spec.max_seq_len, n_embd=spec.d_model,
+                      n_layer=spec.n_layers, n_head=spec.n_heads, n_inner=spec.d_ff,
+                      activation_function="gelu_new", resid_pdrop=spec.dropout, embd_pdrop=spec.dropout,
+                      attn_pdrop=spec.dropout, layer_norm_epsilon=spec.norm_eps,
+                      initializer_range=spec.init_std, tie_word_embeddings=spec.tied,
+                      # GPT-2's end-of-text id, where the vocab has it
+                      bos_token_id=50256 if spec.vocab_size > 50256 else None,
+                      eos_token_id=50256 if spec.vocab_size > 50256 else None)
+
+
+def _gpt2_maps(spec: ModelSpec) -> list[TensorMap]:
+    maps = [TensorMap("tok_emb.weight", ("transformer.wte.weight",)),
+            TensorMap("pos.emb.weight", ("transformer.wpe.weight",)),
+            TensorMap("final_norm.weight", ("transformer.ln_f.weight",)),
+            TensorMap("final_norm.bias", ("transformer.ln_f.bias",))]
+    if not spec.tied:
+        maps.append(TensorMap("lm_head.weight", ("lm_head.weight",)))
+    for i in range(spec.n_layers):
+        o, t = f"blocks.{i}.", f"transformer.h.{i}."
+        for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            for s in ("weight", "bias"):
+                maps.append(TensorMap(o + f"{ours}.{s}", (t + f"{theirs}.{s}",)))
+        for ours, theirs in (("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"),
+                             ("ffn.up", "mlp.c_fc"), ("ffn.down", "mlp.c_proj")):
+            maps.append(TensorMap(o + f"{ours}.weight", (t + f"{theirs}.weight",), transpose=True))
+            maps.append(TensorMap(o + f"{ours}.bias", (t + f"{theirs}.bias",)))
+    return maps
+
+
+FAMILIES.add("gpt2", Family(
+    "gpt2", "GPT2LMHeadModel",
+    dict(norm="layernorm", norm_pos="pre", act="gelu", pos="learned", bias=True, qk_norm=False,
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0),
+    _gpt2_spec, _gpt2_config, _gpt2_maps))
+
+
+# ---- Llama -------------------------------------------------------------------------------------
+def _llama_spec(c: Any) -> ModelSpec:
+    if c.hidden_act != "silu" or c.attention_bias != c.mlp_bias:
+        raise ConfigError(f"HF Llama with hidden_act={c.hidden_act!r}, attention_bias={c.attention_bias}, "
+                          f"mlp_bias={c.mlp_bias} is not supported (silu, equal biases)")
+    return ModelSpec(**_rope_spec_kwargs(c), norm_pos="pre", act="swiglu", bias=bool(c.attention_bias),
+                     dropout=float(c.attention_dropout or 0.0))
+
+
+def _llama_config(spec: ModelSpec) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**_rope_config_kwargs(spec), hidden_act="silu", attention_bias=spec.bias,
+                       mlp_bias=spec.bias, initializer_range=spec.init_std)
+
+
+FAMILIES.add("llama", Family(
+    "llama", "LlamaForCausalLM",
+    dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", qk_norm=False, emb_scale=False,
+         parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0, dropout=0.0),
+    _llama_spec, _llama_config, _rope_family_maps))
+
+
+# ---- Qwen 3 (QK-norm) --------------------------------------------------------------------------
+def _qwen3_spec(c: Any) -> ModelSpec:
+    if c.hidden_act != "silu" or c.attention_bias or c.use_sliding_window:
+        raise ConfigError("HF Qwen3 with attention_bias, a sliding window or hidden_act != silu "
+                          "is not supported")
+    return ModelSpec(**_rope_spec_kwargs(c), norm_pos="pre", act="swiglu", bias=False, qk_norm=True,
+                     dropout=float(c.attention_dropout or 0.0))
+
+
+def _qwen3_config(spec: ModelSpec) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_rope_config_kwargs(spec), hidden_act="silu", attention_bias=False,
+                       use_sliding_window=False, initializer_range=spec.init_std)
+
+
+FAMILIES.add("qwen3", Family(
+    "qwen3", "Qwen3ForCausalLM",
+    dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=True,
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0,
+         dropout=0.0),
+    _qwen3_spec, _qwen3_config, _rope_family_maps))
+
+
+# ---- Gemma 2 (sandwich norm, GeGLU, embedding scale, soft-caps) ---------------------------------
+def _gemma2_spec(c: Any) -> ModelSpec:
+    if c.hidden_activation not in GELU_TANH or c.attention_bias:
+        raise ConfigError("HF Gemma2 with attention_bias or a non-tanh GELU is not supported")
+    _check_head_dim(c)
+    head_dim = c.hidden_size // c.num_attention_heads
+    if c.query_pre_attn_scalar != head_dim:
+        raise ConfigError(f"HF Gemma2 query_pre_attn_scalar={c.query_pre_attn_scalar} != head_dim "
+                          f"{head_dim}: ablate scales attention by 1/sqrt(head_dim)")
+    kw = _rope_spec_kwargs(c)
+    # Sliding-window layers equal full attention on sequences no longer than the window.
+    if c.sliding_window is not None:
+        kw["max_seq_len"] = min(kw["max_seq_len"], c.sliding_window)
+    return ModelSpec(**kw, norm_pos="sandwich", act="geglu", bias=False, emb_scale=True,
+                     attn_softcap=c.attn_logit_softcapping, logit_softcap=c.final_logit_softcapping,
+                     dropout=float(c.attention_dropout or 0.0))
+
+
+def _gemma2_config(spec: ModelSpec) -> Any:
+    from transformers import Gemma2Config
+
+    return Gemma2Config(**_rope_config_kwargs(spec), hidden_activation="gelu_pytorch_tanh",
+                        attention_bias=False, query_pre_attn_scalar=spec.head_dim,
+                        sliding_window=spec.max_seq_len, attn_logit_softcapping=spec.attn_softcap,
+                        final_logit_softcapping=spec.logit_softcap, initializer_range=spec.init_std)
+
+
+FAMILIES.add("gemma2", Family(
+    "gemma2", "Gemma2ForCausalLM",
+    dict(norm="rmsnorm", norm_pos="sandwich", act="geglu", pos="rope", bias=False, tied=True,
+         qk_norm=False, emb_scale=True, parallel_block=False, mtp_heads=0, dropout=0.0),
+    _gemma2_spec, _gemma2_config, lambda spec: _rope_family_maps(spec, offset=1.0)))
+
+
+# ---- conversion --------------------------------------------------------------------------------
+def family_for(spec: ModelSpec, name: Optional[str] = None) -> Family:
+    """The named family, or the first whose architecture matches the spec."""
+    if name is not None:
+        fam = FAMILIES.get(name)
+        bad = fam.mismatches(spec)
+        if bad:
+            raise ConfigError(f"cannot export as HF {name}: {', '.join(bad)}")
+        return fam
+    for n in FAMILIES:
+        if not FAMILIES.get(n).mismatches(spec):
+            return FAMILIES.get(n)
+    raise ConfigError("no Hugging Face family matches this architecture; supported: "
+                      + "; ".join(f"{n} ({', '.join(f'{k}={v}' for k, v in FAMILIES.get(n).required.items())})"
+                                  for n in FAMILIES))
+
+
+def to_hf(model, family: Optional[str] = None):
+    """Our Transformer -> (HF config, HF state dict). The vocab keeps our (padded) size."""
+    spec: ModelSpec = model.spec
+    fam = family_for(spec, family)
+    ours = model.state_dict()
+    out = {}
+    for m in fam.tensor_maps(spec):
+        t = ours[m.ours].detach() - m.offset
+        parts = t.split(list(m.sizes), dim=0) if m.sizes else (t,)
+        for key, p in zip(m.theirs, parts):
+            out[key] = (p.t() if m.transpose and p.ndim == 2 else p).contiguous().clone()
+    if spec.tied:  # HF keeps the (shared) head in its state dict too
+        out["lm_head.weight"] = out[fam.tensor_maps(spec)[0].theirs[0]]
+    return fam.config_from_spec(spec), out
+
+
+def to_hf_model(model, family: Optional[str] = None):
+    """Our Transformer -> an HF *ForCausalLM (eval mode) carrying the same weights."""
+    import transformers
+
+    config, state = to_hf(model, family)
+    config._attn_implementation = "eager"
+    hf = getattr(transformers, FAMILIES.get(config.model_type).model_class)(config)
+    _load_strict(hf, state)
+    return hf.eval()
+
+
+def _load_strict(module, state: dict) -> None:
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    # Non-persistent buffers (rotary tables, GPT-2's causal mask) are rebuilt by the module.
+    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq"))]
+    if missing or unexpected:
+        raise ConfigError(f"state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def spec_from_hf_config(config: Any) -> ModelSpec:
+    return FAMILIES.get(config.model_type).spec_from_config(config)
+
+
+def from_hf(hf_model, **spec_changes):
+    """An HF causal LM (one of FAMILIES) -> our Transformer with its weights, in eval mode.
+
+    `spec_changes` override ModelSpec fields that do not change the weights' shapes or meaning
+    (e.g. dropout=0.1 to fine-tune with dropout)."""
+    import torch
+
+    from ablate.model.transformer import Transformer
+
+    spec = spec_from_hf_config(hf_model.config)
+    if spec_changes:
+        spec = dataclasses.replace(spec, **spec_changes)
+    fam = FAMILIES.get(hf_model.config.model_type)
+    theirs = hf_model.state_dict()
+    state = {}
+    for m in fam.tensor_maps(spec):
+        parts = [theirs[k].detach() for k in m.theirs]
+        parts = [p.t() if m.transpose and p.ndim == 2 else p for p in parts]
+        state[m.ours] = torch.cat(parts, dim=0) + m.offset
+    model = Transformer(spec)
+    _load_strict(model, state)
+    return model.eval()

@@ -1,0 +1,93 @@
+"""Parity with Hugging Face `transformers` reference models: copied weights, same logits.
+
+Both directions per family: our random model exported (to_hf_model) and an HF random model
+imported (from_hf), on tiny configs. Gains and biases are perturbed away from their 1/0 init
+so a misplaced norm or bias cannot hide."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from ablate import hf  # noqa: E402
+from ablate.errors import ConfigError  # noqa: E402
+from ablate.model.spec import ModelSpec  # noqa: E402
+from ablate.model.transformer import Transformer  # noqa: E402
+
+BASE = dict(vocab_size=96, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=16)
+FAMILIES = {
+    # arch=gpt2
+    "gpt2": dict(n_kv_heads=4, d_ff=64),
+    # arch=llama with GQA (4 query heads share 2 KV heads)
+    "llama": dict(n_kv_heads=2, norm="rmsnorm", act="swiglu", pos="rope", tied=False, bias=False,
+                  norm_eps=1e-6, rope_base=500000.0),
+    # QK-norm: per-head RMSNorm on q and k
+    "qwen3": dict(n_kv_heads=1, norm="rmsnorm", act="swiglu", pos="rope", tied=False, bias=False,
+                  qk_norm=True, norm_eps=1e-6),
+    # sandwich norm, GeGLU, embedding scale, attention and logit soft-caps
+    "gemma2": dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
+                   norm_pos="sandwich", emb_scale=True, attn_softcap=5.0, logit_softcap=3.0,
+                   norm_eps=1e-6),
+}
+
+
+def perturb_(module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim == 1:  # gains and biases start at 1 / 0: move them so they matter
+                p.add_(torch.randn_like(p) * 0.2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_matches_hf_reference(family):
+    torch.manual_seed(0)
+    spec = ModelSpec(**{**BASE, **FAMILIES[family]})
+    ours = Transformer(spec).eval()
+    perturb_(ours)
+    ref = hf.to_hf_model(ours)
+    assert type(ref).__name__ == hf.FAMILIES.get(family).model_class
+    idx = torch.randint(0, spec.vocab_size, (2, spec.max_seq_len))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx).logits, ref(idx).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_import_matches_hf_reference(family):
+    """An HF model initialised by HF (not by us) imports with identical logits."""
+    torch.manual_seed(1)
+    config = hf.FAMILIES.get(family).config_from_spec(ModelSpec(**{**BASE, **FAMILIES[family]}))
+    config._attn_implementation = "eager" if family == "gemma2" else "sdpa"  # soft-caps: eager only
+    ref = getattr(transformers, hf.FAMILIES.get(family).model_class)(config).eval()
+    perturb_(ref)
+    ours = hf.from_hf(ref)
+    idx = torch.randint(0, config.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx).logits, ref(idx).logits, rtol=1e-5, atol=1e-5)
+    # and back again: the exported state dict is HF's own
+    _, state = hf.to_hf(ours, family)
+    for key, value in ref.state_dict().items():
+        if key in state:
+            torch.testing.assert_close(state[key], value, rtol=0, atol=0)
+
+
+def test_gpt2_conv1d_is_transposed_and_qkv_order_kept():
+    torch.manual_seed(0)
+    spec = ModelSpec(**{**BASE, **FAMILIES["gpt2"]})
+    ours = Transformer(spec)
+    _, state = hf.to_hf(ours)
+    qkv = ours.blocks[0].attn.qkv.weight  # (3d, d): rows [q; k; v]
+    c_attn = state["transformer.h.0.attn.c_attn.weight"]  # Conv1D: (d, 3d)
+    assert c_attn.shape == (spec.d_model, 3 * spec.d_model)
+    torch.testing.assert_close(c_attn[:, spec.d_model:2 * spec.d_model], qkv[spec.d_model:2 * spec.d_model].t())
+    # tied: the HF head is the embedding
+    assert torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
+
+
+def test_export_refuses_an_architecture_no_family_has():
+    spec = ModelSpec(**{**BASE, "n_kv_heads": 4, "pos": "alibi"})
+    with pytest.raises(ConfigError, match="no Hugging Face family"):
+        hf.to_hf(Transformer(spec))
+    with pytest.raises(ConfigError, match="pos='alibi'"):
+        hf.to_hf(Transformer(spec), family="gpt2")
