@@ -24,12 +24,13 @@ def fail(message: str, code: int = 2) -> None:
 def compose_checked(overrides: list[str]):
     """Compose and validate a config without starting Hydra's job machinery (no directory is
     made), so bad input is refused with one line before anything is written."""
-    from ablate.compose import compose_config
-
+    from ablate.compose import compose_config, preflight
     from ablate.errors import AblateError
 
     try:
-        return compose_config(overrides)
+        cfg = compose_config(overrides)
+        preflight(cfg, overrides)
+        return cfg
     except AblateError as e:
         fail(str(e), e.exit_code)
 
