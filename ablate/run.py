@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.config import AXES, axis_values, register_configs, validate
 from ablate.errors import AblateError
-from ablate.rundir import CONFIG, METRICS, SUMMARY, RunLock, read_json, write_atomic, write_json
+from ablate.rundir import CONFIG, METRICS, SUMMARY, RunLock, owner, read_json, write_atomic, write_json
 
 log = logging.getLogger("ablate")
 
@@ -49,7 +49,8 @@ def variant_name(overrides: list[str]) -> str:
 
 
 def _name_resolver(override_dirname: str) -> str:
-    name = override_dirname or "baseline"
+    # a path in an override (data.paths=[/a/b.txt]) must not nest the run directory
+    name = (override_dirname or "baseline").replace("/", "_")
     if len(name) > 160:  # a file name stops at 255 bytes: keep the start, make the rest a hash
         import hashlib
 
@@ -141,7 +142,7 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
     summary: dict[str, Any] = {
         "status": "running", "variant": variant, "axes": axis_values(cfg), "seed": cfg.seed,
         "data_seed": cfg.data_seed, "overrides": variant_overrides(overrides),
-        "sweep": sweep_name, "pid": os.getpid(),
+        "sweep": sweep_name, **owner(),  # pid/host: a reader can tell a killed run (rundir.live_status)
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
     }
     if rank == 0:
@@ -171,6 +172,9 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
         summary.update(status="failed", error=str(e))
         print(f"error: {e}", file=sys.stderr)
         exit_code = e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before training started (the trainer handles it after)
+        summary.update(status="interrupted", reason="KeyboardInterrupt")
+        exit_code = 130
     except Exception as e:  # a bug: keep the traceback in the log, one line on the console
         summary.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         log.debug("".join(traceback.format_exc()))
@@ -180,13 +184,18 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
     summary["wall_time_s"] = round(time.time() - started, 3)
     summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     summary.pop("pid", None)
+    summary.pop("job", None)
     if rank == 0:
         write_json(run_dir / SUMMARY, summary)
-        if "sinks" in built:
-            built["sinks"].finish(summary)
-        from ablate.report import print_summary
+        try:  # the outcome is on disk; a failing dashboard or console must not change it
+            if "sinks" in built:
+                built["sinks"].finish(summary)
+            from ablate.report import print_summary
 
-        print_summary(summary, run_dir)
+            print_summary(summary, run_dir)
+        except Exception as e:
+            print(f"warning: reporting failed ({type(e).__name__}: {e}); see {run_dir / SUMMARY}",
+                  file=sys.stderr)
     if exit_code and not multirun:
         raise SystemExit(exit_code)
     return summary
