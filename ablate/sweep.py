@@ -285,20 +285,40 @@ def print_plan(jobs: list[Job], as_json: bool, header: str = "", out=None) -> No
         out.write(f"  #{i:<{width}} {j.name:<28} {' '.join(j.overrides)}\n")
 
 
+FINISHED = ("completed", "diverged")
+STOPPED = ("interrupted", "preempted")  # by a signal, with a checkpoint: rerun to resume
+
+
 def finish(results: list[JobResult], sweep_dir: Path) -> int:
-    """Print the comparison (or a status list) and which jobs failed; the sweep's exit code:
-    non-zero only when every job failed."""
-    failed = [r for r in results if r.status not in ("completed", "diverged", "preempted")]
-    printed = _print_compare(sweep_dir) if len(failed) < len(results) else False
+    """Print the comparison (or a status list) and the jobs that did not finish; the sweep's
+    exit code: non-zero only when no job finished (130 when it was stopped by a signal)."""
+    done = [r for r in results if r.status in FINISHED]
+    printed = _print_compare(sweep_dir) if done else False
     if not printed:
         for i, r in enumerate(results):
-            print(f"  #{i} {r.job.name:<28} {r.status:<10} {r.run_dir or ''}")
-    print(f"sweep: {len(results) - len(failed)}/{len(results)} jobs finished "
+            print(f"  #{i} {r.job.name:<28} {r.status:<11} {_val_loss(r.run_dir):<9} {r.run_dir or ''}")
+    print(f"sweep: {len(done)}/{len(results)} jobs finished "
           f"({sum(r.status == 'diverged' for r in results)} diverged); sweep dir {sweep_dir}")
-    for r in failed:
-        print(f"failed: #{results.index(r)} {r.job.name} ({r.status}{': ' + r.error if r.error else ''})",
+    for i, r in enumerate(results):
+        if r.status not in FINISHED:
+            label = "failed" if r.status == "failed" else "not finished"
+            print(f"{label}: #{i} {r.job.name} ({r.status}{': ' + r.error if r.error else ''})",
+                  file=sys.stderr)
+    if any(r.status in STOPPED for r in results):
+        print(f"sweep stopped; resume it with the same command and hydra.sweep.dir={sweep_dir} "
+              "(finished jobs return at once, stopped ones resume from their checkpoints)",
               file=sys.stderr)
-    return 1 if results and len(failed) == len(results) else 0
+        if not done or results[-1].status == "not run":
+            return 130
+    return 1 if results and not done else 0
+
+
+def _val_loss(run_dir: Optional[str]) -> str:
+    try:
+        v = json.loads((Path(run_dir) / "summary.json").read_text()).get("val_loss")
+        return f"{v:.4f}" if isinstance(v, (int, float)) else "-"
+    except (OSError, ValueError, TypeError):
+        return "-"
 
 
 def _print_compare(sweep_dir: Path) -> bool:

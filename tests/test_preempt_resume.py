@@ -73,3 +73,23 @@ def test_submitit_job_is_requeued_and_resumes(tmp_path):
     logs = "".join(p.read_text() for p in (run_dir.parent / ".submitit").rglob("*.err"))
     assert "this job is preempted" in logs  # submitit's handler ran and requeued the job
     assert len(find_run_dirs(tmp_path)) == 1
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sweep_and_the_same_sweep_dir_resumes_it(tmp_path):
+    steps = 800
+    args = ("sweep", *LONG, f"train.steps={steps}", "norm=layernorm,rmsnorm", f"out_dir={tmp_path}")
+    proc = start(*args)
+    run_dir, pid = wait_for_steps(tmp_path, n=10)
+    assert pid == proc.pid  # the basic launcher trains in the sweep's own process
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "not finished: #0 baseline (preempted)" in err and "not finished: #1 norm=rmsnorm (not run)" in err
+    assert len(find_run_dirs(tmp_path)) == 1  # the next job was not started
+    sweep_dir = run_dir.parent
+    res = run_ablate(*args, f"hydra.sweep.dir={sweep_dir}")
+    assert res.returncode == 0, res.stderr
+    first = json.loads((run_dir / "summary.json").read_text())
+    assert first["status"] == "completed" and first["resumed_from"] and first["step"] == steps
+    assert len(find_run_dirs(sweep_dir)) == 2 and "2/2 jobs finished" in res.stdout

@@ -86,9 +86,15 @@ class AblateSweeper(Sweeper):
             hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        size = self.max_batch_size or len(batches)
+        # In-process launchers get one job at a time, so a Ctrl-C or SIGTERM (which stops the
+        # running job with a checkpoint) stops the sweep too instead of starting the next job.
+        sequential = str(self.config.hydra.launcher.get("_target_", "")).endswith("BasicLauncher")
+        size = self.max_batch_size or (1 if sequential else len(batches))
         results = []
         for start in range(0, len(batches), size):
+            if sequential and any(r.status in S.STOPPED for r in results):
+                results += [S.JobResult(j, "not run") for j in jobs[start:start + size]]
+                continue
             chunk = batches[start:start + size]
             try:
                 returns = self.launcher.launch(chunk, initial_job_idx=start)
