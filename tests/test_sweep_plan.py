@@ -118,3 +118,10 @@ def test_plugin_is_discovered_from_the_installed_package(tmp_path):
                          env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert "AblateSweeper" in out.stdout
+
+
+def test_hydra_flags_pass_through_sweep(tmp_path):
+    res = run_ablate("sweep", "--info", "plugins")
+    assert res.returncode == 0 and "AblateSweeper" in res.stdout
+    res = run_ablate("sweep", "norm=rmsnorm", "--cfg", "job", f"out_dir={tmp_path}")
+    assert res.returncode == 0 and "name: rmsnorm" in res.stdout and not list(tmp_path.iterdir())
