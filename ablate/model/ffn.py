@@ -45,12 +45,13 @@ class MLP(nn.Module):
         self.relu_family = act.relu_family
         self.up = linear(spec.d_model, spec.d_ff, spec.bias, Role.INPUT)
         self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
+        self.resid_drop = nn.Dropout(spec.dropout)  # on the residual branch, as after attention
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.up(x))  # (B, T, d_ff)
 
     def forward(self, x):
-        return self.down(self.hidden(x))  # (B, T, d)
+        return self.resid_drop(self.down(self.hidden(x)))  # (B, T, d)
 
 
 class GatedMLP(nn.Module):
@@ -63,6 +64,7 @@ class GatedMLP(nn.Module):
         self.clamp = spec.act_clamp
         self.gate_up = linear(spec.d_model, 2 * spec.d_ff, spec.bias, Role.INPUT)
         self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
+        self.resid_drop = nn.Dropout(spec.dropout)
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)  # (B, T, d_ff) each
@@ -72,7 +74,7 @@ class GatedMLP(nn.Module):
         return h
 
     def forward(self, x):
-        return self.down(self.hidden(x))
+        return self.resid_drop(self.down(self.hidden(x)))  # (B, T, d)
 
 
 def build_ffn(spec: ModelSpec) -> nn.Module:
