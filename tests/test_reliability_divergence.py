@@ -1,0 +1,109 @@
+"""Issue 7: divergence is a result, not a crash. A run made to diverge (post-norm, a huge
+learning rate, no warmup, no clipping) stops as `diverged` with its metrics kept and exit code 0,
+and a sweep containing it goes on with the other variants."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate
+
+UNSTABLE = [o for o in TINY if not o.startswith(("train.steps", "train.warmup_steps"))] + [
+    "norm_pos=post", "train.warmup_steps=0", "train.grad_clip=0", "train.steps=40"]
+
+
+def test_a_diverging_run_ends_diverged_with_metrics_intact_and_exit_0(tmp_path):
+    run = tmp_path / "run"
+    res = run_ablate("run", *UNSTABLE, "train.lr=30", f"hydra.run.dir={run}")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    assert "loss" in summary["reason"] and 0 < summary["step"] < 40
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "train_loss" in r]
+    # every step up to the divergence is kept, and the step that diverged is recorded too
+    assert [r["step"] for r in rows] == list(range(1, summary["step"] + 2))
+    last = rows[-1]["train_loss"]  # "nan"/"inf" (JSON has no NaN) or a huge loss
+    assert isinstance(last, str) or last > 10 * math.log(256)
+    assert summary["train_loss"] == rows[-1]["train_loss"]
+
+
+def make_trainer(tmp_path, *overrides, spike_at=None, spike=50.0):
+    """A tiny in-process Trainer whose measured loss is replaced by `spike` at one step."""
+    from ablate.data.cache import TokenData
+    from ablate.model.spec import ModelSpec
+    from ablate.model.transformer import build_model
+    from ablate.tracking.sinks import Sink
+    from ablate.train.trainer import Trainer
+
+    class Rows(Sink):
+        def __init__(self):
+            self.rows = []
+
+        def log(self, row):
+            self.rows.append(row)
+
+    cfg = compose([*TINY, "train.steps=30", "train.threads=1", *overrides])
+    spec = ModelSpec.from_config(cfg, tokenizer_vocab=256)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    data = TokenData(train=rng.integers(0, 256, 4000).astype(np.uint16),
+                     val=rng.integers(0, 256, 600).astype(np.uint16), meta={}, path=tmp_path)
+    trainer = Trainer(build_model(spec), cfg.train, data, Rows(), tmp_path,
+                      np.ones(spec.vocab_size, dtype=np.int64))
+    measure, update = trainer.train_step, trainer.apply_update
+    trainer.updates = 0
+
+    def scripted(step):
+        loss, gnorm, lr = measure(step)
+        return (torch.tensor(spike) if step + 1 == spike_at else loss), gnorm, lr
+
+    def counted():
+        trainer.updates += 1
+        update()
+
+    trainer.train_step, trainer.apply_update = scripted, counted
+    return trainer
+
+
+def test_a_spike_stops_the_run_as_diverged(tmp_path):
+    trainer = make_trainer(tmp_path, spike_at=15)
+    outcome = trainer.fit()
+    assert outcome.status == "diverged" and outcome.reason.startswith("spike")
+    assert outcome.step == 14 and trainer.updates == 14  # the spiking update is not applied
+    assert [r["step"] for r in trainer.sinks.rows if "train_loss" in r][-1] == 15
+
+
+def test_the_spike_threshold_is_configurable(tmp_path):
+    trainer = make_trainer(tmp_path, "train.diverge_threshold=100", spike_at=15)
+    assert trainer.fit().status == "completed"
+
+
+def test_skip_spikes_skips_the_update_counts_it_and_completes(tmp_path):
+    trainer = make_trainer(tmp_path, "train.skip_spikes=true", spike_at=15)
+    outcome = trainer.fit()
+    assert outcome.status == "completed" and outcome.step == 30
+    assert outcome.skipped_steps == 1 and trainer.updates == 29
+    steps = [r["step"] for r in trainer.sinks.rows if "train_loss" in r]
+    assert steps == list(range(1, 31))
+
+
+def test_a_non_finite_loss_is_never_skipped(tmp_path):
+    trainer = make_trainer(tmp_path, "train.skip_spikes=true", spike_at=15, spike=float("nan"))
+    outcome = trainer.fit()
+    assert outcome.status == "diverged" and "non-finite loss" in outcome.reason
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_diverging_variant_finishes_the_others(tmp_path):
+    res = run_ablate("sweep", *UNSTABLE, "train.lr=30,3e-3", "--mode", "grid", f"out_dir={tmp_path}")
+    assert res.returncode == 0, res.stderr
+    statuses = {d.name: json.loads((d / "summary.json").read_text())["status"]
+                for d in find_run_dirs(tmp_path)}
+    assert sorted(statuses.values()) == ["completed", "diverged"], statuses
+    assert [s for name, s in statuses.items() if "lr=30" in name] == ["diverged"]

@@ -1,0 +1,136 @@
+"""Issue 7: a run killed (SIGKILL) or interrupted (Ctrl-C) and resumed in its directory ends
+with exactly the final loss and weights of the uninterrupted run, its metrics.jsonl has each
+step once, and a damaged newest checkpoint falls back to the previous one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TINY, read_jsonl, run_ablate
+
+from ablate.rundir import live_status
+from ablate.train import checkpoint
+
+STEPS = 150
+BASE = [o for o in TINY if not o.startswith("train.steps")] + [
+    f"train.steps={STEPS}", "train.ckpt_every=10", "train.threads=1"]
+
+
+def weights_hash(run_dir) -> str:
+    state = checkpoint.load_file(checkpoint.list_checkpoints(run_dir)[-1][1])
+    h = hashlib.sha256()
+    for name, t in sorted(state["model"].items()):
+        h.update(name.encode() + t.cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def summary(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def train_losses(run_dir) -> dict:
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_loss" in r]
+    steps = [r["step"] for r in rows]
+    assert steps == list(range(1, STEPS + 1)), "each step logged exactly once"
+    return {r["step"]: r["train_loss"] for r in rows}
+
+
+def start_and_stop_after_first_checkpoint(args, sig, run_dir):
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=dict(os.environ),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.time() + 120
+    while not checkpoint.list_checkpoints(run_dir) and time.time() < end and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be stopped: " + proc.stderr.read()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def check_resume_is_exact(tmp_path, extra, sig):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    res = run_ablate("run", *BASE, *extra, f"hydra.run.dir={ref}")
+    assert res.returncode == 0, res.stderr
+
+    args = ("run", *BASE, *extra, f"hydra.run.dir={run}")
+    code, err = start_and_stop_after_first_checkpoint(args, sig, run)
+    stopped = max(s for s, _ in checkpoint.list_checkpoints(run))
+    assert 0 < stopped < STEPS
+    first = summary(run)
+
+    res = run_ablate(*args)
+    assert res.returncode == 0, res.stderr
+    final = summary(run)
+    assert final["status"] == "completed" and final["step"] == STEPS
+    assert final["resumed_from"] == stopped
+    assert final["train_loss"] == summary(ref)["train_loss"]
+    assert weights_hash(run) == weights_hash(ref)
+    assert train_losses(run) == train_losses(ref)  # the whole curve, not just the end
+    return code, err, first, final, stopped
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bit_exact(tmp_path):
+    code, _, first, final, _ = check_resume_is_exact(tmp_path, [], signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert first["status"] == "running"  # SIGKILL leaves no chance to write; the pid tells
+    assert final["previous_status"] == "running"
+
+
+@pytest.mark.slow
+def test_ctrl_c_writes_interrupted_and_resume_with_dropout_is_bit_exact(tmp_path):
+    """Dropout draws from the torch RNG every step: exact only if its state is restored."""
+    code, err, first, _, stopped = check_resume_is_exact(tmp_path, ["dropout=on"], signal.SIGINT)
+    assert code == 130 and "Traceback" not in err
+    # Ctrl-C finishes the step, checkpoints it and says so
+    assert first["status"] == "interrupted" and first["step"] == stopped
+
+
+@pytest.mark.slow
+def test_truncated_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_path):
+    run = tmp_path / "run"
+    args = ("run", *[o for o in BASE if not o.startswith("train.steps")], "train.steps=30",
+            "train.keep_ckpts=3", f"hydra.run.dir={run}")
+    res = run_ablate(*args)
+    assert res.returncode == 0, res.stderr
+    done = summary(run)
+    newest = checkpoint.ckpt_dir(run) / "step_00000030.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a crash mid-copy, a full disk...
+
+    res = run_ablate(*args)
+    assert res.returncode == 0, res.stderr
+    warnings = [ln for ln in res.stderr.splitlines() if "step_00000030.pt" in ln]
+    assert len(warnings) == 1 and warnings[0].startswith("warning:")
+    again = summary(run)
+    assert again["resumed_from"] == 20 and again["status"] == "completed"
+    assert again["train_loss"] == done["train_loss"]  # steps 21..30 redone identically
+
+
+def test_a_killed_run_reads_as_killed_and_a_second_process_is_refused_while_one_runs(tmp_path):
+    run = tmp_path / "run"
+    args = ["run", *[o for o in BASE if not o.startswith("train.steps")], "train.steps=100000",
+            f"hydra.run.dir={run}"]
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=dict(os.environ),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 120
+        while not (run / "metrics.jsonl").is_file() and time.time() < end:
+            time.sleep(0.05)
+        assert live_status(run) == "running"
+        res = run_ablate(*args)
+        assert res.returncode != 0
+        assert res.stderr.strip() == (f"error: run directory {run} is in use by process {proc.pid} "
+                                      f"on {os.uname().nodename}; wait for it or choose another hydra.run.dir")
+        assert summary(run)["pid"] == proc.pid and proc.poll() is None  # the owner is untouched
+    finally:
+        proc.kill()
+        proc.wait()
+    assert live_status(run) == "killed"
