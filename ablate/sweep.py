@@ -5,7 +5,7 @@ hydra_plugins/ablate_sweeper/ calls into this module for everything ablate-speci
 Modes
 - ofat (one factor at a time): the baseline (the first value of every swept key) plus one job
   per other value of each swept key, every other key held at its baseline value.
-- grid: Hydra's cartesian product (hydra's BasicSweeper.split_arguments).
+- grid: every combination, in the order of Hydra's basic sweeper (the first key varies slowest).
 - an explicit job list (a study, conf/study/*.yaml), e.g. a cumulative ladder.
 Seeds (`--seeds N` or a swept `seed=...`) multiply every variant; `data_seed` is left alone so
 the seeds of different variants are paired (same batches in the same order).
@@ -61,8 +61,12 @@ def parse(arguments: Sequence[str]) -> Parsed:
     except HydraException as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     out = Parsed()
+    seen: set[str] = set()
     for o in overrides:
         key = o.get_key_element()
+        if key.lstrip("+~") in seen:
+            raise ConfigError(f"'{key.lstrip('+~')}' is given twice; give it once (a,b,c sweeps it)")
+        seen.add(key.lstrip("+~"))
         if not o.is_sweep_override():
             out.fixed.append(o.input_line)
             continue
@@ -113,7 +117,7 @@ def expand_ofat(p: Parsed) -> list[Job]:
 
 
 def expand_grid(p: Parsed) -> list[Job]:
-    """Hydra's basic sweep: the cartesian product, in Hydra's order."""
+    """The cartesian product, ordered as Hydra's BasicSweeper orders it."""
     import itertools
 
     jobs = []
@@ -153,8 +157,8 @@ def plan(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0,
     if seeds < 0:
         raise ConfigError(f"--seeds must be >= 0, got {seeds}")
     p = parse(arguments)
-    if seeds and p.seeds:
-        raise ConfigError("give seeds either as --seeds N or as seed=a,b,..., not both")
+    if seeds and (p.seeds or any(o.lstrip("+").split("=", 1)[0] == SEED_KEY for o in p.fixed)):
+        raise ConfigError("give seeds either as --seeds N or as seed=..., not both")
     seed_list = list(range(seeds)) if seeds else p.seeds
     if jobs:
         base = expand_explicit(p, jobs)

@@ -125,3 +125,19 @@ def test_hydra_flags_pass_through_sweep(tmp_path):
     assert res.returncode == 0 and "AblateSweeper" in res.stdout
     res = run_ablate("sweep", "norm=rmsnorm", "--cfg", "job", f"out_dir={tmp_path}")
     assert res.returncode == 0 and "name: rmsnorm" in res.stdout and not list(tmp_path.iterdir())
+
+
+def test_a_swept_seed_multiplies_like_seeds_and_conflicts_are_refused():
+    import pytest
+
+    from ablate.errors import ConfigError
+    from ablate.sweep import plan
+
+    assert [j.overrides for j in plan(["seed=0,1", "act=gelu,relu"])] == \
+        [j.overrides for j in plan(["act=gelu,relu"], seeds=2)]
+    with pytest.raises(ConfigError, match="not both"):
+        plan(["seed=5", "act=gelu,relu"], seeds=2)
+    with pytest.raises(ConfigError, match="'norm' is given twice"):
+        plan(["norm=rmsnorm", "norm=layernorm,rmsnorm"])
+    with pytest.raises(ConfigError, match="two or more values"):
+        plan(["norm=rmsnorm,rmsnorm"])
