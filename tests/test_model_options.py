@@ -1,0 +1,164 @@
+"""Every option of every axis: analytic params == real, causality, a few training steps,
+and init / weight decay by role (an axis changes only what it owns)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ablate.model import options
+from ablate.model.blocks import BLOCKS
+from ablate.model.ffn import ACTIVATIONS
+from ablate.model.norms import NORMS
+from ablate.model.positions import POSITIONS
+from ablate.model.roles import param_groups, role_of
+from ablate.model.spec import ModelSpec, count_params, non_embedding_params
+from ablate.model.transformer import Transformer
+
+BASE = ModelSpec(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=64, max_seq_len=16)
+
+# (axis, option) -> the ModelSpec fields that option sets
+VARIANTS = {}
+for name in NORMS:
+    VARIANTS[("norm", name)] = dict(norm=name)
+for name in BLOCKS:
+    VARIANTS[("norm_pos", name)] = dict(norm_pos=name)
+for name in ACTIVATIONS:
+    VARIANTS[("act", name)] = dict(act=name, d_ff=48 if ACTIVATIONS.get(name).gated else 64)
+for name in POSITIONS:
+    VARIANTS[("pos", name)] = dict(pos=name)
+for name in options.ATTENTION:
+    VARIANTS[("attn", name)] = dict(n_kv_heads=options.ATTENTION.get(name)(4, 2))
+for name in options.TIE:
+    VARIANTS[("tie", name)] = dict(tied=options.TIE.get(name))
+for name in options.BIAS:
+    VARIANTS[("bias", name)] = dict(bias=options.BIAS.get(name))
+for name in options.DROPOUT:
+    VARIANTS[("dropout", name)] = dict(dropout=0.1 if options.DROPOUT.get(name) else 0.0)
+for name in options.QK_NORM:
+    VARIANTS[("qk_norm", name)] = dict(qk_norm=options.QK_NORM.get(name))
+COMBOS = {  # options interact in the counts: a few mixed variants
+    "llama-like": dict(norm="rmsnorm", act="swiglu", d_ff=48, pos="rope", n_kv_heads=1, tied=False, bias=False),
+    "sandwich-layernorm-nobias": dict(norm_pos="sandwich", bias=False, qk_norm=True),
+    "parallel": dict(parallel_block=True, act="geglu", d_ff=48),
+    "post-untied-sinusoidal": dict(norm_pos="post", tied=False, pos="sinusoidal", emb_scale=True),
+}
+ALL = {**{f"{a}={o}": kw for (a, o), kw in VARIANTS.items()}, **COMBOS}
+
+
+def spec_of(kw) -> ModelSpec:
+    return dataclasses.replace(BASE, **kw)
+
+
+def test_every_registered_option_is_covered():
+    axes = {a for a, _ in VARIANTS}
+    assert axes == {"norm", "norm_pos", "act", "pos", "attn", "tie", "bias", "dropout", "qk_norm"}
+
+
+@pytest.mark.parametrize("variant", list(ALL))
+def test_analytic_params_equal_real(variant):
+    spec = spec_of(ALL[variant])
+    model = Transformer(spec)
+    p = count_params(spec)
+    assert p["total"] == sum(t.numel() for t in model.parameters())
+    # the breakdown `ablate inspect` prints, module by module
+    real = {"embedding": model.tok_emb.weight.numel() + sum(t.numel() for t in model.pos.parameters()),
+            "attention": sum(t.numel() for b in model.blocks for t in b.attn.parameters()),
+            "ffn": sum(t.numel() for b in model.blocks for t in b.ffn.parameters()),
+            "head": 0 if model.lm_head is None else model.lm_head.weight.numel()}
+    real["norm"] = p["total"] - sum(real.values())
+    assert {k: p[k] for k in real} == real
+    assert non_embedding_params(spec) == real["attention"] + real["ffn"] + real["norm"]
+
+
+def test_gated_ffn_is_size_matched_by_default():
+    from tests.conftest import compose
+
+    for act in ("gelu", "swiglu"):
+        cfg = compose([f"act={act}", "model.d_model=96", "model.ffn_multiple_of=8"])
+        spec = ModelSpec.from_config(cfg)
+        assert spec.d_ff == (256 if act == "swiglu" else 384)  # 2/3 * 4 * 96 = 256
+    gelu = count_params(ModelSpec.from_config(compose(["act=gelu", "model.d_model=96", "model.ffn_multiple_of=8"])))
+    swiglu = count_params(ModelSpec.from_config(compose(["act=swiglu", "model.d_model=96", "model.ffn_multiple_of=8"])))
+    # weights equal (2 * 96 * 384 == 3 * 96 * 256); only the biases differ, in each of 4 layers
+    assert gelu["ffn"] - swiglu["ffn"] == 4 * ((384 + 96) - (2 * 256 + 96))
+    explicit = ModelSpec.from_config(compose(["act=swiglu", "model.d_ff=100"]))
+    assert explicit.d_ff == 100
+
+
+@pytest.mark.parametrize("pos", list(POSITIONS))
+def test_causal_mask_holds(pos):
+    """Changing a future token never changes earlier logits (and does change its own)."""
+    torch.manual_seed(0)
+    model = Transformer(spec_of(dict(pos=pos))).eval()
+    idx = torch.randint(0, 64, (2, 12))
+    changed = idx.clone()
+    changed[:, 7] = (idx[:, 7] + 1) % 64
+    with torch.no_grad():
+        a, b = model(idx).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :7], b[:, :7], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+@pytest.mark.parametrize("variant", list(ALL))
+def test_every_option_trains(variant):
+    """A few AdamW steps on a fixed batch: finite loss, falling."""
+    torch.manual_seed(0)
+    model = Transformer(spec_of(ALL[variant]))
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 64, (4, 17), generator=g)
+    losses = []
+    for _ in range(20):  # sandwich/reordered start slower: norms on outputs of tiny branches
+        loss = model(idx[:, :-1], idx[:, 1:]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3, losses
+
+
+# ---- init and weight decay by role ---------------------------------------------------------------
+def roles_and_std(spec: ModelSpec) -> dict[str, tuple]:
+    torch.manual_seed(0)
+    model = Transformer(spec)
+    decayed = {id(p) for p in param_groups(model, 0.1)[0]["params"]}
+    out = {}
+    for name, p in model.named_parameters():
+        std = round(p.std().item(), 3) if p.numel() > 1000 else None  # big matrices: std is stable
+        out[name] = (role_of(p), id(p) in decayed, std, p.ndim == 1 and bool((p == p.flatten()[0]).all()))
+    return out
+
+
+@pytest.mark.parametrize("change", [dict(bias=False), dict(norm="rmsnorm"), dict(act="swiglu", d_ff=48),
+                                    dict(tied=False), dict(qk_norm=True), dict(pos="rope")])
+def test_an_axis_changes_only_its_own_parameters(change):
+    base = dict(d_model=64, d_ff=128, n_layers=4)
+    a, b = roles_and_std(spec_of(base)), roles_and_std(spec_of({**base, **change}))
+    shared = set(a) & set(b)
+    assert len(shared) > 10
+    for name in shared:
+        role_a, decay_a, std_a, const_a = a[name]
+        role_b, decay_b, std_b, const_b = b[name]
+        assert (role_a, decay_a, const_a) == (role_b, decay_b, const_b), name
+        if std_a is not None and std_b is not None:
+            assert std_b == pytest.approx(std_a, rel=0.1), name
+
+
+def test_decay_and_init_rules_by_role():
+    spec = spec_of(dict(d_model=64, d_ff=256, n_layers=8, tied=False))
+    torch.manual_seed(0)
+    model = Transformer(spec)
+    no_decay = {id(p) for p in param_groups(model, 0.1)[1]["params"]}
+    for name, p in model.named_parameters():
+        assert (id(p) in no_decay) == (p.ndim == 1), name  # gains and biases only
+    # residual output projections: init_std / sqrt(2 * n_layers) (GPT-2)
+    assert model.blocks[0].attn.proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.1)
+    assert model.blocks[0].ffn.down.weight.std().item() == pytest.approx(0.02 / 4, rel=0.1)
+    assert model.blocks[0].ffn.up.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    flat = Transformer(dataclasses.replace(spec, depth_scaled_init=False))
+    assert flat.blocks[0].attn.proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
