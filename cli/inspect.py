@@ -1,9 +1,85 @@
-"""`ablate inspect` (work in progress: see the open issue)."""
+"""`ablate inspect`: parameters by component, FLOPs/token, KV-cache bytes; no training.
+
+Typer only parses; the numbers come from ablate.inspect (torch-free unless --build)."""
 
 from __future__ import annotations
+
+import json
+from typing import List, Optional
 
 import typer
 
 
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _print_report(r: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console()
+    s = r["spec"]
+    axes = " ".join(f"{k}={v}" for k, v in r["axes"].items())
+    con.print(f"[bold]{escape(axes)}[/bold]")
+    con.print(f"d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads x head_dim "
+              f"{r['head_dim']}, {s['n_kv_heads']} KV heads, d_ff {s['d_ff']}, max_seq_len {s['max_seq_len']}")
+    t = Table(title="parameters")
+    t.add_column("component")
+    t.add_column("params", justify="right")
+    t.add_column("share", justify="right")
+    total = r["params"]["total"]
+    for k in ("embedding", "attention", "ffn", "norm", "head"):
+        t.add_row(k, f"{r['params'][k]:,}", f"{100 * r['params'][k] / total:.1f}%")
+    t.add_row("[bold]total[/bold]", f"[bold]{total:,}[/bold]", "100%")
+    t.add_row("non-embedding", f"{r['non_embedding_params']:,}", f"{100 * r['non_embedding_params'] / total:.1f}%")
+    con.print(t)
+    if "built_params" in r:
+        con.print(f"--build: a model built on the meta device has {r['built_params']['total']:,} "
+                  "parameters, equal to the analytic count in every component")
+    if s["tied"]:
+        con.print("embedding includes the output head (tied); learned positions are counted in embedding")
+    con.print(f"vocab: {escape(r['vocab']['note'])}")
+    con.print(f"FFN: {escape(r['ffn']['why'])}")
+    con.print(f"FLOPs/token (training, seq_len {r['seq_len']}): [bold]{r['flops_per_token']:,}[/bold] "
+              f"= {escape(r['flops_formula'])}")
+    con.print(f"KV cache ({r['dtype']}): [bold]{r['kv_cache_bytes_per_token']:,} bytes/token[/bold] "
+              f"= {r['kv_cache_formula']}; for seq_len {r['seq_len']} x batch {r['batch']}: "
+              f"{r['kv_cache_bytes']:,} bytes ({_bytes(r['kv_cache_bytes'])})")
+
+
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command()
+    def inspect(
+        overrides: Optional[List[str]] = typer.Argument(None, help="Hydra overrides, e.g. model=small tokenizer=gpt2."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence for FLOPs and the KV cache (default: train.seq_len)."),
+        batch: Optional[int] = typer.Option(None, "--batch", help="Sequences for the KV-cache total (default: train.batch_size)."),
+        dtype: str = typer.Option("bf16", "--dtype", help="KV-cache element type: bf16, fp16 or fp32."),
+        build: bool = typer.Option(False, "--build", help="Also build the model (meta device, no memory) and check the counts against it."),
+    ) -> None:
+        """Parameters by component, FLOPs/token and KV-cache size of a variant; no training.
+
+        Example: `ablate inspect model=small tokenizer=gpt2 model.vocab_size=50257 --json`.
+        """
+        from cli.main import fail  # here: cli.main imports this module
+
+        from ablate.compose import compose_config
+        from ablate.errors import AblateError
+        from ablate.inspect import cross_check, inspect_config
+
+        try:
+            cfg = compose_config(list(overrides or []))
+            report = inspect_config(cfg, seq_len=seq_len, batch=batch, dtype=dtype)
+            if build:
+                report = cross_check(report)
+        except AblateError as e:
+            fail(str(e), e.exit_code)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            _print_report(report)

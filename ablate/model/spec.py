@@ -72,13 +72,13 @@ class ModelSpec:
         ):
             if value not in names:
                 raise ConfigError(f"unknown {axis} option '{value}'; valid options: {', '.join(names)}")
-        if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads="
                 f"{self.n_kv_heads}; pick n_kv_heads that divides n_heads")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if self.pos == "rope" and self.head_dim % 2:
             raise ConfigError(
                 f"pos=rope needs an even head dim, but model.d_model/model.n_heads = "

@@ -1,0 +1,122 @@
+"""`ablate inspect`: what a variant costs, from the config alone (no training, no torch needed).
+
+Parameter counts come from the analytic ModelSpec.count_params (tests assert it equals the
+built model's, option by option); `build=True` cross-checks against a model built on the meta
+device (no memory, no init cost).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ablate.errors import ConfigError
+from ablate.model import options
+from ablate.model.spec import (VOCAB_MULTIPLE, ModelSpec, count_params, flops_per_token,
+                               kv_cache_bytes_per_token, non_embedding_params, round_up)
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+FLOPS_FORMULA = ("6*N + 12*L*d_attn*T (PaLM appendix B, training = forward + backward): N = attention "
+                 "+ FFN weights + the d x V output head (tied or not), L = layers, d_attn = n_heads * "
+                 "head_dim, T = seq_len (the causal half of the score matrix is counted, by convention)")
+KV_FORMULA = "2 (K and V) * L * n_kv_heads * head_dim * bytes per element"
+
+
+def ffn_sizes(cfg: Any) -> dict:
+    """The FFN width each act option would get here, and why (the size-matching rule)."""
+    m = cfg.model
+    act = str(cfg.act.name)
+    gated = act in options.GATED_ACTS
+    plain_d_ff = int(m.ffn_ratio * m.d_model)
+    gated_d_ff = round_up(int(2 * plain_d_ff / 3), m.ffn_multiple_of)
+    d, b = m.d_model, 1 if options.BIAS.get(cfg.bias.name) else 0
+    per_layer = {"plain": 2 * d * plain_d_ff + b * (plain_d_ff + d),
+                 "gated": 3 * d * gated_d_ff + b * (2 * gated_d_ff + d)}
+    if m.d_ff is not None:
+        why = (f"model.d_ff={m.d_ff} is set explicitly, so it is used as is ({'3' if gated else '2'} "
+               f"matrices of width {m.d_ff}); gated and plain options are not size-matched")
+    elif gated:
+        why = (f"act={act} is gated (three matrices: gate, up, down), so d_ff = 2/3 * ffn_ratio "
+               f"{m.ffn_ratio:g} * d_model {d} = {2 * plain_d_ff / 3:g}, rounded up to a multiple of "
+               f"model.ffn_multiple_of={m.ffn_multiple_of}: {gated_d_ff}; a plain act (two matrices) "
+               f"would use d_ff {plain_d_ff}; matrix params per layer {3 * d * gated_d_ff:,} vs "
+               f"{2 * d * plain_d_ff:,}")
+    else:
+        why = (f"act={act} is plain (two matrices: up, down), so d_ff = ffn_ratio {m.ffn_ratio:g} * "
+               f"d_model {d} = {plain_d_ff}; a gated act (three matrices) would use 2/3 of it, rounded "
+               f"up to a multiple of {m.ffn_multiple_of}: {gated_d_ff}; matrix params per layer "
+               f"{2 * d * plain_d_ff:,} vs {3 * d * gated_d_ff:,}")
+    return {"act": act, "gated": gated, "d_ff_explicit": m.d_ff is not None,
+            "plain_d_ff": plain_d_ff, "gated_d_ff": gated_d_ff,
+            "ffn_params_per_layer": per_layer, "why": why}
+
+
+def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int] = None,
+                   dtype: str = "bf16") -> dict:
+    """Everything `ablate inspect` prints, as a JSON-able dict."""
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got '{dtype}'")
+    seq_len = int(cfg.train.seq_len if seq_len is None else seq_len)
+    batch = int(cfg.train.batch_size if batch is None else batch)
+    if seq_len <= 0 or batch <= 0:
+        raise ConfigError(f"--seq-len and --batch must be positive, got {seq_len} and {batch}")
+    spec = ModelSpec.from_config(cfg)
+    params = count_params(spec)
+    kv = kv_cache_bytes_per_token(spec, DTYPE_BYTES[dtype])
+    padded = spec.vocab_size != spec.tokenizer_vocab
+    if cfg.model.vocab_size is None:
+        vocab_note = (f"tokenizer={cfg.tokenizer.name} has {spec.tokenizer_vocab:,} ids, padded to "
+                      f"{spec.vocab_size:,} (a multiple of {VOCAB_MULTIPLE}: faster matmuls; the padding "
+                      f"ids are never targets)" if padded else
+                      f"tokenizer={cfg.tokenizer.name} has {spec.tokenizer_vocab:,} ids (already a multiple "
+                      f"of {VOCAB_MULTIPLE})")
+    else:
+        vocab_note = (f"model.vocab_size={spec.vocab_size:,} set explicitly (tokenizer={cfg.tokenizer.name} "
+                      f"has {spec.tokenizer_vocab:,} ids; no padding applied)")
+    from ablate.config import axis_values
+
+    return {
+        "params": {k: params[k] for k in ("total", "embedding", "attention", "ffn", "norm", "head")},
+        "non_embedding_params": non_embedding_params(spec),
+        "flops_per_token": flops_per_token(spec, seq_len),
+        "flops_formula": FLOPS_FORMULA,
+        "kv_cache_bytes_per_token": kv,
+        "kv_cache_bytes": kv * seq_len * batch,
+        "kv_cache_formula": KV_FORMULA,
+        "seq_len": seq_len,
+        "batch": batch,
+        "dtype": dtype,
+        "vocab": {"tokenizer": spec.tokenizer_vocab, "model": spec.vocab_size, "padded": padded,
+                  "note": vocab_note},
+        "ffn": ffn_sizes(cfg),
+        "axes": axis_values(cfg),
+        "spec": spec.to_dict(),
+        "head_dim": spec.head_dim,
+    }
+
+
+def built_counts(spec: ModelSpec) -> dict:
+    """The same breakdown, counted on a model built on the meta device."""
+    import torch
+
+    from ablate.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(spec)
+    out = {"embedding": model.tok_emb.weight.numel() + sum(p.numel() for p in model.pos.parameters()),
+           "attention": sum(p.numel() for b in model.blocks for p in b.attn.parameters()),
+           "ffn": sum(p.numel() for b in model.blocks for p in b.ffn.parameters()),
+           "head": sum(p.numel() for p in model.mtp.parameters())
+           + (0 if model.lm_head is None else model.lm_head.weight.numel())}
+    out["total"] = sum(p.numel() for p in model.parameters())
+    out["norm"] = out["total"] - sum(v for k, v in out.items() if k != "total")
+    return out
+
+
+def cross_check(report: dict) -> dict:
+    """Adds `built_params` and raises if the analytic count disagrees with the built model."""
+    spec = ModelSpec(**report["spec"])
+    built = built_counts(spec)
+    bad = {k: (report["params"][k], built[k]) for k in built if built[k] != report["params"][k]}
+    if bad:
+        raise ConfigError(f"analytic parameter count disagrees with the built model: {bad}")
+    return {**report, "built_params": built}

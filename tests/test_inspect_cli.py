@@ -1,0 +1,78 @@
+"""`ablate inspect`: exact counts for real dimensions, FLOPs and KV-cache formulas, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import compose, run_ablate
+
+GPT2_SMALL = ["model=small", "tokenizer=gpt2", "model.vocab_size=50257"]
+
+
+def test_gpt2_small_exact_counts_through_the_cli(tmp_path):
+    # an empty tiktoken cache: inspect must not need the gpt2 encoding files
+    r = run_ablate("inspect", *GPT2_SMALL, "--json", "--seq-len", "1024", "--batch", "8", "--build",
+                   env={"TIKTOKEN_CACHE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    d, L, V, T, ff = 768, 12, 50257, 1024, 3072
+    attn = L * (d * 3 * d + 3 * d + d * d + d)  # c_attn + c_proj with biases
+    ffn = L * (d * ff + ff + ff * d + d)
+    assert out["params"] == {"total": 124_439_808, "embedding": V * d + T * d, "attention": attn,
+                             "ffn": ffn, "norm": L * 2 * 2 * d + 2 * d, "head": 0}
+    assert out["built_params"]["total"] == 124_439_808
+    assert out["non_embedding_params"] == 124_439_808 - (V * d + T * d)
+    assert out["flops_per_token"] == 6 * (attn + ffn + V * d) + 12 * L * d * T
+    assert out["kv_cache_bytes_per_token"] == 2 * L * d * 2  # K and V, bf16
+    assert out["kv_cache_bytes"] == out["kv_cache_bytes_per_token"] * 1024 * 8
+    assert out["vocab"] == {**out["vocab"], "tokenizer": 50257, "model": 50257, "padded": False}
+
+
+def test_human_output_states_formulas_padding_and_ffn_sizes():
+    r = run_ablate("inspect", "act=swiglu", "--dtype", "fp32")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())  # rich wraps lines
+    assert "6*N + 12*L*d_attn*T" in text
+    assert "257 ids, padded to 320" in text
+    assert "act=swiglu is gated" in text and "352" in text and "512" in text
+    assert "KV cache (fp32): 4,096 bytes/token" in text  # 2 * 4 layers * 4 heads * 32 * 4 bytes
+    assert "total" in text and "non-embedding" in text
+
+
+def test_gqa_kv_cache_and_dtype():
+    from ablate.inspect import inspect_config
+
+    cfg = compose(["arch=llama", "model.d_model=256", "model.n_heads=8", "model.n_layers=3"])
+    r = inspect_config(cfg, seq_len=100, batch=2, dtype="fp16")
+    assert r["spec"]["n_kv_heads"] == 2  # gqa: n_heads / 4
+    assert r["kv_cache_bytes_per_token"] == 2 * 3 * 2 * 32 * 2
+    assert r["kv_cache_bytes"] == r["kv_cache_bytes_per_token"] * 200
+    assert r["params"]["head"] == 320 * 256  # untied
+    assert r["non_embedding_params"] == r["params"]["attention"] + r["params"]["ffn"] + r["params"]["norm"]
+    fp32 = inspect_config(cfg, seq_len=100, batch=2, dtype="fp32")
+    assert fp32["kv_cache_bytes_per_token"] == 2 * r["kv_cache_bytes_per_token"]
+
+
+def test_ffn_size_matching_explained():
+    from ablate.inspect import inspect_config
+
+    plain = inspect_config(compose(["act=gelu"]))["ffn"]
+    gated = inspect_config(compose(["act=geglu"]))["ffn"]
+    assert (plain["plain_d_ff"], plain["gated_d_ff"]) == (gated["plain_d_ff"], gated["gated_d_ff"]) == (512, 352)
+    assert inspect_config(compose(["act=geglu"]))["spec"]["d_ff"] == 352
+    explicit = inspect_config(compose(["act=geglu", "model.d_ff=100"]))
+    assert explicit["spec"]["d_ff"] == 100 and "set explicitly" in explicit["ffn"]["why"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["norm=foo"], "Available options in 'norm': layernorm, rmsnorm"),
+    (["--dtype", "int8"], "--dtype must be one of bf16, fp16, fp32"),
+    (["attn=gqa", "model.n_heads=6", "model.n_kv_heads=4"], "not divisible by model.n_kv_heads=4"),
+])
+def test_bad_input_is_one_line(args, message):
+    r = run_ablate("inspect", *args)
+    assert r.returncode != 0
+    assert r.stderr.strip().startswith("error:") and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
