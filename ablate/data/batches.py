@@ -34,12 +34,17 @@ class Batches:
         rng = np.random.default_rng([self.seed, step])
         return rng.integers(0, self.n_starts, size=self.B * self.world * self.accum)
 
-    def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y) for this rank and micro-step, each (B, T) int64; y is x shifted by one."""
+    def window(self, step: int, micro: int = 0, pin: bool = False) -> torch.Tensor:
+        """The (B, T+1) int64 windows of this rank and micro-step: inputs and targets in one
+        contiguous tensor, so a GPU gets them in one copy (pinned: non-blocking)."""
         i = (micro * self.world + self.rank) * self.B
         starts = self.starts(step)[i:i + self.B]
-        windows = self.tokens[starts[:, None] + self._arange]  # (B, T+1)
-        windows = torch.from_numpy(windows.astype(np.int64))
+        windows = torch.from_numpy(self.tokens[starts[:, None] + self._arange].astype(np.int64))
+        return windows.pin_memory() if pin else windows
+
+    def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) for this rank and micro-step, each (B, T) int64; y is x shifted by one."""
+        windows = self.window(step, micro)
         return windows[:, :-1], windows[:, 1:]
 
 

@@ -1,8 +1,9 @@
 """Causal self-attention: MHA, GQA and MQA differ only in n_kv_heads (axis `attn`).
 
-PyTorch SDPA everywhere it applies (flash / memory-efficient kernels on CUDA). Attention-logit
-soft-capping (Gemma 2) and the max-logit diagnostic need the logits, so they take the explicit
-path, as on CPU (FlexAttention has no CPU backward).
+PyTorch SDPA everywhere it applies (flash / memory-efficient kernels on CUDA). On CUDA,
+attention-logit soft-capping (Gemma 2) and ALiBi go through FlexAttention (ablate/model/flex.py);
+on CPU (FlexAttention has no CPU backward) soft-capping takes the explicit path and ALiBi SDPA
+with a float mask. The max-logit diagnostic needs the logits: explicit path.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ablate.model.flex import flex_attend, flex_supported
 from ablate.model.norms import RMSNorm
 from ablate.model.positions import AttnContext, apply_rope
 from ablate.model.roles import Role, linear
@@ -53,7 +55,10 @@ class CausalSelfAttention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)  # (B, H, T, hd)
             v = v.repeat_interleave(rep, dim=1)
         p_drop = self.dropout if self.training else 0.0
-        if self.softcap is not None or self.record_max_logit:
+        if (self.softcap is not None or ctx.alibi_slopes is not None) and not self.record_max_logit \
+                and flex_supported(q, p_drop):  # CUDA: one fused kernel, causal blocks skipped
+            y = flex_attend(q, k, v, self.softcap, ctx.alibi_slopes)
+        elif self.softcap is not None or self.record_max_logit:
             y = self._explicit(q, k, v, ctx.bias, p_drop)
         else:
             y = F.scaled_dot_product_attention(

@@ -24,6 +24,7 @@ from ablate.registry import Registry
 class AttnContext:
     rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (cos, sin), each (T, head_dim)
     bias: Optional[torch.Tensor] = None  # (n_heads, T, T) additive, causal mask included
+    alibi_slopes: Optional[torch.Tensor] = None  # (n_heads,): the same bias, for FlexAttention
 
 
 class Positional(nn.Module):
@@ -140,8 +141,10 @@ class ALiBi(Positional):
     def context(self, T, device, dtype):
         key = (T, device, dtype)
         if key not in self._cache:
-            self._cache = {key: alibi_bias(self.spec.n_heads, T, device).to(dtype)}
-        return AttnContext(bias=self._cache[key])
+            self._cache = {key: (alibi_bias(self.spec.n_heads, T, device).to(dtype),
+                                 alibi_slopes(self.spec.n_heads).to(device))}
+        bias, slopes = self._cache[key]
+        return AttnContext(bias=bias, alibi_slopes=slopes)
 
 
 class NoPE(Positional):

@@ -1,0 +1,74 @@
+"""FlexAttention for the attention variants SDPA cannot fuse: ALiBi and logit soft-capping.
+
+SDPA takes ALiBi only as a dense (H, T, T) float mask, which rules out the flash kernel, and it
+cannot soft-cap at all (the explicit path materialises (B, H, T, T) scores). FlexAttention
+compiles the score modification into one fused kernel with a causal block mask that skips
+the blocks above the diagonal. It is used on CUDA only: it has no CPU backward, so CPU keeps
+SDPA (ALiBi) and explicit attention (soft-capping).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+
+def flex_supported(q: torch.Tensor, dropout_p: float) -> bool:
+    """FlexAttention applies here: a CUDA tensor, no attention dropout (flex has none)."""
+    if not q.is_cuda or dropout_p > 0:
+        return False
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+@lru_cache(maxsize=8)
+def causal_block_mask(T: int, device: torch.device):
+    """Block-sparse causal mask, shared by all layers, heads and batch rows."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(_causal, None, None, T, T, device=device)
+
+
+@lru_cache(maxsize=1)
+def _compiled_flex():
+    """Compiled once: uncompiled flex_attention is a slow reference implementation. Inside a
+    model that is itself torch.compile'd this is traced through and fused with the rest."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@lru_cache(maxsize=64)  # one function object per setting: compiled flex guards on it
+def score_mod_for(softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]):
+    """score' = cap * tanh(score / cap) (Gemma 2), then + slope_h * (kv - q) (ALiBi; <= 0 for
+    the causal keys): the same order as the explicit path."""
+
+    def mod(score, b, h, q_idx, kv_idx):
+        if softcap is not None:
+            score = softcap * torch.tanh(score / softcap)
+        if alibi_slopes is not None:
+            score = score + alibi_slopes[h] * (kv_idx - q_idx)
+        return score
+
+    return mod
+
+
+def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: Optional[float],
+                alibi_slopes: Optional[torch.Tensor], compiled: bool = True) -> torch.Tensor:
+    """Causal attention with soft-capping and/or ALiBi. q: (B, H, T, hd); k, v: (B, KV, T, hd)
+    with KV dividing H (GQA handled by flex itself). Returns (B, H, T, hd)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    T = q.shape[2]
+    fn = _compiled_flex() if compiled else flex_attention
+    return fn(q, k, v, score_mod=score_mod_for(softcap, alibi_slopes),
+              block_mask=causal_block_mask(T, q.device), enable_gqa=k.shape[1] != q.shape[1])
