@@ -15,13 +15,50 @@ from typing import Any, Optional
 from ablate.errors import ConfigError, DataError, RunDirError
 
 
+def schema_keys() -> list[str]:
+    """Every dotted key of the typed schema (for "did you mean" suggestions)."""
+    from omegaconf import OmegaConf
+
+    from ablate.config import AblateConfig
+
+    return list(_flat(OmegaConf.to_container(OmegaConf.structured(AblateConfig)), "").keys())
+
+
+def unknown_key_message(key: str) -> str:
+    import difflib
+
+    keys = {k.lstrip(".") for k in schema_keys()}
+    keys = sorted(keys | {k.rsplit(".", 1)[0] for k in keys if "." in k})  # groups too
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    return f"unknown config key '{key}'" + (f" (did you mean {close[0]}?)" if close else "")
+
+
 def hydra_message(e: Exception) -> str:
-    """Hydra's multi-line composition error as one line (keeping the list of valid options)."""
+    """Hydra's multi-line composition error as one line (keeping the list of valid options);
+    a wrong key or type is reported by the key, with the reason OmegaConf gives."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    cause = e.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+            return unknown_key_message(cause.full_key)
+        reason = str(cause).splitlines()[0].strip()
+        return f"{cause.full_key}: {reason}"
     text = str(e).split("Config search path")[0]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if len(lines) > 1 and lines[1].startswith("Available options"):
         return f"{lines[0]}. {lines[1]} {', '.join(lines[2:])}"
     return " ".join(lines)
+
+
+def check_known_keys(cfg: Any) -> None:
+    """`+train.stpes=10` appends a key Hydra accepts and nothing reads: refuse it."""
+    from omegaconf import OmegaConf
+
+    known = set(schema_keys())
+    for key in _flat(OmegaConf.to_container(cfg, resolve=False), ""):
+        if key not in known and not any(key.startswith(k + ".") for k in known):
+            raise ConfigError(unknown_key_message(key.lstrip(".")))
 
 
 def check_no_secrets(overrides: list[str]) -> None:
@@ -57,6 +94,7 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
         raise ConfigError(hydra_message(e)) from None
     finally:
         GlobalHydra.instance().clear()
+    check_known_keys(cfg)
     if validate:
         check(cfg)
     return cfg
@@ -112,6 +150,48 @@ def check_device(name: str) -> None:
         raise ConfigError(f"train.device={name} but only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
+# What a checkpoint's run must share with the config resuming it: otherwise the weights would
+# come from one run and summary.json would describe another.
+SAME_RUN_KEYS = ("model", "tokenizer", "data", "seed", "data_seed", "train.batch_size",
+                 "train.seq_len", "train.grad_accum")
+SAME_RUN_IGNORED = ("data.num_proc", "data.cache_dir")  # they do not change the tokens
+
+
+def _flat(node: Any, prefix: str) -> dict:
+    if isinstance(node, dict):
+        return {k: v for key, sub in node.items() for k, v in _flat(sub, f"{prefix}.{key}").items()}
+    return {prefix: node}
+
+
+def _select(tree: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def check_same_run(run_dir: Path, cfg: Any) -> None:
+    import yaml
+    from omegaconf import OmegaConf
+
+    from ablate.config import AXES
+
+    try:
+        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return  # nothing to compare: loading the checkpoint is the real test
+    new = OmegaConf.to_container(cfg, resolve=True)
+    for key in (*AXES, *SAME_RUN_KEYS):
+        old_v, new_v = _flat(_select(stored, key), key), _flat(_select(new, key), key)
+        changed = [k for k in sorted(set(old_v) | set(new_v))
+                   if old_v.get(k) != new_v.get(k) and k not in SAME_RUN_IGNORED]
+        if changed:
+            k = changed[0]
+            raise RunDirError(
+                f"run directory {run_dir} holds a checkpoint of a different run ({k}: {old_v.get(k)} -> "
+                f"{new_v.get(k)}); resuming would mix two runs: use another hydra.run.dir or "
+                "train.resume=never")
+
+
 def preflight(cfg: Any, overrides: list[str]) -> None:
     """Refuse what would fail after Hydra made the run directory; raises AblateError."""
     from ablate.rundir import RunLock
@@ -121,9 +201,11 @@ def preflight(cfg: Any, overrides: list[str]) -> None:
         RunLock(run_dir).check_free()
         check_writable(run_dir, "run directory")
         if cfg.train.resume == "auto":
-            from ablate.train.checkpoint import check_resumable
+            from ablate.train.checkpoint import check_resumable, list_checkpoints
 
             check_resumable(run_dir)
+            if list_checkpoints(run_dir):
+                check_same_run(run_dir, cfg)
     else:
         check_writable(Path(os.path.expanduser(str(cfg.out_dir))), "out_dir")
     device = str(cfg.train.device)

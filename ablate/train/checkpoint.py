@@ -114,6 +114,15 @@ def save(run_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
     return final
 
 
+def clear(run_dir: Path) -> int:
+    """Remove a run directory's checkpoints (train.resume=never starts over there: an old,
+    higher-step checkpoint would otherwise outrank the new ones). Returns how many."""
+    found = list_checkpoints(run_dir)
+    for _, path in found:
+        path.unlink(missing_ok=True)
+    return len(found)
+
+
 def _remove_stale_temps(d: Path) -> None:
     """Temp files of writers that died mid-save (SIGKILL) are never renamed: delete them."""
     for p in d.glob(".step_*.pt.tmp-*"):
@@ -177,11 +186,11 @@ def load_file(path: Path) -> dict:
         raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__})") from None
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def latest_valid(run_dir: Path, warn=_warn) -> Optional[dict]:
+def latest_valid(run_dir: Path, warn=warn) -> Optional[dict]:
     """The newest checkpoint that loads; each bad one is reported in one line and skipped.
     None when there is none; CheckpointError when there are some but none is usable (starting
     over would silently overwrite that run's record)."""

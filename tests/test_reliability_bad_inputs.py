@@ -1,0 +1,112 @@
+"""Issue 7: a catalogue of bad inputs. Each is refused by the real CLI with a non-zero exit, one
+`error: ...` line on stderr naming the problem, no traceback, and nothing written: the output
+directory, which already holds a finished run (and a damaged one), is byte-for-byte unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TINY, run_ablate
+
+from ablate.train import checkpoint
+
+# (id, overrides, words the one-line message must contain). {out}, {data}: paths set up below.
+CASES = [
+    ("unknown-group-option", ["norm=rmsnrm"], ["rmsnrm", "layernorm", "rmsnorm"]),
+    ("unknown-group", ["normx=rmsnorm"], ["unknown config key 'normx'", "did you mean norm?"]),
+    ("unknown-key", ["train.stpes=10"], ["train.stpes", "did you mean train.steps?"]),
+    ("unknown-key-appended", ["+train.stpes=10"], ["train.stpes", "did you mean train.steps?"]),
+    ("wrong-type-float", ["train.lr=abc"], ["train.lr", "abc"]),
+    ("wrong-type-int", ["model.d_model=1.5"], ["model.d_model", "1.5"]),
+    ("malformed-override", ["train.steps"], ["train.steps"]),
+    ("negative-steps", ["train.steps=-1"], ["train.steps", "-1"]),
+    ("zero-batch-size", ["train.batch_size=0"], ["train.batch_size", "0"]),
+    ("zero-lr", ["train.lr=0"], ["train.lr"]),
+    ("heads-not-dividing-d_model", ["model.d_model=30", "model.n_heads=4"],
+     ["model.d_model=30", "model.n_heads=4"]),
+    ("kv-heads-not-dividing-heads", ["model.n_heads=4", "model.n_kv_heads=3"],
+     ["model.n_heads=4", "model.n_kv_heads=3"]),
+    ("rope-odd-head-dim", ["pos=rope", "model.d_model=36", "model.n_heads=4"], ["rope", "even", "9"]),
+    ("seq_len-above-max_seq_len", ["train.seq_len=128"], ["train.seq_len=128", "model.max_seq_len=64"]),
+    ("bad-schedule", ["train.schedule=cosine_wrong"], ["train.schedule", "cosine_wrong"]),
+    ("bad-precision", ["train.precision=fp8"], ["train.precision", "fp8"]),
+    ("bad-resume-mode", ["train.resume=sometimes"], ["train.resume", "sometimes"]),
+    ("dropout-rate-out-of-range", ["dropout=on", "dropout.rate=1.5"], ["dropout.rate", "1.5"]),
+    ("val-fraction-zero", ["data.val_fraction=0"], ["data.val_fraction"]),
+    ("unknown-tokenizer", ["tokenizer=bpe9"], ["bpe9", "byte", "gpt2"]),
+    ("unknown-device", ["train.device=tpu"], ["train.device", "tpu"]),
+    ("missing-gpu", ["train.device=cuda:99"], ["cuda:99"]),
+    ("missing-data-path", ["data=text_files", "data.paths=[{data}/nope.txt]"], ["{data}/nope.txt"]),
+    ("no-data-paths", ["data=text_files"], ["data.paths"]),
+    ("empty-corpus", ["data=text_files", "data.paths=[{data}/empty.txt]"], ["empty"]),
+    ("unwritable-out_dir", ["out_dir={data}/a_file/runs"], ["{data}/a_file", "not a directory"]),
+    ("unwritable-run-dir", ["hydra.run.dir={data}/a_file/run"], ["{data}/a_file", "not a directory"]),
+    ("corrupt-checkpoint", ["hydra.run.dir={out}/damaged"], ["no usable checkpoint", "checksum"]),
+    ("checkpoint-of-another-model", ["hydra.run.dir={out}/finished", "model.d_model=64"],
+     ["different run", "model.d_model: 32 -> 64"]),
+    ("second-process-on-the-run-dir", ["hydra.run.dir={out}/locked"], ["in use by process"]),
+    ("secret-as-override", ["+logger.api_key=0123456789abcdef"], ["WANDB_API_KEY"]),
+]
+
+
+def snapshot(root) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(root.rglob("*")) if p.is_file()} | {
+            str(p.relative_to(root)) + "/": None for p in root.rglob("*") if p.is_dir()}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """An output dir with a finished run, a copy whose checkpoints are damaged, and a run dir
+    locked by a live process; a data dir with an empty file and a plain file."""
+    out, data = tmp_path_factory.mktemp("out"), tmp_path_factory.mktemp("data")
+    res = run_ablate("run", *TINY, "train.ckpt_every=3", f"hydra.run.dir={out}/finished")
+    assert res.returncode == 0, res.stderr
+    shutil.copytree(out / "finished", out / "damaged")
+    for _, path in checkpoint.list_checkpoints(out / "damaged"):
+        path.write_bytes(path.read_bytes()[:-100])
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    (out / "locked").mkdir()
+    (out / "locked" / "run.lock").write_text(json.dumps({"pid": holder.pid, "host": os.uname().nodename}))
+    (data / "empty.txt").write_text("")
+    (data / "a_file").write_text("not a directory")
+    yield {"out": out, "data": data}
+    holder.kill()
+    holder.wait()
+
+
+@pytest.mark.parametrize("name,overrides,words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_cleanly_and_changes_nothing(world, name, overrides, words):
+    fill = lambda s: s.format(**world)  # noqa: E731
+    before = snapshot(world["out"])
+    res = run_ablate("run", *TINY, f"out_dir={world['out']}", *map(fill, overrides))
+    assert res.returncode != 0, res.stdout
+    assert "Traceback" not in res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    for word in map(fill, words):
+        assert word in lines[0], lines[0]
+    assert snapshot(world["out"]) == before  # no new run dir, no other run dir touched
+
+
+def test_a_corpus_without_text_fails_as_a_recorded_outcome(world, tmp_path):
+    """Found only while tokenizing (after the run dir exists): the run is recorded as failed
+    with the one-line reason; other runs are untouched."""
+    corpus = tmp_path / "blank.jsonl"
+    corpus.write_text('{"text": ""}\n{"text": ""}\n')
+    before = snapshot(world["out"])
+    res = run_ablate("run", *TINY, "data=text_files", f"data.paths=[{corpus}]",
+                     f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode != 0
+    assert "Traceback" not in res.stdout + res.stderr
+    assert res.stderr.strip().splitlines() == ["error: data=text_files: the corpus is empty (no text found)"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "corpus is empty" in summary["error"]
+    assert snapshot(world["out"]) == before

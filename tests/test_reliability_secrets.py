@@ -1,0 +1,37 @@
+"""Issue 7: the W&B key never appears in config.yaml, summary.json, logs, console output or the
+W&B run's config. W&B stays offline (WANDB_MODE=offline): nothing here contacts the network."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import TINY, run_ablate
+
+KEY = "fakekey0123456789abcdef0123456789abcdef01"  # 40 chars, like a real W&B key
+
+
+def files_containing(root, needle: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def test_the_key_from_the_environment_is_written_nowhere(tmp_path):
+    tiny = [o for o in TINY if o != "logger=none"]
+    run = tmp_path / "run"
+    res = run_ablate("run", *tiny, "logger=wandb", f"hydra.run.dir={run}",
+                     env={"WANDB_API_KEY": KEY, "WANDB_MODE": "offline"})
+    assert res.returncode == 0, res.stderr
+    assert list(run.glob("wandb/offline-run-*/run-*.wandb")), "the W&B run was recorded"
+    assert (run / "config.yaml").is_file() and (run / "summary.json").is_file()
+    assert files_containing(run, KEY.encode()) == []
+    assert KEY not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("override", [f"logger.api_key={KEY}", f"+logger.api_key={KEY}",
+                                      f"+logger.wandb_token={KEY}", f"logger.tags=[{KEY}]"])
+def test_a_key_given_as_an_override_is_refused_without_being_echoed(tmp_path, override):
+    res = run_ablate("run", *TINY, override, f"out_dir={tmp_path}", env={"WANDB_API_KEY": KEY})
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "WANDB_API_KEY" in lines[0]
+    assert KEY not in res.stdout + res.stderr
+    assert not any(tmp_path.iterdir())  # nothing written anywhere
