@@ -1,9 +1,51 @@
-"""`ablate compare` (work in progress: see the open issue)."""
+"""`ablate compare`: the local run directories as one table (and optionally a figure)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command()
+    def compare(
+        paths: Optional[List[Path]] = typer.Argument(
+            None, help="Run or sweep directories, searched recursively (default: ./runs)."),
+        metric: str = typer.Option("val_loss", "--metric", help="Final value compared: val_loss, "
+                                   "val_bpb, train_loss, tokens_per_s or any metrics.jsonl key."),
+        baseline: Optional[str] = typer.Option(
+            None, "--baseline", help="The baseline: a run directory or a variant name "
+            "(default: the variant with no axis change)."),
+        plot: Optional[Path] = typer.Option(
+            None, "--plot", help="Write loss and grad-norm curves vs tokens to this .png file."),
+        plot_keys: Optional[List[str]] = typer.Option(
+            None, "--plot-key", help="Plot this metrics.jsonl key instead (repeatable), "
+            "e.g. --plot-key train_loss --plot-key diag/max_logit."),
+        json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+        alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the seed-noise test."),
+    ) -> None:
+        """Group runs by variant (config minus seed), compare each with the baseline, and say
+        whether the difference is bigger than seed noise (paired t-test by seed, else Welch)."""
+        from cli.main import fail
+        from ablate.errors import AblateError
+
+        try:
+            from ablate.tracking.compare import compare_dirs, print_comparison, to_json
+            from ablate.tracking.plots import DEFAULT_KEYS, check_plot_path, plot_comparison
+
+            if not 0 < alpha < 1:
+                raise AblateError(f"--alpha must be between 0 and 1, got {alpha}")
+            if plot is not None:
+                check_plot_path(plot)
+            rows = compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha)
+            if json_out:
+                typer.echo(to_json(rows))
+            else:
+                print_comparison(rows)
+            if plot is not None:
+                plot_comparison(rows, plot, keys=plot_keys or DEFAULT_KEYS)
+                typer.echo(f"plot: {plot}", err=json_out)
+        except AblateError as e:
+            fail(str(e), e.exit_code)

@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 class Sink:
     def start(self, info: dict) -> None:
-        """Called once before the first step with the run's description."""
+        """Called once before the first step with the run's description. `info` becomes part
+        of summary.json: a sink may add one entry under its own name (where its records went)."""
 
     def log(self, row: dict) -> None:
         raise NotImplementedError

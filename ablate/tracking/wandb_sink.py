@@ -10,6 +10,7 @@ from __future__ import annotations
 import netrc
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,16 +53,62 @@ def resolve_mode(mode: str) -> str:
 
 
 def scrub(obj: Any) -> Any:
-    """Drop anything that looks like a credential before it reaches a config or a file."""
+    """Drop anything that looks like a credential before it reaches a config or a file.
+    Credentials are strings: a number under a token-ish key (`flops_per_token`) is kept."""
     if isinstance(obj, dict):
         return {k: scrub(v) for k, v in obj.items()
-                if not is_secret_key(k)}
+                if not (is_secret_key(k) and isinstance(v, str))}
     if isinstance(obj, list):
         return [scrub(v) for v in obj]
     return obj
 
 
+def wandb_config(cfg: Any, variant: str, info: dict) -> dict:
+    """The resolved config with every axis as a plain top-level value (`norm: rmsnorm`) so the
+    W&B UI can group and filter by it; an axis group's other keys become `<axis>_<key>`
+    (`norm_eps`, `pos_base`, `dropout_rate`). Params and FLOPs are there too, to group by size."""
+    from omegaconf import OmegaConf
+
+    from ablate.config import axis_values
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    config: dict = {}
+    for axis, value in axis_values(cfg).items():
+        group = resolved.pop(axis, None)
+        config[axis] = value
+        if isinstance(group, dict):
+            config.update({f"{axis}_{k}": v for k, v in group.items() if k != "name"})
+    config.update(resolved)
+    config.update(variant=variant, params=info.get("params"),
+                  non_embedding_params=info.get("non_embedding_params"),
+                  flops_per_token=info.get("flops_per_token"))
+    return scrub(config)
+
+
+def run_name(variant: str, seed: int, limit: int = 120) -> str:
+    """Readable in the W&B run list: the variant (what differs from the defaults) and the seed."""
+    suffix = f" seed={seed}"
+    if len(variant) + len(suffix) > limit:
+        variant = variant[:limit - len(suffix) - 1] + "~"
+    return variant + suffix
+
+
+def _clean_env_mode() -> None:
+    """wandb refuses to start when WANDB_MODE holds something it does not know (even ''):
+    drop it, with a warning when it was not empty, so the run's own mode decides."""
+    env = os.environ.get("WANDB_MODE")
+    if env is not None and env not in ("online", "offline", "disabled", "dryrun", "run", "shared"):
+        if env.strip():
+            print(f"warning: ignoring WANDB_MODE={env!r} (use online, offline or disabled)")
+        os.environ.pop("WANDB_MODE")
+
+
 class WandbSink(Sink):
+    """Logs rows under W&B names (train/loss, val/loss, ...) against `tokens` as the x-axis.
+
+    W&B is the dashboard, never the run's outcome: if it cannot start (online and offline both
+    failing) the run goes on without it after one warning line."""
+
     def __init__(self, logger_cfg: Any, run_dir: Path, name: str, config: dict, tags: list[str],
                  group: Optional[str], resume_id: Optional[str] = None):
         self.cfg = logger_cfg
@@ -70,30 +117,57 @@ class WandbSink(Sink):
         self.resume_id = resume_id
         self.run = None
 
+    def _init(self, wandb: Any, mode: str) -> Any:
+        settings = wandb.Settings(init_timeout=float(self.cfg.init_timeout), silent=True)
+        return wandb.init(mode=mode, project=self.cfg.project, entity=self.cfg.entity,
+                          group=self.group, job_type=self.cfg.job_type, name=self.name,
+                          tags=self.tags, config=scrub(self.config), dir=str(self.run_dir),
+                          settings=settings, id=self.resume_id,
+                          resume="allow" if self.resume_id else None)
+
     def start(self, info):
         os.environ.setdefault("WANDB_START_METHOD", "thread")  # safe under Hydra launchers
         os.environ.setdefault("WANDB_SILENT", "true")
+        _clean_env_mode()
         import wandb
 
         mode = resolve_mode(self.cfg.mode)
-        settings = wandb.Settings(init_timeout=float(self.cfg.init_timeout), silent=True)
-        kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, group=self.group,
-                      job_type=self.cfg.job_type, name=self.name, tags=self.tags,
-                      config=scrub(self.config), dir=str(self.run_dir), settings=settings,
-                      id=self.resume_id, resume="allow" if self.resume_id else None)
+        if mode == "disabled":  # WANDB_MODE=disabled with logger.mode=auto
+            return
+        started = time.monotonic()
         try:
-            self.run = wandb.init(mode=mode, **kwargs)
-        except Exception as e:  # no network / auth failure: fall back to offline, one line
-            if mode != "online":
-                raise
-            print(f"warning: W&B online init failed ({type(e).__name__}); logging offline instead")
-            self.run = wandb.init(mode="offline", **kwargs)
+            self.run = self._init(wandb, mode)
+        except Exception as e:  # no network, bad key, unreachable host: offline, one line
+            first = _first_line(e)
+            if mode == "online":
+                print(f"warning: W&B online init failed ({first}); logging offline instead")
+                try:
+                    self.run, mode = self._init(wandb, "offline"), "offline"
+                except Exception as e2:
+                    print(f"warning: W&B offline init failed too ({_first_line(e2)}); "
+                          "this run is not logged to W&B")
+            else:
+                print(f"warning: W&B {mode} init failed ({first}); this run is not logged to W&B")
+        if self.run is None:
+            return
         self.run.define_metric("tokens")
-        self.run.define_metric("train/*", step_metric="tokens")
-        self.run.define_metric("val/*", step_metric="tokens")
-        self.run.define_metric("diag/*", step_metric="tokens")
-        self.run.define_metric("val/loss", summary="min")
-        self.run.define_metric("val/bpb", summary="min")
+        for prefix in ("train/*", "val/*", "diag/*"):
+            self.run.define_metric(prefix, step_metric="tokens")
+        self.run.define_metric("val/loss", step_metric="tokens", summary="min")
+        self.run.define_metric("val/bpb", step_metric="tokens", summary="min")
+        for key in ("params", "non_embedding_params", "flops_per_token"):
+            if info.get(key) is not None:
+                self.run.summary[key] = info[key]
+        # Where the records went: lands in summary.json (the info dict becomes part of it).
+        where = {"mode": mode, "id": self.run.id, "project": self.cfg.project,
+                 "group": self.group, "init_s": round(time.monotonic() - started, 2)}
+        if mode == "offline":
+            where["dir"] = str(Path(self.run.dir).parent)  # .../wandb/offline-run-<stamp>-<id>
+            print(f"W&B: offline; upload later with: wandb sync {where['dir']}")
+        elif mode == "online" and getattr(self.run, "url", None):
+            where["url"] = self.run.url
+            print(f"W&B: {self.run.url}")
+        info["wandb"] = where
 
     def log(self, row):
         if self.run is None:
@@ -102,12 +176,21 @@ class WandbSink(Sink):
         self.run.log(data, step=int(row["step"]))
 
     def finish(self, summary):
+        """Always called (also on failure): the W&B run's state says how the run ended."""
         if self.run is None:
             return
-        for key in ("status", "params", "non_embedding_params", "flops_per_token", "tokens_per_s",
-                    "val_loss", "val_bpb", "train_loss", "step"):
-            if key in summary and summary[key] is not None:
-                self.run.summary[key] = summary[key]
-        exit_code = 0 if summary.get("status") in ("completed", "diverged") else 1
-        self.run.finish(exit_code=exit_code)
-        self.run = None
+        run, self.run = self.run, None
+        try:
+            for key in ("status", "params", "non_embedding_params", "flops_per_token", "tokens_per_s",
+                        "val_loss", "val_bpb", "train_loss", "step", "tokens", "wall_time_s"):
+                if summary.get(key) is not None:
+                    run.summary[key] = summary[key]
+            if summary.get("status") == "preempted":
+                run.mark_preempting()  # W&B shows it as preempted; the resumed job continues it
+        finally:
+            run.finish(exit_code=0 if summary.get("status") in ("completed", "diverged") else 1)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

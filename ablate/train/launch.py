@@ -40,21 +40,15 @@ def run_tags(cfg: Any) -> list[str]:
 
 def build_sinks(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], start_step: int,
                 info: dict):
-    from omegaconf import OmegaConf
-
-    from ablate.config import axis_values
     from ablate.tracking.sinks import ConsoleSink, JsonlSink, Sinks
 
     sinks = [JsonlSink(run_dir / "metrics.jsonl", append=start_step > 0),
              ConsoleSink(cfg.train.steps, enabled=cfg.train.progress, start_step=start_step)]
     if cfg.logger.name == "wandb" and cfg.logger.mode != "disabled":
-        from ablate.tracking.wandb_sink import WandbSink
+        from ablate.tracking.wandb_sink import WandbSink, run_name, wandb_config
 
-        config = OmegaConf.to_container(cfg, resolve=True)
-        config.update(axis_values(cfg))  # top level, so the W&B UI can group by axis
-        config.update(params=info["params"], flops_per_token=info["flops_per_token"], variant=variant)
-        name = f"{variant} seed={cfg.seed}"
-        sinks.append(WandbSink(cfg.logger, run_dir, name, config, run_tags(cfg),
+        sinks.append(WandbSink(cfg.logger, run_dir, run_name(variant, cfg.seed),
+                               wandb_config(cfg, variant, info), run_tags(cfg),
                                cfg.logger.group or sweep_name, resume_id=_wandb_id(run_dir)))
     return Sinks(sinks)
 
