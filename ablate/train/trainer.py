@@ -18,6 +18,7 @@ import torch
 
 from ablate.data.batches import Batches, val_windows
 from ablate.data.cache import TokenData
+from ablate.diagnostics import is_loss_spike
 from ablate.model.roles import param_groups, unique_parameters
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
@@ -115,7 +116,11 @@ class Trainer:
                                rank=rank, world_size=world_size, grad_accum=cfg.grad_accum)
         self.val_windows = val_windows(data.val, cfg.seq_len, cfg.eval_tokens)
         self.pin = self.device.type == "cuda"
+        # on_diagnostics(trainer, step) runs after backward, before clipping and the update, every
+        # train.diagnostics_every steps; it may return finish(updated: bool), run after the update.
         self.on_diagnostics = on_diagnostics
+        self._diag_pending: Optional[Callable[[bool], None]] = None
+        self.loss_spikes = 0  # losses far above the recent window (ablate.diagnostics.is_loss_spike)
         # Fused AdamW: one kernel over all parameters. On CPU too (torch >= 2.4): 7x faster than
         # the per-tensor loop at 124M params, measured with `ablate bench`.
         fused = self.device.type in ("cuda", "cpu")
@@ -127,6 +132,11 @@ class Trainer:
         self.step = 0
         self.skipped = 0
         self.stop = StopRequest()
+        # Carried in checkpoints so a resumed run judges spikes and reports exactly as an
+        # uninterrupted one would.
+        self.recent: deque[float] = deque(maxlen=50)  # recent train losses (spike detection)
+        self.last = {"train_loss": None, "val_loss": None, "val_bpb": None, "tokens_per_s": None}
+        self._resume_rng: Optional[dict] = None  # applied right before the first resumed step
 
     def autocast(self):
         if self.precision == "bf16":
@@ -138,7 +148,8 @@ class Trainer:
         return {
             "step": self.step, "tokens": self.step * self.tokens_per_step, "skipped": self.skipped,
             **model_and_optimizer_state(self.model, self.optimizer),
-            "rng": checkpoint.plain_rng_state(),
+            "rng": checkpoint.plain_rng_state(), "recent": list(self.recent), "last": dict(self.last),
+            "loss_spikes": self.loss_spikes,
         }
 
     def save_checkpoint(self) -> None:
@@ -148,12 +159,23 @@ class Trainer:
 
     def try_resume(self) -> Optional[int]:
         if self.cfg.resume != "auto":
+            if self.is_main and checkpoint.clear(self.run_dir):
+                checkpoint.warn(f"warning: train.resume=never: removed the old checkpoints in {self.run_dir}")
             return None
-        state = checkpoint.latest_valid(self.run_dir)
+        state = checkpoint.latest_valid(self.run_dir)  # raises if every checkpoint is unusable
         if state is None:
             return None
-        load_model_and_optimizer_state(self.model, self.optimizer, state)
-        checkpoint.set_rng_state(state["rng"])
+        try:
+            load_model_and_optimizer_state(self.model, self.optimizer, state)
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise checkpoint.CheckpointError(
+                f"the checkpoint of step {state.get('step')} in {checkpoint.ckpt_dir(self.run_dir)} does "
+                f"not fit this model ({str(e).splitlines()[0][:120]}); use the config it was made with, "
+                "another hydra.run.dir, or train.resume=never") from None
+        self._resume_rng = state["rng"]
+        self.recent.extend(state.get("recent", []))
+        self.loss_spikes = int(state.get("loss_spikes", 0))
+        self.last.update(state.get("last", {}))
         self.step, self.skipped = int(state["step"]), int(state.get("skipped", 0))
         return self.step
 
@@ -180,10 +202,21 @@ class Trainer:
                     out = self.train_model(x, y)
                 (out.loss / cfg.grad_accum).backward()
             lm_loss += out.lm_loss.detach() / cfg.grad_accum
+        if self._diagnostics_due(step):  # raw gradients; row step as for the train row (0: init profile)
+            self._diag_pending = self.on_diagnostics(self, min(step + 1, cfg.steps))
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
         lm_loss = all_ranks_mean(lm_loss, self.world)  # the global batch's loss on every rank
         return lm_loss, grad_norm, lr
+
+    def _diagnostics_due(self, step: int) -> bool:
+        every = self.cfg.diagnostics_every
+        return bool(self.on_diagnostics and every) and ((step + 1) % every == 0 or self.cfg.steps == 0)
+
+    def _flush_diagnostics(self, updated: bool) -> None:
+        pending, self._diag_pending = self._diag_pending, None
+        if callable(pending):
+            pending(updated)
 
     def apply_update(self) -> None:
         """The optimizer step that follows train_step (fit judges the loss in between);
@@ -197,35 +230,46 @@ class Trainer:
         resumed_from = start_step if start_step else None
         self.train_model.train()
         old_handlers = self.stop.install()
-        recent: deque[float] = deque(maxlen=50)
+        recent = self.recent
+        if self._resume_rng is not None:  # restored last, so nothing since can have consumed it
+            checkpoint.set_rng_state(self._resume_rng)
+            self._resume_rng = None
         sync_every = 1 if (self.device.type == "cpu" or cfg.skip_spikes) else cfg.log_every
         t_start = time.perf_counter()
         t_log, tokens_log = t_start, 0
         first_step_s = None
-        last = {"train_loss": None, "val_loss": None, "val_bpb": None, "tokens_per_s": None}
+        last = self.last
         total_tokens_s, total_time = 0, 0.0
         try:
             if start_step == 0 and cfg.eval_every and cfg.steps > 0:
                 self._eval_and_log(last)  # the loss at initialization: the curve's starting point
+            if start_step == 0 and cfg.steps == 0 and self._diagnostics_due(0):
+                self.train_step(0)  # train.steps=0: the gradient profile at initialization, no update
+                self._flush_diagnostics(updated=False)
+                self.optimizer.zero_grad(set_to_none=True)
             while self.step < cfg.steps:
                 step = self.step
                 lm_loss, grad_norm, lr = self.train_step(step)
                 check = (step + 1) % sync_every == 0 or step + 1 == cfg.steps
                 loss_v = gnorm_v = None
+                skip = False
                 if check:
                     loss_v, gnorm_v = float(lm_loss), float(grad_norm)
                     verdict = self._judge(loss_v, gnorm_v, recent)
-                    if verdict and cfg.skip_spikes and verdict.startswith("spike"):
-                        self.optimizer.zero_grad(set_to_none=True)
-                        self.skipped += 1
-                        self.step += 1
-                        continue
-                    if verdict:
+                    skip = bool(verdict) and cfg.skip_spikes and verdict.startswith("spike")
+                    self.loss_spikes += is_loss_spike(recent, loss_v)
+                    if verdict and not skip:
                         self._log_row(step + 1, loss_v, gnorm_v, lr, None)
+                        self._flush_diagnostics(updated=False)  # the failing step's profile
                         return self._outcome("diverged", verdict, loss_v, last, resumed_from,
                                              first_step_s, total_tokens_s, total_time)
-                    recent.append(loss_v)
-                self.apply_update()
+                    if not skip:
+                        recent.append(loss_v)
+                if skip:  # OLMo-core SkipStep: drop this update, keep going, count it
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.skipped += 1
+                else:
+                    self.apply_update()
                 self.step += 1
                 if first_step_s is None:  # what a user waits: imports, data, build, compile, eval
                     first_step_s = process_age_s() or (time.perf_counter() - t_start)
@@ -240,8 +284,7 @@ class Trainer:
                     t_log, tokens_log = now, 0
                     last["train_loss"], last["tokens_per_s"] = loss_v, tps
                     self._log_row(self.step, loss_v, gnorm_v, lr, tps)
-                if self.on_diagnostics and cfg.diagnostics_every and self.step % cfg.diagnostics_every == 0:
-                    self.on_diagnostics(self, self.step)
+                self._flush_diagnostics(updated=not skip)
                 if (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps:
                     t_eval = time.perf_counter()
                     metrics = self._eval_and_log(last)
