@@ -52,6 +52,7 @@ CASES = [
     ("checkpoint-of-another-model", ["hydra.run.dir={out}/finished", "model.d_model=64"],
      ["different run", "model.d_model: 32 -> 64"]),
     ("second-process-on-the-run-dir", ["hydra.run.dir={out}/locked"], ["in use by process"]),
+    ("vocab-smaller-than-tokenizer", ["model.vocab_size=64"], ["model.vocab_size=64"]),
     ("secret-as-override", ["+logger.api_key=0123456789abcdef"], ["WANDB_API_KEY"]),
 ]
 
@@ -110,3 +111,32 @@ def test_a_corpus_without_text_fails_as_a_recorded_outcome(world, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and "corpus is empty" in summary["error"]
     assert snapshot(world["out"]) == before
+
+
+def test_an_unexpected_exception_is_recorded_as_failed_in_one_line(tmp_path, monkeypatch):
+    """Bit rot in the token cache (ids beyond the vocabulary) makes the model raise deep inside
+    training: summary.json says failed with the one-line error, the console gets one line, the
+    traceback goes to error.txt."""
+    import numpy as np
+
+    from conftest import compose
+
+    from ablate.data.cache import prepare
+    from ablate.data.tokenizers import build_tokenizer
+
+    corpus = tmp_path / "play.txt"
+    corpus.write_text("To be, or not to be, that is the question. " * 200)
+    overrides = ["data=text_files", f"data.paths=[{corpus}]"]
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    data, _ = prepare(compose([*TINY, *overrides]).data, build_tokenizer("byte"), progress=False)
+    train_bin = data.path / "train.bin"
+    np.full(len(data.train), 60000, dtype=data.train.dtype).tofile(train_bin)
+    run = tmp_path / "run"
+    res = run_ablate("run", *TINY, *overrides, f"hydra.run.dir={run}")
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: IndexError"), res.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("IndexError")
+    assert "Traceback" in (run / "error.txt").read_text()
