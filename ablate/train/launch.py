@@ -68,6 +68,7 @@ def _wandb_id(run_dir: Path) -> str:
 def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict):
     import torch
 
+    from ablate.diagnostics import Diagnostics
     from ablate.model.spec import ModelSpec, count_params, flops_per_token, non_embedding_params
     from ablate.model.transformer import build_model
     from ablate.train.distributed import setup_distributed
@@ -95,8 +96,13 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
     }
     trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=run_dir,
                       byte_lengths=tok.token_byte_lengths(), data_seed=cfg.data_seed,
-                      rank=dist.rank, world_size=dist.world_size, wrap=dist.wrap)
+                      rank=dist.rank, world_size=dist.world_size, wrap=dist.wrap,
+                      on_diagnostics=Diagnostics(model) if cfg.train.diagnostics_every > 0 else None)
     start = trainer.try_resume() or 0
+    if start and dist.rank == 0:  # rows after the checkpoint are re-logged by this run
+        from ablate.rundir import METRICS, truncate_metrics
+
+        truncate_metrics(Path(run_dir) / METRICS, start)
     info.update(device=str(trainer.device), precision=trainer.precision)
     sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info) if dist.rank == 0 else None
     if sinks is not None:
