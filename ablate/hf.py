@@ -4,6 +4,8 @@ with HF tooling and HF models can be loaded into the ablation trainer.
     to_hf(model)          -> (hf_config, state_dict)   our Transformer as an HF family
     to_hf_model(model)    -> an HF *ForCausalLM with our weights
     from_hf(hf_model)     -> Transformer                ModelSpec derived from the HF config
+    export_run(run_dir, out_dir)                        a run's checkpoint -> save_pretrained folder
+                                                        (also `python -m ablate.hf RUN_DIR OUT_DIR`)
 
 Families (keyed by the HF config's `model_type`): `gpt2` (GPT2LMHeadModel: arch=gpt2),
 `llama` (LlamaForCausalLM: arch=llama, any n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama
@@ -23,9 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ablate.errors import ConfigError
+from ablate.errors import AblateError, CheckpointError, ConfigError
 from ablate.model.spec import ModelSpec
 from ablate.registry import Registry
 
@@ -338,3 +341,47 @@ def from_hf(hf_model, **spec_changes):
     model = Transformer(spec)
     _load_strict(model, state)
     return model.eval()
+
+
+# ---- run directories ---------------------------------------------------------------------------
+def load_run_model(run_dir) -> Any:
+    """The model of an ablate run directory: its config.yaml and newest usable checkpoint."""
+    from omegaconf import OmegaConf
+
+    from ablate.model.transformer import Transformer
+    from ablate.train import checkpoint
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"{run_dir}: no config.yaml (not an ablate run directory)")
+    spec = ModelSpec.from_config(OmegaConf.load(run_dir / "config.yaml"))
+    state = checkpoint.latest_valid(run_dir)
+    if state is None:
+        raise CheckpointError(f"{run_dir}: no checkpoint to export")
+    model = Transformer(spec)
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def export_run(run_dir, out_dir, family: Optional[str] = None) -> Path:
+    """Write a run's model as a Hugging Face folder (config.json + safetensors)."""
+    model = load_run_model(run_dir)
+    out = Path(out_dir)
+    to_hf_model(model, family).save_pretrained(out)
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m ablate.hf", description=export_run.__doc__)
+    ap.add_argument("run_dir")
+    ap.add_argument("out_dir")
+    ap.add_argument("--family", choices=FAMILIES.names(), default=None)
+    args = ap.parse_args()
+    try:
+        print(export_run(args.run_dir, args.out_dir, args.family))
+    except AblateError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
