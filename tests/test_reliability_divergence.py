@@ -107,3 +107,7 @@ def test_a_sweep_with_a_diverging_variant_finishes_the_others(tmp_path):
                 for d in find_run_dirs(tmp_path)}
     assert sorted(statuses.values()) == ["completed", "diverged"], statuses
     assert [s for name, s in statuses.items() if "lr=30" in name] == ["diverged"]
+    res = run_ablate("compare", str(tmp_path), "--json")
+    assert res.returncode == 0, res.stderr
+    shown = {row["variant"]: row["status"] for row in json.loads(res.stdout)}
+    assert shown == {"train.lr=30": {"diverged": 1}, "train.lr=0.003": {"completed": 1}}
