@@ -17,7 +17,9 @@ emb_scale, soft-caps). Layout differences handled here:
   - Our gated FFN has one fused `gate_up` Linear with rows [gate; up].
   - Gemma's RMSNorm multiplies by (1 + w): its stored gain is ours minus 1.
   - RoPE: both sides use the half-split (rotate_half) layout, so q/k rows need no permutation.
-Our `gelu` is the tanh approximation, HF's "gelu_new" / "gelu_pytorch_tanh".
+Our `gelu` is the tanh approximation, HF's "gelu_new" / "gelu_pytorch_tanh". Dropout is a
+training-time setting: Llama-style configs only have attention dropout, so a model trained with
+dropout=on exports exactly for inference, and an imported one gets dropout.rate everywhere.
 torch and transformers are imported inside the functions (the CLI stays fast).
 """
 
@@ -201,7 +203,7 @@ def _llama_config(spec: ModelSpec) -> Any:
 FAMILIES.add("llama", Family(
     "llama", "LlamaForCausalLM",
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", qk_norm=False, emb_scale=False,
-         parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0, dropout=0.0),
+         parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0),
     _llama_spec, _llama_config, _rope_family_maps))
 
 
@@ -224,8 +226,7 @@ def _qwen3_config(spec: ModelSpec) -> Any:
 FAMILIES.add("qwen3", Family(
     "qwen3", "Qwen3ForCausalLM",
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=True,
-         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0,
-         dropout=0.0),
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0),
     _qwen3_spec, _qwen3_config, _rope_family_maps))
 
 
@@ -259,7 +260,7 @@ def _gemma2_config(spec: ModelSpec) -> Any:
 FAMILIES.add("gemma2", Family(
     "gemma2", "Gemma2ForCausalLM",
     dict(norm="rmsnorm", norm_pos="sandwich", act="geglu", pos="rope", bias=False, tied=True,
-         qk_norm=False, emb_scale=True, parallel_block=False, mtp_heads=0, dropout=0.0),
+         qk_norm=False, emb_scale=True, parallel_block=False, mtp_heads=0),
     _gemma2_spec, _gemma2_config, lambda spec: _rope_family_maps(spec, offset=1.0)))
 
 
@@ -291,7 +292,7 @@ def to_hf(model, family: Optional[str] = None):
         parts = t.split(list(m.sizes), dim=0) if m.sizes else (t,)
         for key, p in zip(m.theirs, parts):
             out[key] = (p.t() if m.transpose and p.ndim == 2 else p).contiguous().clone()
-    if spec.tied:  # HF keeps the (shared) head in its state dict too
+    if spec.tied:  # HF keeps the (shared) head in its state dict too; maps[0] is the embedding
         out["lm_head.weight"] = out[fam.tensor_maps(spec)[0].theirs[0]]
     return fam.config_from_spec(spec), out
 

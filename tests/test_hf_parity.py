@@ -17,19 +17,20 @@ from ablate.model.spec import ModelSpec  # noqa: E402
 from ablate.model.transformer import Transformer  # noqa: E402
 
 BASE = dict(vocab_size=96, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=16)
-FAMILIES = {
+LLAMA = dict(norm="rmsnorm", act="swiglu", pos="rope", tied=False, bias=False, norm_eps=1e-6)
+CASES = {  # name -> (HF family, ModelSpec fields)
     # arch=gpt2
-    "gpt2": dict(n_kv_heads=4, d_ff=64),
+    "gpt2": ("gpt2", dict(n_kv_heads=4, d_ff=64)),
+    "gpt2-untied": ("gpt2", dict(n_kv_heads=4, d_ff=64, tied=False)),
     # arch=llama with GQA (4 query heads share 2 KV heads)
-    "llama": dict(n_kv_heads=2, norm="rmsnorm", act="swiglu", pos="rope", tied=False, bias=False,
-                  norm_eps=1e-6, rope_base=500000.0),
+    "llama-gqa": ("llama", dict(LLAMA, n_kv_heads=2, rope_base=500000.0)),
+    "llama-mqa-bias-tied": ("llama", dict(LLAMA, n_kv_heads=1, bias=True, tied=True)),
     # QK-norm: per-head RMSNorm on q and k
-    "qwen3": dict(n_kv_heads=1, norm="rmsnorm", act="swiglu", pos="rope", tied=False, bias=False,
-                  qk_norm=True, norm_eps=1e-6),
+    "qwen3": ("qwen3", dict(LLAMA, n_kv_heads=1, qk_norm=True)),
     # sandwich norm, GeGLU, embedding scale, attention and logit soft-caps
-    "gemma2": dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
-                   norm_pos="sandwich", emb_scale=True, attn_softcap=5.0, logit_softcap=3.0,
-                   norm_eps=1e-6),
+    "gemma2": ("gemma2", dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
+                              norm_pos="sandwich", emb_scale=True, attn_softcap=5.0, logit_softcap=3.0,
+                              norm_eps=1e-6)),
 }
 
 
@@ -40,10 +41,11 @@ def perturb_(module: torch.nn.Module) -> None:
                 p.add_(torch.randn_like(p) * 0.2)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_export_matches_hf_reference(family):
+@pytest.mark.parametrize("case", CASES)
+def test_export_matches_hf_reference(case):
+    family, fields = CASES[case]
     torch.manual_seed(0)
-    spec = ModelSpec(**{**BASE, **FAMILIES[family]})
+    spec = ModelSpec(**{**BASE, **fields})
     ours = Transformer(spec).eval()
     perturb_(ours)
     ref = hf.to_hf_model(ours)
@@ -53,15 +55,17 @@ def test_export_matches_hf_reference(family):
         torch.testing.assert_close(ours(idx).logits, ref(idx).logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_import_matches_hf_reference(family):
+@pytest.mark.parametrize("case", CASES)
+def test_import_matches_hf_reference(case):
     """An HF model initialised by HF (not by us) imports with identical logits."""
+    family, fields = CASES[case]
     torch.manual_seed(1)
-    config = hf.FAMILIES.get(family).config_from_spec(ModelSpec(**{**BASE, **FAMILIES[family]}))
+    config = hf.FAMILIES.get(family).config_from_spec(ModelSpec(**{**BASE, **fields}))
     config._attn_implementation = "eager" if family == "gemma2" else "sdpa"  # soft-caps: eager only
     ref = getattr(transformers, hf.FAMILIES.get(family).model_class)(config).eval()
     perturb_(ref)
     ours = hf.from_hf(ref)
+    assert ours.spec == ModelSpec(**{**BASE, **fields})
     idx = torch.randint(0, config.vocab_size, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx).logits, ref(idx).logits, rtol=1e-5, atol=1e-5)
@@ -75,7 +79,7 @@ def test_import_matches_hf_reference(family):
 
 def test_gpt2_conv1d_is_transposed_and_qkv_order_kept():
     torch.manual_seed(0)
-    spec = ModelSpec(**{**BASE, **FAMILIES["gpt2"]})
+    spec = ModelSpec(**{**BASE, **CASES["gpt2"][1]})
     ours = Transformer(spec)
     _, state = hf.to_hf(ours)
     qkv = ours.blocks[0].attn.qkv.weight  # (3d, d): rows [q; k; v]
