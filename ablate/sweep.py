@@ -61,12 +61,15 @@ def parse(arguments: Sequence[str]) -> Parsed:
     except HydraException as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     out = Parsed()
-    seen: set[str] = set()
+    fixed_keys = {o.get_key_element().lstrip("+~") for o in overrides if not o.is_sweep_override()}
+    swept_keys: set[str] = set()
     for o in overrides:
         key = o.get_key_element()
-        if key.lstrip("+~") in seen:
-            raise ConfigError(f"'{key.lstrip('+~')}' is given twice; give it once (a,b,c sweeps it)")
-        seen.add(key.lstrip("+~"))
+        if o.is_sweep_override():  # a fixed key given twice is fine: the last wins, as in Hydra
+            name = key.lstrip("+~")
+            if name in swept_keys or name in fixed_keys:
+                raise ConfigError(f"'{name}' is given twice; give it once (a,b,c sweeps it)")
+            swept_keys.add(name)
         if not o.is_sweep_override():
             out.fixed.append(o.input_line)
             continue
@@ -179,9 +182,10 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> l
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ablate.compose import hydra_message
+    from ablate.compose import check_no_secrets, hydra_message
     from ablate.run import CONF_DIR
 
+    check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
     p = parse(arguments)
     first = p.fixed + [values[0] for _, values in p.swept]
     GlobalHydra.instance().clear()
