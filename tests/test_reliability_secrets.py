@@ -35,3 +35,11 @@ def test_a_key_given_as_an_override_is_refused_without_being_echoed(tmp_path, ov
     assert len(lines) == 1 and lines[0].startswith("error:") and "WANDB_API_KEY" in lines[0]
     assert KEY not in res.stdout + res.stderr
     assert not any(tmp_path.iterdir())  # nothing written anywhere
+
+
+def test_a_sweep_refuses_a_key_override_before_writing_anything(tmp_path):
+    res = run_ablate("sweep", *TINY, "norm=layernorm,rmsnorm", f"+logger.api_key={KEY}",
+                     f"out_dir={tmp_path}")
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines()[-1].startswith("error:") and KEY not in res.stdout + res.stderr
+    assert not any(tmp_path.iterdir())  # no multirun.yaml, no .hydra/overrides.yaml
