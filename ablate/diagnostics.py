@@ -10,18 +10,19 @@ Activation statistics come from a separate no-grad forward pass over the step's 
 mode, on the unwrapped (never compiled) model: it consumes no random numbers and touches no
 gradient or optimizer state, so a run's losses are the same with diagnostics on or off.
 Everything is reduced on the device and read back with one synchronisation per logged row.
+torch is imported inside the functions, so `ablate compare` can plot without it.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import Any, Callable, Optional, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-import torch
-from torch import nn
-
-from ablate.model.roles import Role, role_of, unique_parameters
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 PREFIX = "diag/"
 SPIKE_WINDOW = 50  # the trainer's running window of recent losses
@@ -51,6 +52,8 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    import torch
+
     if not tensors:
         return []
     if hasattr(tensors[0], "full_tensor"):  # sharded: each norm is a collective
@@ -78,6 +81,10 @@ def components(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 def grad_norms(model: nn.Module) -> dict[str, torch.Tensor]:
     """L2 norm of the gradients of each component, as 0-dim device tensors (no sync)."""
+    import torch
+
+    from ablate.model.roles import unique_parameters
+
     params = [p for p in unique_parameters(model) if p.grad is not None]
     sq = {id(p): n.pow(2) for p, n in zip(params, _norms([p.grad for p in params]))}
     out = {}
@@ -136,15 +143,16 @@ class ActivationProbe:
         return hook
 
 
-@torch.no_grad()
 def activation_stats(model: nn.Module, x: torch.Tensor, autocast: Callable = nullcontext) -> dict:
     """Residual RMS, max attention logit and dead units per block, plus the output logits'
     max and mean log-partition (what logit soft-capping and z-loss act on). Eval mode: no
     dropout, so no random numbers are drawn."""
+    import torch
+
     was_training = model.training
     model.eval()
     try:
-        with ActivationProbe(model) as probe, autocast():
+        with torch.no_grad(), ActivationProbe(model) as probe, autocast():
             logits = model(x).logits.float()  # (B, T, V)
     finally:
         model.train(was_training)
@@ -159,6 +167,8 @@ def activation_stats(model: nn.Module, x: torch.Tensor, autocast: Callable = nul
 def role_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     """Trainable parameters by role (embedding, input, output, head, gain, bias, ...): the
     groups whose update-to-weight ratio is logged."""
+    from ablate.model.roles import Role, role_of, unique_parameters
+
     groups: dict[str, list[nn.Parameter]] = {}
     for p in unique_parameters(model):
         if p.requires_grad:
@@ -167,12 +177,16 @@ def role_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 
 def _group_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    import torch
+
     return torch.stack([n.pow(2) for n in _norms(tensors)]).sum().sqrt()
 
 
 def update_ratios(groups: dict[str, list[nn.Parameter]], before: dict[str, list[torch.Tensor]]):
     """||W_after - W_before|| / ||W_before|| per group (NaN for an all-zero group, e.g. biases
     at initialization; such entries are not logged)."""
+    import torch
+
     out = {}
     for name, params in groups.items():
         delta = [p.detach() - b for p, b in zip(params, before[name])]
@@ -193,6 +207,8 @@ class Diagnostics:
     def __call__(self, trainer: Any, step: int) -> Callable[[bool], None]:
         """`step` is the row's step (as for the train row of this batch; 0 for the profile at
         initialization of a `train.steps=0` run). Gradients must be present."""
+        import torch
+
         if self.groups is None:
             self.groups = role_groups(self.model)
         values = {f"grad_norm/{k}": v for k, v in grad_norms(self.model).items()}
@@ -237,6 +253,8 @@ def grad_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[dic
 def grad_profile_for_config(cfg: Any) -> dict:
     """The profile of the model `ablate run` would build (same seed, same first batch), so it
     equals the step-0 row of `ablate run train.steps=0 train.diagnostics_every=1`."""
+    import torch
+
     from ablate.data.batches import Batches
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
@@ -323,6 +341,7 @@ def plot_diagnostics(runs: dict[str, list[dict]], path) -> Optional[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     (a_grad, a_rms, a_logit), (a_dead, a_upd, a_spk) = axes
@@ -353,6 +372,10 @@ def plot_diagnostics(runs: dict[str, list[dict]], path) -> Optional[str]:
             (a_spk, "loss spikes (cumulative)", "step", False)):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xl)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center",
+                    transform=ax.transAxes, color="0.5")
         if log and ax.lines:
             ax.set_yscale("log")
         if ax.lines:
@@ -362,3 +385,17 @@ def plot_diagnostics(runs: dict[str, list[dict]], path) -> Optional[str]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def plot_comparison_diagnostics(cmp, plot_path) -> Optional[str]:
+    """For `ablate compare --plot FILE.png`: FILE_diag.png with the diagnostics of one run per
+    variant (its first completed seed), when any run logged them; else None."""
+    runs = {}
+    for group, row in zip(cmp.groups, cmp):
+        ordered = sorted(group.runs, key=lambda r: (r.status != "completed", str(r.seed)))
+        for r in ordered:
+            if diag_rows(r.rows):
+                runs[f"{row['variant']} (seed {r.seed[0]})"] = r.rows
+                break
+    path = Path(plot_path)
+    return plot_diagnostics(runs, path.with_name(f"{path.stem}_diag{path.suffix}")) if runs else None

@@ -30,7 +30,8 @@ CONF_DIR = PACKAGE_DIR.parent / "conf" if (PACKAGE_DIR.parent / "conf").is_dir()
 # Overrides that do not change what is trained (they never name a variant).
 NON_VARIANT_PREFIXES = ("hydra.", "hydra/", "logger", "out_dir", "launcher", "train.progress",
                         "train.device", "train.threads", "train.resume", "train.nproc",
-                        "train.log_every", "train.ckpt_every", "train.keep_ckpts", "study")
+                        "train.log_every", "train.ckpt_every", "train.keep_ckpts", "study",
+                        "train.diagnostics_every")  # diagnostics never change training
 SEED_KEYS = ("seed", "data_seed")
 
 

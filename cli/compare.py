@@ -19,10 +19,11 @@ def register(app: typer.Typer) -> None:
             None, "--baseline", help="The baseline: a run directory or a variant name "
             "(default: the variant with no axis change)."),
         plot: Optional[Path] = typer.Option(
-            None, "--plot", help="Write loss and grad-norm curves vs tokens to this .png file."),
+            None, "--plot", help="Write loss and grad-norm curves vs tokens to this .png file "
+            "(and FILE_diag.png with the diagnostics, when runs logged them)."),
         plot_keys: Optional[List[str]] = typer.Option(
             None, "--plot-key", help="Plot this metrics.jsonl key instead (repeatable), "
-            "e.g. --plot-key train_loss --plot-key diag/max_logit."),
+            "e.g. --plot-key train_loss --plot-key diag/max_attn_logit/block0."),
         json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
         alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the seed-noise test."),
     ) -> None:
@@ -47,5 +48,10 @@ def register(app: typer.Typer) -> None:
             if plot is not None:
                 plot_comparison(rows, plot, keys=plot_keys or DEFAULT_KEYS)
                 typer.echo(f"plot: {plot}", err=json_out)
+                from ablate.diagnostics import plot_comparison_diagnostics
+
+                diag_plot = plot_comparison_diagnostics(rows, plot)  # runs with train.diagnostics_every
+                if diag_plot:
+                    typer.echo(f"plot: {diag_plot}", err=json_out)
         except AblateError as e:
             fail(str(e), e.exit_code)

@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
         batch: Optional[int] = typer.Option(None, "--batch", help="Sequences for the KV-cache total (default: train.batch_size)."),
         dtype: str = typer.Option("bf16", "--dtype", help="KV-cache element type: bf16, fp16 or fp32."),
         build: bool = typer.Option(False, "--build", help="Also build the model (meta device, no memory) and check the counts against it."),
+        grad_profile: bool = typer.Option(False, "--grad-profile", help="Per-layer gradient norms at initialization for one batch (no training): compare pre vs post norm."),
     ) -> None:
         """Parameters by component, FLOPs/token and KV-cache size of a variant; no training.
 
@@ -74,6 +75,12 @@ def register(app: typer.Typer) -> None:
 
         try:
             cfg = compose_config(list(overrides or []))
+            if grad_profile:  # builds the model and reads one batch of the data
+                from ablate.diagnostics import format_profile, grad_profile_for_config, profile_json
+
+                profile = grad_profile_for_config(cfg)
+                typer.echo(json.dumps(profile_json(profile)) if json_out else format_profile(profile))
+                return
             report = inspect_config(cfg, seq_len=seq_len, batch=batch, dtype=dtype)
             if build:
                 report = cross_check(report)

@@ -8,7 +8,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import TINY, compose, read_jsonl, run_ablate
+from conftest import TINY, read_jsonl, run_ablate
 
 
 def diag(rows):
@@ -34,11 +34,13 @@ def test_init_profile_of_a_12_layer_model_covers_every_layer(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert "gradient norm by layer at initialization" in res.stdout  # printed, not only logged
-    # The same model and batch outside a run (what `ablate inspect --grad-profile` reports).
-    from ablate.diagnostics import grad_profile_for_config, profile_json
-
-    prof = profile_json(grad_profile_for_config(compose([*TINY, "model.n_layers=12"])))
-    assert [r["layer"] for r in prof["layers"]] == list(range(12))
+    # The same model and batch without a run: `ablate inspect --grad-profile --json`.
+    res = run_ablate("inspect", *TINY, "model.n_layers=12", "--grad-profile", "--json")
+    assert res.returncode == 0, res.stderr
+    prof = json.loads(res.stdout)
+    assert list(prof) == ["layers"]
+    assert [sorted(r) for r in prof["layers"]] == [["grad_norm", "layer"]] * 12
+    assert [r["layer"] for r in prof["layers"]] == list(range(12))  # first block to last
     for r in prof["layers"]:
         assert r["grad_norm"] == pytest.approx(row[f"diag/grad_norm/block{r['layer']}"], rel=1e-4)
 
@@ -70,6 +72,12 @@ def test_diagnostics_do_not_change_training(tmp_path):
             assert 0.0 <= r[f"diag/dead_ffn_frac/block{i}"] <= 1.0  # relu: dead units are reported
         assert r["diag/update_ratio/input"] > 0 and r["diag/update_ratio/output"] > 0
         assert r["diag/loss_spikes"] >= 0
+    # compare --plot adds a diagnostics figure beside the curves, from the run that logged them
+    res = run_ablate("compare", str(on), str(off), "--plot", str(tmp_path / "cmp.png"))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "cmp.png").is_file()
+    assert (tmp_path / "cmp_diag.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"plot: {tmp_path / 'cmp_diag.png'}" in res.stdout
 
 
 def test_negative_diagnostics_every_is_refused(tmp_path):
