@@ -142,6 +142,7 @@ class WandbSink(Sink):
             if mode == "online":
                 print(f"warning: W&B online init failed ({first}); logging offline instead")
                 try:
+                    wandb.teardown()  # the failed run still holds its id in the W&B service
                     self.run, mode = self._init(wandb, "offline"), "offline"
                 except Exception as e2:
                     print(f"warning: W&B offline init failed too ({_first_line(e2)}); "

@@ -1,0 +1,206 @@
+"""`ablate compare` on synthetic run directories with known numbers: grouping, baseline,
+means, deltas, the paired/Welch choice and its p-values, statuses, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy import stats
+
+from ablate.tracking.compare import CompareError, compare_dirs, print_comparison, seed_test, to_json
+from tests.conftest import run_ablate
+
+DEFAULT_AXES = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
+                "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off"}
+COMMON = ["model.d_model=32", "train.steps=6"]  # shared by every run: not part of the names
+
+
+def write_run(root: Path, name: str, change: dict, seed: int, val_loss, status="completed",
+              params=1000, sweep=None, variant=None, rows=None, tokens_per_s=100.0):
+    """A run directory as `ablate run` leaves it (the fields compare reads)."""
+    d = root / name
+    d.mkdir(parents=True)
+    axes = {**DEFAULT_AXES, **change}
+    overrides = sorted(COMMON + [f"{k}={v}" for k, v in change.items()])
+    config = {axis: {"name": v} for axis, v in axes.items()}
+    config.update(model={"d_model": 32}, train={"steps": 6, "progress": False}, seed=seed, data_seed=0,
+                  logger={"name": "none"})
+    (d / "config.yaml").write_text(yaml.safe_dump(config))
+    summary = {"status": status, "variant": variant or ",".join(overrides), "axes": axes, "seed": seed,
+               "data_seed": 0, "overrides": overrides, "sweep": sweep, "params": params,
+               "flops_per_token": 6 * params, "tokens_per_s": tokens_per_s, "val_loss": val_loss}
+    (d / "summary.json").write_text(json.dumps(summary))
+    rows = rows if rows is not None else [
+        {"step": s, "tokens": 128 * s, "train_loss": 5.0 - 0.1 * s, "grad_norm": 1.0 + 0.1 * s,
+         "lr": 1e-3, "tokens_per_s": tokens_per_s} for s in range(1, 4)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+BASE = {0: 3.00, 1: 3.10, 2: 3.05}
+PAIRED = {0: 2.90, 1: 3.01, 2: 2.94}  # same seeds: paired
+WELCH = {3: 3.20, 4: 3.26, 5: 3.17}  # other seeds: Welch
+NOISY = {0: 3.02, 1: 3.07, 2: 3.08}  # within seed noise
+
+
+@pytest.fixture
+def runs(tmp_path):
+    for s, v in BASE.items():
+        write_run(tmp_path, f"base_s{s}", {}, s, v)
+    for s, v in PAIRED.items():
+        write_run(tmp_path, f"rms_s{s}", {"norm": "rmsnorm"}, s, v)
+    write_run(tmp_path, "rms_s9", {"norm": "rmsnorm"}, 9, None, status="diverged")
+    for s, v in WELCH.items():
+        write_run(tmp_path, f"swiglu_s{s}", {"act": "swiglu"}, s, v, params=1100)
+    for s, v in NOISY.items():
+        write_run(tmp_path, f"rope_s{s}", {"pos": "rope"}, s, v)
+    write_run(tmp_path, "gqa_s0", {"attn": "gqa"}, 0, 2.5)
+    return tmp_path
+
+
+def by_name(rows):
+    return {r["variant"]: r for r in rows}
+
+
+def test_means_deltas_and_the_paired_test(runs):
+    rows = compare_dirs([runs])
+    assert rows[0]["variant"] == "baseline" and rows[0]["baseline"]
+    assert rows.baseline == "baseline"
+    base, rms = by_name(rows)["baseline"], by_name(rows)["norm=rmsnorm"]
+    assert base["n"] == 3 and base["mean"] == pytest.approx(3.05)
+    assert base["std"] == pytest.approx(0.05)
+    assert rms["mean"] == pytest.approx(sum(PAIRED.values()) / 3)
+    assert rms["delta"] == pytest.approx(rms["mean"] - 3.05)
+    # by hand: differences -0.10, -0.09, -0.11 -> mean -0.1, sd 0.01, t = -0.1 / (0.01 / sqrt 3)
+    t = -0.1 / (0.01 / math.sqrt(3))
+    assert rms["test"] == "paired t" and rms["df"] == 2
+    assert rms["t"] == pytest.approx(t, rel=1e-6)
+    assert rms["p_value"] == pytest.approx(2 * stats.t.sf(abs(t), 2), rel=1e-6)
+    assert rms["verdict"] == "better"  # lower val_loss, p ~ 0.003
+    # the diverged seed is shown, not averaged in and not dropped
+    assert rms["runs"] == 4 and rms["n"] == 3
+    assert rms["status"] == {"completed": 3, "diverged": 1}
+
+
+def test_welch_when_the_seeds_differ_and_no_test_with_one_seed(runs):
+    rows = by_name(compare_dirs([runs]))
+    sw = rows["act=swiglu"]
+    a, b = list(WELCH.values()), list(BASE.values())
+    va, vb = stats.tvar(a) / 3, stats.tvar(b) / 3  # Welch by hand
+    t = (sum(a) / 3 - sum(b) / 3) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 2)
+    assert sw["test"] == "Welch t"
+    assert sw["t"] == pytest.approx(t, rel=1e-6) and sw["df"] == pytest.approx(df, rel=1e-6)
+    assert sw["p_value"] == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-6)
+    assert sw["verdict"] == "worse"
+    assert sw["params_delta"] == 100 and sw["params_delta_pct"] == pytest.approx(10.0)
+    noisy = rows["pos=rope"]
+    assert noisy["test"] == "paired t" and noisy["p_value"] > 0.05 and noisy["verdict"] == "noise"
+    one = rows["attn=gqa"]
+    assert one["n"] == 1 and one["std"] is None and one["delta"] == pytest.approx(2.5 - 3.05)
+    assert one["test"] is None and one["verdict"] is None
+
+
+def test_table_names_the_test_the_size_change_and_the_divergence(runs):
+    from rich.console import Console
+
+    rows = compare_dirs([runs])
+    console = Console(width=250, record=True)
+    print_comparison(rows, console)
+    text = console.export_text()
+    assert "paired t, p=0.00" in text and "Welch t, p=" in text
+    assert "1 diverged" in text and "+10.0%" in text
+    assert "no test" in text  # one seed
+    assert "act=swiglu (+100 params, +10.0%)" in text  # the note under the table
+    data = json.loads(to_json(rows))
+    assert [r["variant"] for r in data] == [r["variant"] for r in rows]
+
+
+def test_seed_test_edge_cases():
+    same = seed_test({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0})  # deterministic reruns: no difference
+    assert same["test"] == "paired t" and same["p_value"] == 1.0
+    shifted = seed_test({0: 1.0, 1: 2.0}, {0: 1.5, 1: 2.5})  # the same shift on every seed
+    assert shifted["p_value"] == 0.0
+    assert seed_test({0: 1.0}, {0: 2.0, 1: 3.0})["test"] is None
+
+
+def test_baseline_by_variant_name_or_directory(runs):
+    rows = compare_dirs([runs], baseline="norm=rmsnorm")
+    assert rows[0]["variant"] == "norm=rmsnorm"
+    assert by_name(rows)["baseline"]["delta"] == pytest.approx(3.05 - sum(PAIRED.values()) / 3)
+    rows = compare_dirs([runs], baseline=str(runs / "rope_s1"))
+    assert rows[0]["variant"] == "pos=rope"
+    with pytest.raises(CompareError, match="matches no variant; variants: baseline"):
+        compare_dirs([runs], baseline="norm=nope")
+    with pytest.raises(CompareError, match="runs of 5 variants"):
+        compare_dirs([runs], baseline=str(runs))
+
+
+def test_sweep_names_and_two_sweeps_kept_apart(tmp_path):
+    for sweep in ("s1", "s2"):
+        lr = {"s1": 0.0, "s2": 0.5}[sweep]
+        for s in (0, 1):
+            d = write_run(tmp_path / sweep, f"0_baseline_seed{s}", {}, s, 3.0 + lr + 0.01 * s,
+                          sweep=sweep, variant="baseline")
+            cfg = yaml.safe_load((d / "config.yaml").read_text())
+            cfg["train"]["lr"] = lr  # a different config: a different variant, same name
+            (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rows = compare_dirs([tmp_path / "s1"])
+    assert [r["variant"] for r in rows] == ["baseline"] and rows[0]["n"] == 2
+    rows = compare_dirs([tmp_path])
+    assert {r["variant"] for r in rows} == {"baseline", "baseline [s2]"}
+    assert rows[0]["variant"] == "baseline"
+
+
+def test_metric_missing_in_some_runs_and_in_all(runs):
+    d = runs / "rope_s2"
+    s = json.loads((d / "summary.json").read_text())
+    s.pop("val_loss")
+    (d / "summary.json").write_text(json.dumps(s))
+    rows = compare_dirs([runs])
+    rope = by_name(rows)["pos=rope"]
+    assert rope["n"] == 2 and rope["status"] == {"completed": 2, "no val_loss": 1}
+    assert rope["test"] == "Welch t"  # seeds {0, 1} vs {0, 1, 2}: no longer paired
+    assert any("no final val_loss" in n for n in rows.notes)
+    # a metrics.jsonl key works too (the last logged value); W&B names are accepted
+    rows = compare_dirs([runs], metric="train/grad_norm")
+    assert rows.metric == "grad_norm" and rows[0]["mean"] == pytest.approx(1.3)
+    with pytest.raises(CompareError, match="no run has the metric 'val_ppl'; available: .*grad_norm"):
+        compare_dirs([runs], metric="val_ppl")
+
+
+def test_truncated_last_line_is_skipped_with_one_warning(tmp_path):
+    d = write_run(tmp_path, "base_s0", {}, 0, 3.0)
+    with (d / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "tokens": 512, "train_lo')
+    warnings = []
+    rows = compare_dirs([tmp_path], warn=warnings.append)
+    assert len(warnings) == 1 and "truncated last line" in warnings[0]
+    assert rows[0]["mean"] == 3.0
+    assert [r["step"] for r in rows.groups[0].runs[0].rows] == [1, 2, 3]
+
+
+def test_empty_and_missing_paths(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CompareError, match="no runs found"):
+        compare_dirs([tmp_path / "empty"])
+    with pytest.raises(CompareError, match="no such file or directory"):
+        compare_dirs([tmp_path / "nope"])
+
+
+def test_cli_json_and_clear_errors(runs, tmp_path):
+    res = run_ablate("compare", str(runs), "--json")
+    assert res.returncode == 0, res.stderr
+    data = {r["variant"]: r for r in json.loads(res.stdout)}
+    assert data["norm=rmsnorm"]["verdict"] == "better" and data["norm=rmsnorm"]["test"] == "paired t"
+    (tmp_path / "empty").mkdir()
+    for args, msg in ((["compare", str(tmp_path / "empty")], "no runs found"),
+                      (["compare", str(tmp_path / "nope")], "no such file or directory"),
+                      (["compare", str(runs), "--plot", str(tmp_path / "no" / "x.png")], "does not exist")):
+        res = run_ablate(*args)
+        assert res.returncode == 2 and res.stderr.startswith("error: ") and msg in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1

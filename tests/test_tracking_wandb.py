@@ -1,0 +1,123 @@
+"""W&B: an offline run is written under the run dir and read back from its .wandb file; no key
+and no network never makes a run wait; a failing online init falls back to offline."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import pytest
+
+from ablate.tracking.wandb_file import BLOCK, WandbFileError, iter_payloads, read_run
+from tests.conftest import TINY, read_jsonl, run_ablate
+
+WANDB_TINY = [o for o in TINY if not o.startswith(("logger=", "train.eval_every="))] + [
+    "logger=wandb", "train.eval_every=3", "train.threads=1"]
+
+
+def no_login_env(tmp_path) -> dict:
+    """No key, no netrc (HOME is empty), no WANDB_MODE: the user's first laptop run."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return {"HOME": str(home), "WANDB_MODE": "", "WANDB_API_KEY": "", "NETRC": str(home / ".netrc")}
+
+
+def test_default_run_logs_offline_and_the_file_reads_back(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_ablate("run", *WANDB_TINY, "norm=rmsnorm", "seed=1", "logger.group=abl-test",
+                     f"hydra.run.dir={run_dir}", env=no_login_env(tmp_path))
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    where = summary["wandb"]
+    assert where["mode"] == "offline" and where["init_s"] < 5  # never waited on the network
+    assert f"wandb sync {where['dir']}" in res.stdout
+
+    run = read_run(run_dir)
+    assert run.group == "abl-test" and run.job_type == "train" and run.project == "ablate"
+    assert "norm=rmsnorm" in run.tags and not any(t.startswith("act=") for t in run.tags)
+    assert run.name.endswith("seed=1") and "norm=rmsnorm" in run.name
+    # axes at top level (the UI groups by them), their options beside them, sizes included
+    assert run.config["norm"] == "rmsnorm" and run.config["act"] == "gelu"
+    assert run.config["norm_eps"] == pytest.approx(1e-5) and run.config["model"]["d_model"] == 32
+    assert run.config["params"] == summary["params"]
+    assert run.config["flops_per_token"] == summary["flops_per_token"]
+    # every logged train row, with W&B names, against tokens
+    train = [h for h in run.history if "train/loss" in h]
+    local = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_loss" in r]
+    assert [h["train/loss"] for h in train] == pytest.approx([r["train_loss"] for r in local])
+    assert all({"train/grad_norm", "train/lr", "train/tokens_per_s", "tokens"} <= set(h) for h in train)
+    assert any("val/loss" in h and "val/bpb" in h for h in run.history)
+    assert run.metrics["train/*"]["step_metric"] == "tokens"
+    assert run.metrics["val/loss"]["summary"] == ["min"]
+    assert run.summary["val/loss"]["min"] == pytest.approx(
+        min(r["val_loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "val_loss" in r))
+    assert run.summary["params"] == summary["params"] and run.summary["status"] == "completed"
+    assert run.exit_code == 0  # wandb.finish() ran
+
+
+def test_online_init_failure_falls_back_to_offline_with_one_warning(tmp_path):
+    env = no_login_env(tmp_path)
+    # a key that looks real and a server that refuses at once: nothing leaves this machine
+    env.update(WANDB_API_KEY="a" * 40, WANDB_BASE_URL="http://127.0.0.1:9")
+    run_dir = tmp_path / "run"
+    res = run_ablate("run", *WANDB_TINY, "logger.mode=online",
+                     "logger.init_timeout=3", f"hydra.run.dir={run_dir}", env=env)
+    assert res.returncode == 0, res.stderr
+    warnings = [ln for ln in (res.stdout + res.stderr).splitlines() if "init failed" in ln]
+    assert len(warnings) == 1 and "W&B online init failed" in warnings[0]
+    assert "logging offline instead" in warnings[0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["wandb"]["mode"] == "offline"
+    assert any("train/grad_norm" in h for h in read_run(run_dir).history)
+
+
+# ---- the reader on a file written here, with records split across 32 KiB blocks ------------------
+def write_log(path, payloads):
+    """The writer side of the format (LevelDB log), to check the reader's block handling."""
+    out = bytearray(struct.pack("<4sHB", b":W&B", 0xBEE1, 0))
+    for data in payloads:
+        first = True
+        while True:
+            left = BLOCK - len(out) % BLOCK
+            if left < 7:
+                out += b"\x00" * left
+                continue
+            piece, data = data[:left - 7], data[left - 7:]
+            kind = (1 if first else 4) if not data else (2 if first else 3)
+            out += struct.pack("<IHB", zlib.crc32(bytes([kind]) + piece), len(piece), kind) + piece
+            first = False
+            if not data:
+                break
+    path.write_bytes(bytes(out))
+
+
+def history_record(step, size):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rec = pb.Record()
+    item = rec.history.item.add()
+    item.key, item.value_json = "train/loss", json.dumps(float(step))
+    item = rec.history.item.add()
+    item.key, item.value_json = "blob", json.dumps("x" * size)
+    return rec.SerializeToString()
+
+
+def test_reader_joins_records_across_blocks(tmp_path):
+    path = tmp_path / "run-x.wandb"
+    sizes = [10, 40_000, 32_700, 5, 70_000, 3]  # FULL, FIRST/LAST, FIRST/MIDDLE/LAST, padding
+    write_log(path, [history_record(i, n) for i, n in enumerate(sizes)])
+    run = read_run(path)
+    assert [h["train/loss"] for h in run.history] == list(range(len(sizes)))
+    assert [len(h["blob"]) for h in run.history] == sizes
+    # a torn tail (the writer was killed) ends the records; a corrupt byte is refused
+    data = path.read_bytes()
+    path.write_bytes(data[:-2])
+    assert len(list(iter_payloads(path))) == len(sizes) - 1
+    path.write_bytes(data[:20] + bytes([data[20] ^ 0xFF]) + data[21:])
+    with pytest.raises(WandbFileError, match="bad checksum"):
+        list(iter_payloads(path))
+    path.write_bytes(b"not a wandb file")
+    with pytest.raises(WandbFileError, match="not a W&B run file"):
+        read_run(path)
