@@ -204,3 +204,21 @@ def test_cli_json_and_clear_errors(runs, tmp_path):
         res = run_ablate(*args)
         assert res.returncode == 2 and res.stderr.startswith("error: ") and msg in res.stderr, res.stderr
         assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_plot_draws_bands_diverged_runs_and_extra_keys(runs, tmp_path):
+    from ablate.errors import AblateError
+    from ablate.tracking.plots import plot_comparison
+
+    d = runs / "rms_s9"  # the diverged run has a curve that ends in inf
+    rows_ = [{"step": 1, "tokens": 128, "train_loss": 5.0, "grad_norm": 3.0, "diag/max_logit": 9.0},
+             {"step": 2, "tokens": 256, "train_loss": "inf", "grad_norm": "nan"}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_))
+    rows = compare_dirs([runs])
+    png = plot_comparison(rows, tmp_path / "c.png")
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    three = plot_comparison(rows, tmp_path / "d.png", keys=["train_loss", "grad_norm", "diag/max_logit"])
+    assert three.stat().st_size > png.stat().st_size  # a third panel
+    with pytest.raises(AblateError, match="nothing to plot: no run logged diag/none"):
+        plot_comparison(rows, tmp_path / "e.png", keys=["diag/none"])
+    assert not (tmp_path / "e.png").exists()

@@ -121,3 +121,48 @@ def test_reader_joins_records_across_blocks(tmp_path):
     path.write_bytes(b"not a wandb file")
     with pytest.raises(WandbFileError, match="not a W&B run file"):
         read_run(path)
+
+
+# ---- the sink in-process: finish() records how the run ended; a W&B that cannot start is not fatal
+def sink_for(tmp_path, mode="offline"):
+    from types import SimpleNamespace
+
+    from ablate.tracking.wandb_sink import WandbSink
+
+    cfg = SimpleNamespace(mode=mode, project="ablate-test", entity=None, job_type="train",
+                          init_timeout=5.0)
+    return WandbSink(cfg, tmp_path, "x seed=0", {"norm": "rmsnorm", "hf_token": "hf_secret"},
+                     ["norm=rmsnorm"], "grp")
+
+
+def test_failed_run_is_finished_with_a_failing_exit_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    sink = sink_for(tmp_path)
+    info = {"params": 123, "flops_per_token": 456}
+    sink.start(info)
+    try:
+        sink.log({"step": 1, "tokens": 64, "train_loss": 5.0, "grad_norm": 1.5})
+    finally:
+        sink.finish({"status": "failed", "error": "boom", "params": 123})
+    assert sink.run is None and info["wandb"]["mode"] == "offline"
+    run = read_run(tmp_path)
+    assert run.exit_code == 1 and run.summary["status"] == "failed"
+    assert run.summary["flops_per_token"] == 456
+    assert run.config["norm"] == "rmsnorm" and "hf_token" not in run.config  # no credentials
+    assert run.history[0]["train/grad_norm"] == 1.5 and run.history[0]["tokens"] == 64
+
+
+def test_a_wandb_that_cannot_start_does_not_stop_the_run(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def refuse(**kwargs):
+        raise RuntimeError("disk full\nmore detail")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    sink = sink_for(tmp_path)
+    sink.start({})
+    sink.log({"step": 1, "tokens": 64, "train_loss": 5.0})  # no-op, no error
+    sink.finish({"status": "completed"})
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["warning: W&B offline init failed (RuntimeError: disk full); "
+                   "this run is not logged to W&B"]
