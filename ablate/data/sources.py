@@ -94,7 +94,7 @@ def expand_paths(patterns) -> list[Path]:
     """Files named by data.paths: files, globs (`**` recursive) or directories (their
     .txt/.md/.jsonl/.parquet files, recursively), in a stable sorted order."""
     if not patterns:
-        raise DataError("data=text_files needs data.paths=[...] (files, globs or directories)")
+        raise DataError("data.paths is empty: set data.paths=[...] (files, globs or directories)")
     files: list[Path] = []
     for pattern in patterns:
         pattern = os.path.expanduser(str(pattern))
