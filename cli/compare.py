@@ -40,6 +40,8 @@ def register(app: typer.Typer) -> None:
                 raise AblateError(f"--alpha must be between 0 and 1, got {alpha}")
             if plot is not None:
                 check_plot_path(plot)
+            if not paths and not Path("runs").is_dir():
+                raise AblateError("give run or sweep directories (there is no ./runs here)")
             rows = compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha)
             if json_out:
                 typer.echo(to_json(rows))

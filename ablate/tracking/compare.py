@@ -137,7 +137,8 @@ class Run:
         names = {k for k, v in self.summary.items() if _number(v) is not None}
         for row in self.rows:
             names.update(row)
-        return names - {"step", "seed", "data_seed", "pid"}
+        return names - {"step", "steps", "seed", "data_seed", "pid", "vocab_size", "tokenizer_vocab",
+                        "world_size", "skipped_steps"}
 
 
 def find_runs(paths: Sequence[Path | str], warn: Callable[[str], None] = _warn) -> list[Run]:
