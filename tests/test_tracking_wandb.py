@@ -166,3 +166,23 @@ def test_a_wandb_that_cannot_start_does_not_stop_the_run(tmp_path, monkeypatch, 
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["warning: W&B offline init failed (RuntimeError: disk full); "
                    "this run is not logged to W&B"]
+
+
+def test_a_sweep_run_is_grouped_by_the_sweep_name(tmp_path):
+    from ablate.tracking.wandb_sink import WandbSink
+    from ablate.train.launch import build_sinks
+    from tests.conftest import compose
+
+    cfg = compose([*WANDB_TINY, "norm=rmsnorm", "act=swiglu", "seed=2"])
+    info = {"params": 10, "non_embedding_params": 5, "flops_per_token": 60}
+    sinks = build_sinks(cfg, tmp_path, "norm=rmsnorm,act=swiglu", "sweep-0922", 0, info)
+    sinks.finish({})  # closes metrics.jsonl; the W&B sink was never started
+    (w,) = [s for s in sinks.sinks if isinstance(s, WandbSink)]
+    assert w.group == "sweep-0922" and w.name == "norm=rmsnorm,act=swiglu seed=2"
+    assert sorted(w.tags) == ["act=swiglu", "norm=rmsnorm"]
+    assert w.config["act"] == "swiglu" and w.config["params"] == 10 and w.config["seed"] == 2
+    cfg = compose([*WANDB_TINY, "logger.group=mine"])
+    sinks = build_sinks(cfg, tmp_path, "baseline", "sweep-0922", 0, info)
+    sinks.finish({})
+    (w,) = [s for s in sinks.sinks if isinstance(s, WandbSink)]
+    assert w.group == "mine" and w.tags == []  # an explicit group wins; defaults get no tags
