@@ -37,6 +37,7 @@ def start(*args, cwd=ROOT):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_the_rerun_resumes_to_the_same_final_step(tmp_path):
     run_dir = tmp_path / "run"
     args = ("run", *LONG, f"hydra.run.dir={run_dir}")
@@ -77,7 +78,7 @@ def test_submitit_job_is_requeued_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_stops_a_sweep_and_the_same_sweep_dir_resumes_it(tmp_path):
-    steps = 800
+    steps = 500
     args = ("sweep", *LONG, f"train.steps={steps}", "norm=layernorm,rmsnorm", f"out_dir={tmp_path}")
     proc = start(*args)
     run_dir, pid = wait_for_steps(tmp_path, n=10)
