@@ -77,7 +77,8 @@ def _hydra_info() -> tuple[Path, list[str], bool, Optional[str]]:
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    sweep_name = Path(hc.sweep.dir).name if multirun else None
+    # torchrun ranks of a sweep job run in run mode; their parent passes the sweep's name on
+    sweep_name = Path(hc.sweep.dir).name if multirun else os.environ.get("ABLATE_SWEEP")
     return Path(hc.runtime.output_dir), list(hc.overrides.task), multirun, sweep_name
 
 

@@ -96,17 +96,17 @@ def needs_launch(cfg: Any) -> bool:
 
 def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], sweep_name: Optional[str]) -> int:
     """Run this same run under torchrun --standalone with train.nproc processes; returns
-    torchrun's exit code. The ranks share run_dir (hydra.run.dir pinned); a sweep's W&B group
-    is passed on because the ranks run in Hydra's run mode."""
+    torchrun's exit code. The ranks share run_dir (hydra.run.dir pinned); they run in Hydra's
+    run mode, so a sweep job's sweep name (its W&B group) is passed on in ABLATE_SWEEP."""
     from ablate.sweep import quote
 
-    extra = [f"hydra.run.dir={quote(str(Path(run_dir).resolve()))}"]  # names hold '=' and ','
-    if sweep_name and cfg.logger.group is None:
-        extra.append(f"logger.group={quote(sweep_name)}")
+    pinned = f"hydra.run.dir={quote(str(Path(run_dir).resolve()))}"  # names hold '=' and ','
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={int(cfg.train.nproc)}", "-m", "ablate.train.distributed",
-           *overrides, *extra]
+           *overrides, pinned]
     env = dict(os.environ)
+    if sweep_name:
+        env["ABLATE_SWEEP"] = sweep_name
     # The repo root must stay importable for the ranks (conf/, ablate/, hydra_plugins/).
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
