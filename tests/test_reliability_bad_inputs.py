@@ -68,7 +68,7 @@ def world(tmp_path_factory):
     """An output dir with a finished run, a copy whose checkpoints are damaged, and a run dir
     locked by a live process; a data dir with an empty file and a plain file."""
     out, data = tmp_path_factory.mktemp("out"), tmp_path_factory.mktemp("data")
-    res = run_ablate("run", *TINY, "train.ckpt_every=3", f"hydra.run.dir={out}/finished")
+    res = run_ablate("run", *TINY, "train.ckpt_every=3", "train.threads=1", f"hydra.run.dir={out}/finished")
     assert res.returncode == 0, res.stderr
     shutil.copytree(out / "finished", out / "damaged")
     for _, path in checkpoint.list_checkpoints(out / "damaged"):
@@ -103,7 +103,7 @@ def test_a_corpus_without_text_fails_as_a_recorded_outcome(world, tmp_path):
     corpus = tmp_path / "blank.jsonl"
     corpus.write_text('{"text": ""}\n{"text": ""}\n')
     before = snapshot(world["out"])
-    res = run_ablate("run", *TINY, "data=text_files", f"data.paths=[{corpus}]",
+    res = run_ablate("run", *TINY, "data=text_files", f"data.paths=[{corpus}]", "train.threads=1",
                      f"hydra.run.dir={tmp_path}/run")
     assert res.returncode != 0
     assert "Traceback" not in res.stdout + res.stderr
@@ -132,7 +132,7 @@ def test_an_unexpected_exception_is_recorded_as_failed_in_one_line(tmp_path, mon
     train_bin = data.path / "train.bin"
     np.full(len(data.train), 60000, dtype=data.train.dtype).tofile(train_bin)
     run = tmp_path / "run"
-    res = run_ablate("run", *TINY, *overrides, f"hydra.run.dir={run}")
+    res = run_ablate("run", *TINY, *overrides, "train.threads=1", f"hydra.run.dir={run}")
     assert res.returncode != 0
     assert "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
