@@ -69,7 +69,7 @@ def gpu_peak(device_name: str, precision: str) -> Peak:
     return Peak(None, f"unknown GPU '{device_name}': no MFU")
 
 
-def measure_cpu_peak(n: int = 1024, reps: int = 8) -> Peak:
+def measure_cpu_peak(n: int = 1024, reps: int = 8, clock: Callable[[], float] = time.perf_counter) -> Peak:
     """The best of `reps` timed (n x n) @ (n x n) fp32 matmuls on this machine, with the
     threads torch uses for training: the practical ceiling of a dense fp32 model here."""
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -77,18 +77,19 @@ def measure_cpu_peak(n: int = 1024, reps: int = 8) -> Peak:
         a @ b
     best = math.inf
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         a @ b
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     flops = 2 * n ** 3 / best
     return Peak(flops, f"measured: {n}x{n} fp32 matmul on this CPU, {torch.get_num_threads()} "
                        f"threads ({flops / 1e9:.1f} GFLOP/s)")
 
 
-def device_peak(device: torch.device, precision: str) -> Peak:
+def device_peak(device: torch.device, precision: str,
+                clock: Callable[[], float] = time.perf_counter) -> Peak:
     if device.type == "cuda":
         return gpu_peak(torch.cuda.get_device_name(device), precision)
-    return measure_cpu_peak()
+    return measure_cpu_peak(clock=clock)  # the same clock as the steps, so MFU is consistent
 
 
 def sync(device: torch.device) -> None:
@@ -104,6 +105,11 @@ def peak_rss_bytes() -> int:
 
 # ---- contenders: something that does one full training step ---------------------------------
 
+# wall: elapsed time, what a user waits (the default; use a quiet machine). cpu: CPU time of
+# this process, which a busy shared machine disturbs far less (descheduled time is not
+# counted); meaningful on CPU, best with train.threads=1 (idle OpenMP threads spin).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
 @dataclass
 class Contender:
     name: str
@@ -114,14 +120,15 @@ class Contender:
     times: list[float] = field(default_factory=list)  # seconds per timed round
     steps_timed: int = 0
     last_loss: Optional[torch.Tensor] = None
+    clock: Callable[[], float] = time.perf_counter
 
     def run(self, first_step: int, n: int) -> float:
         sync(self.device)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         for i in range(n):
             self.last_loss = self.step(first_step + i)
         sync(self.device)
-        return time.perf_counter() - t0
+        return self.clock() - t0
 
     def round(self, first_step: int, n: int) -> None:
         self.times.append(self.run(first_step, n))
@@ -317,7 +324,18 @@ def _finite(c: Contender) -> bool:
     return c.last_loss is not None and bool(torch.isfinite(c.last_loss).all())
 
 
-def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference: bool = False) -> dict:
+def _clock(name: str, device: torch.device) -> Callable[[], float]:
+    from ablate.errors import ConfigError
+
+    if name not in CLOCKS:
+        raise ConfigError(f"unknown clock '{name}'; choose one of {', '.join(CLOCKS)}")
+    if name == "cpu" and device.type != "cpu":
+        raise ConfigError("--clock cpu measures CPU time: use it on CPU only (GPUs run asynchronously)")
+    return CLOCKS[name]
+
+
+def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference: bool = False,
+          clock: str = "wall") -> dict:
     """Time our trainer's step (and optionally the reference's, alternating). Returns a dict
     with tokens_per_s, step_ms, mfu, peak_flops, flops_per_token, and more."""
     from ablate.model.spec import flops_per_token
@@ -329,6 +347,7 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     device = trainer.device
     mem0 = _memory_start(device)
     ours = trainer_contender("ablate", trainer, params)
+    ours.clock = _clock(clock, device)
     ours.run(0, max(warmup, 1))  # compile, allocator and optimizer state warm-up
     memory, memory_kind = _memory_peak(device, mem0)
     warm_s = time.perf_counter() - t_build
@@ -337,13 +356,14 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     if reference:
         ref_mem0 = _memory_start(device)
         ref = reference_contender(cfg, spec, trainer, trainer.data)
+        ref.clock = ours.clock
         ref.run(0, max(warmup, 1))
         ref_memory = _memory_peak(device, ref_mem0)[0] if device.type == "cuda" else None
         contenders.append(ref)
     rounds = min(rounds, steps)
     alternate(contenders, rounds, max(1, steps // rounds), warmup)
     fpt = flops_per_token(spec, cfg.train.seq_len)
-    peak = device_peak(device, trainer.precision)
+    peak = device_peak(device, trainer.precision, ours.clock)
     tps = ours.tokens_per_s
     result = {
         "tokens_per_s": tps, "step_ms": ours.step_s * 1e3,
@@ -356,7 +376,7 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
         "warmup_s": warm_s, "device": _device_name(device), "precision": trainer.precision,
         "compile": trainer.train_model is not trainer.model, "threads": torch.get_num_threads(),
         "batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len,
-        "grad_accum": cfg.train.grad_accum, "loss_finite": _finite(ours),
+        "grad_accum": cfg.train.grad_accum, "loss_finite": _finite(ours), "clock": clock,
     }
     if ref is not None:
         result["reference"] = {
@@ -403,8 +423,8 @@ def _given(overrides: list[str], key: str, default: str) -> str:
 
 
 def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str]]], steps: int = 10,
-                   warmup: int = 2, rounds: int = 5,
-                   progress: Optional[Callable[[str], None]] = None) -> dict:
+                   warmup: int = 2, rounds: int = 5, progress: Optional[Callable[[str], None]] = None,
+                   clock: str = "wall") -> dict:
     """Each variant (extra overrides on top of the baseline's) alternating with the baseline,
     one variant at a time; ratio = variant tokens/s / baseline tokens/s (median of rounds)."""
     from ablate.compose import compose_config
@@ -415,6 +435,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
         torch.set_num_threads(base_cfg.train.threads)
     trainer, spec, params = build_trainer(base_cfg)
     base = trainer_contender("baseline", trainer, params)
+    base.clock = _clock(clock, trainer.device)
     base.run(0, max(warmup, 1))
     rows = []
     rounds = min(rounds, steps)
@@ -429,6 +450,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
             continue
         v_trainer, _, v_params = build_trainer(cfg, data=trainer.data)
         variant = trainer_contender(label, v_trainer, v_params)
+        variant.clock = base.clock
         variant.run(0, max(warmup, 1))
         base.times, base.steps_timed = [], 0
         alternate([base, variant], rounds, steps_per_round, warmup)
@@ -438,4 +460,4 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
         del v_trainer, variant
     return {"baseline": {"overrides": base_overrides, "params": params}, "rows": rows,
             "device": _device_name(trainer.device), "tokens_per_step": base.tokens_per_step,
-            "steps_per_round": steps_per_round, "rounds": rounds}
+            "steps_per_round": steps_per_round, "rounds": rounds, "clock": clock}

@@ -35,7 +35,7 @@ def _print_result(r: dict) -> None:
     setting = (f"{r['device']}, {r['precision']}, compile={'on' if r['compile'] else 'off'}, "
                f"batch {r['batch_size']} x seq {r['seq_len']} x accum {r['grad_accum']} "
                f"= {r['tokens_per_step']} tokens/step, {r['steps']} timed steps in {r['rounds']} "
-               f"rounds after {r['warmup']} warm-up")
+               f"rounds after {r['warmup']} warm-up, {r['clock']} clock")
     t = Table(title="ablate bench", caption=setting)
     t.add_column("")
     t.add_column("tokens/s", justify="right")
@@ -68,7 +68,7 @@ def _print_variants(r: dict) -> None:
 
     base = " ".join(r["baseline"]["overrides"]) or "defaults"
     t = Table(title=f"tokens/s of each option vs the baseline ({base})",
-              caption=f"{r['device']}; {r['tokens_per_step']} tokens/step; {r['rounds']} alternating "
+              caption=f"{r['device']}; {r['clock']} clock; {r['tokens_per_step']} tokens/step; {r['rounds']} alternating "
                       f"rounds of {r['steps_per_round']} steps; ratio = median per-round variant/baseline")
     t.add_column("variant", no_wrap=True)
     t.add_column("params", justify="right")
@@ -98,6 +98,7 @@ def register(app: typer.Typer) -> None:
         axes: bool = typer.Option(False, "--axes", help="Time every axis option (and arch preset) alone against the baseline, alternating rounds."),
         only: Optional[List[str]] = typer.Option(None, "--only", help="With --axes: only the variants whose label starts with this (repeatable), e.g. --only act --only arch."),
         vs: Optional[List[str]] = typer.Option(None, "--vs", help="Time a variant against the baseline, alternating rounds: overrides added to the baseline's, e.g. --vs train.compile=true (repeatable; quote several overrides)."),
+        clock: str = typer.Option("wall", "--clock", help="wall: elapsed time (use a quiet machine). cpu: this process's CPU time, far less disturbed by other load on a shared CPU (best with train.threads=1)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Time full training steps (forward, backward, clip, optimizer) on synthetic batches:
@@ -113,6 +114,8 @@ def register(app: typer.Typer) -> None:
                 fail(f"{name} must be >= {low}, got {value}")
         if (axes or vs) and reference:
             fail("--reference and --axes/--vs are separate benchmarks: pick one")
+        if clock not in ("wall", "cpu"):
+            fail(f"--clock must be wall or cpu, got '{clock}'")
         if only and not axes:
             fail("--only selects rows of --axes")
         cfg = compose_checked(overrides)
@@ -130,9 +133,10 @@ def register(app: typer.Typer) -> None:
             if variants:
                 progress = None if json_out else (lambda label: typer.echo(f"timing {label} ...", err=True))
                 result = b.bench_variants(overrides, variants, steps=steps, warmup=warmup,
-                                          rounds=rounds, progress=progress)
+                                          rounds=rounds, progress=progress, clock=clock)
             else:
-                result = b.bench(cfg, steps=steps, warmup=warmup, rounds=rounds, reference=reference)
+                result = b.bench(cfg, steps=steps, warmup=warmup, rounds=rounds, reference=reference,
+                                 clock=clock)
         except AblateError as e:
             fail(str(e), e.exit_code)
         if json_out:

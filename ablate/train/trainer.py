@@ -22,6 +22,7 @@ from ablate.diagnostics import is_loss_spike
 from ablate.model.roles import param_groups, unique_parameters
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
+from ablate.train.allocator import keep_freed_memory
 from ablate.train.distributed import (all_ranks_mean, any_rank, load_model_and_optimizer_state,
                                       model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
@@ -103,6 +104,8 @@ class Trainer:
         self.rank, self.world = rank, world_size
         self.is_main = rank == 0
         self.device = resolve_device(cfg.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no page faults for each step's activations (ablate/train/allocator.py)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.model = model.to(self.device)  # unwrapped: checkpoints, eval
         self.train_model = wrap(self.model) if wrap else self.model
