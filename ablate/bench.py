@@ -262,6 +262,17 @@ class RefGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+# The reference's architecture on every axis: a ratio is like for like only where ours matches.
+REFERENCE_AXES = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
+                  "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off"}
+
+
+def reference_differences(cfg: Any) -> list[str]:
+    from ablate.config import axis_values
+
+    return [f"{k}={v}" for k, v in axis_values(cfg).items() if REFERENCE_AXES.get(k, v) != v]
+
+
 def reference_contender(cfg: Any, spec, trainer, data) -> Contender:
     """The reference with our dims, precision, compile setting, AdamW settings and batch size,
     fed nanoGPT-style batches (random windows of the same token array)."""
@@ -383,6 +394,7 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
             "tokens_per_s": ref.tokens_per_s, "step_ms": ref.step_s * 1e3, "params": ref.params,
             "mfu": (ref.tokens_per_s * fpt / peak.flops) if peak.flops else None,
             "peak_memory_bytes": ref_memory, "loss_finite": _finite(ref),
+            "differs_on": reference_differences(cfg),  # empty: the same model (arch=gpt2)
         }
         result.update(_ratios(ours, ref))  # ours / reference tokens/s: > 1, we are faster
     return result

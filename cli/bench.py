@@ -58,6 +58,9 @@ def _print_result(r: dict) -> None:
         rr = ", ".join(f"{x:.3f}" for x in r["round_ratios"])
         con.print(f"[bold]ratio ablate / reference tokens/s: {r['ratio']:.3f}[/bold] "
                   f"(median of alternating rounds: {rr}; best round vs best round: {r['ratio_best']:.3f})")
+    if ref and ref["differs_on"]:
+        con.print(f"[yellow]note: the reference is GPT-2; this model differs on {', '.join(ref['differs_on'])}, "
+                  "so the ratio compares architectures, not implementations[/yellow]")
     if not r["loss_finite"] or (ref and not ref["loss_finite"]):
         con.print("[red]warning: a non-finite loss during the benchmark[/red]")
 

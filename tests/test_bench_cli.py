@@ -37,6 +37,14 @@ def test_reference_has_the_same_dimensions_and_gives_a_ratio():
     assert ref["params"] == r["params"]  # the plain-PyTorch GPT matches our gpt2 exactly
     assert ref["tokens_per_s"] > 0 and ref["loss_finite"] is True
     assert r["ratio"] > 0 and r["ratio_best"] > 0 and len(r["round_ratios"]) == 2
+    assert ref["differs_on"] == []  # the default is arch=gpt2: like for like
+
+
+def test_reference_says_when_the_architectures_differ():
+    from ablate.bench import reference_differences
+
+    assert reference_differences(compose(["norm=rmsnorm", "attn=gqa"])) == ["norm=rmsnorm", "attn=gqa"]
+    assert set(reference_differences(compose(["arch=llama"]))) >= {"norm=rmsnorm", "act=swiglu", "pos=rope"}
 
 
 def test_vs_and_axes_time_each_variant_against_the_baseline():
