@@ -15,6 +15,7 @@ def diag(rows):
     return [r for r in rows if any(k.startswith("diag/") for k in r)]
 
 
+@pytest.mark.slow  # a few CLI runs: ~10 s alone, more on a busy machine
 def test_init_profile_of_a_12_layer_model_covers_every_layer(tmp_path):
     run_dir = tmp_path / "run"
     res = run_ablate("run", *TINY, "model.n_layers=12", "train.steps=0", "train.diagnostics_every=1",
@@ -45,6 +46,7 @@ def test_init_profile_of_a_12_layer_model_covers_every_layer(tmp_path):
         assert r["grad_norm"] == pytest.approx(row[f"diag/grad_norm/block{r['layer']}"], rel=1e-4)
 
 
+@pytest.mark.slow  # a few CLI runs: ~10 s alone, more on a busy machine
 def test_diagnostics_do_not_change_training(tmp_path):
     # dropout on: if the diagnostics pass drew random numbers, the losses would differ.
     common = [*TINY, "dropout=on", "dropout.rate=0.1", "act=relu", "train.steps=6",

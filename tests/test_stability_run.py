@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from conftest import TINY, read_jsonl, run_ablate
 
 
+@pytest.mark.slow  # two CLI runs: ~8 s alone, more on a busy machine
 def test_mtp_and_z_loss_runs_report_the_next_token_loss(tmp_path):
     # One step, evaluated at initialization: before any update the trunk is the plain model's
     # (same seed; MTP heads initialize after it), so the logged next-token losses are equal.
