@@ -137,8 +137,15 @@ def _run_ranks(cfg, run_dir, overrides, multirun, sweep_name) -> dict:
     return summary
 
 
+_runs_in_process = 0  # the basic launcher runs a sweep's jobs one after another in one process
+
+
 def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
+    global _runs_in_process
     started = time.time()
+    # Time to first step: a process's first run counts its imports; a later one, from its start.
+    job_started = started if _runs_in_process else None
+    _runs_in_process += 1
     # A sweep job is named by its sweeper (what differs from the sweep's baseline).
     variant = os.environ.get("ABLATE_VARIANT") or variant_name(overrides)
     summary: dict[str, Any] = {
@@ -161,7 +168,7 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
     try:
         from ablate.train.launch import train
 
-        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built)
+        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built, job_started)
         summary.update(info)
         summary.update(
             status=outcome.status, reason=outcome.reason, step=outcome.step, steps=cfg.train.steps,

@@ -219,15 +219,17 @@ def missing_launcher_message(error: str, overrides: Sequence[str]) -> Optional[s
 
 
 def check_job(config: Any, local: bool) -> None:
-    """A job's composed config (with its hydra node): ablate's invariants, and torchrun's
-    process count where the job will run on this machine."""
+    """A job's composed config (with its hydra node): ablate's invariants, and where the job
+    will run on this machine, torchrun's process count and what tokenizing needs (hub, files)."""
     from ablate.config import validate
 
     validate(config)
     if local:
+        from ablate.data.sources import preflight as data_preflight
         from ablate.train.distributed import check_nproc
 
         check_nproc(config)
+        data_preflight(config.data, config.tokenizer.name)
 
 
 def is_local_launcher(config: Any) -> bool:

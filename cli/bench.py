@@ -104,8 +104,9 @@ def register(app: typer.Typer) -> None:
         clock: str = typer.Option("wall", "--clock", help="wall: elapsed time (use a quiet machine). cpu: this process's CPU time, far less disturbed by other load on a shared CPU (best with train.threads=1)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Time full training steps (forward, backward, clip, optimizer) on synthetic batches:
-        tokens/s, ms/step, peak memory, model FLOPs/token, MFU.
+        """Time full training steps on synthetic batches: tokens/s, ms/step, memory, MFU.
+
+        A step is forward, backward, clip and optimizer, as in `ablate run`.
 
         Examples: `ablate bench arch=llama --reference`, `ablate bench --axes --json`.
         """

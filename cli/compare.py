@@ -27,8 +27,10 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
         alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the seed-noise test."),
     ) -> None:
-        """Group runs by variant (config minus seed), compare each with the baseline, and say
-        whether the difference is bigger than seed noise (paired t-test by seed, else Welch)."""
+        """Compare each variant with the baseline: is the difference bigger than seed noise?
+
+        Runs are grouped by variant (config minus seed); the test is a paired t-test by seed,
+        else Welch."""
         from cli.main import fail
         from ablate.errors import AblateError
 

@@ -140,3 +140,30 @@ def test_an_unexpected_exception_is_recorded_as_failed_in_one_line(tmp_path, mon
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"].startswith("IndexError")
     assert "Traceback" in (run / "error.txt").read_text()
+
+
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: refused at once, with or without network
+OFFLINE_CASES = [
+    # tiktoken's gpt2 files neither cached nor downloadable
+    ("gpt2-encoding-offline", ["tokenizer=gpt2"],
+     lambda tmp: {"TIKTOKEN_CACHE_DIR": str(tmp), "HTTPS_PROXY": UNREACHABLE, "https_proxy": UNREACHABLE},
+     ["tokenizer=gpt2", "TIKTOKEN_CACHE_DIR"]),
+    # a hub dataset, not cached, the hub unreachable (without HF_HUB_OFFLINE to say so)
+    ("hub-unreachable", ["data=fineweb_edu"],
+     lambda tmp: {"HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": "", "HF_ENDPOINT": UNREACHABLE,
+                  "ABLATE_CACHE": str(tmp), **{k: "" for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")}},
+     ["HuggingFaceFW/fineweb-edu", "127.0.0.1:9", "ablate data prepare"]),
+]
+
+
+@pytest.mark.parametrize("name,overrides,env,words", OFFLINE_CASES, ids=[c[0] for c in OFFLINE_CASES])
+def test_what_tokenizing_needs_is_checked_before_a_run_dir_exists(world, tmp_path, name, overrides, env, words):
+    """Offline without the encoding files or the hub: one line before anything is written, not a
+    failed run directory a second later."""
+    before = snapshot(world["out"])
+    res = run_ablate("run", *TINY, f"out_dir={world['out']}", *overrides, env=env(tmp_path))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert snapshot(world["out"]) == before

@@ -112,3 +112,8 @@ def test_a_sweep_with_a_diverging_variant_finishes_the_others(tmp_path):
     assert res.returncode == 0, res.stderr
     shown = {row["variant"]: row["status"] for row in json.loads(res.stdout)}
     assert shown == {"train.lr=30": {"diverged": 1}, "train.lr=0.003": {"completed": 1}}
+    # the jobs ran one after another in one process: the second job's wait for its first step is
+    # its own (within its wall time), not the sweep's age
+    second = json.loads((next(d for d in find_run_dirs(tmp_path) if d.name.startswith("1_")) / "summary.json")
+                        .read_text())
+    assert 0 < second["time_to_first_step_s"] <= second["wall_time_s"]

@@ -9,6 +9,7 @@ exists (missing paths, an unreachable hub).
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -191,6 +192,7 @@ def _hub_offline() -> bool:
         os.environ.get("HF_DATASETS_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
+@functools.lru_cache(maxsize=None)  # once per process: a sweep checks many jobs' configs
 def _probe_hub(timeout: float = 5.0) -> Optional[str]:
     """Why the hub cannot be reached, or None. One TCP connect instead of `datasets`' retries
     with backoff (about 25 s with no network). Skipped behind a proxy, which we cannot probe."""
@@ -229,11 +231,10 @@ class HubDataset(Source):
         path, _, _, local = self._target(cfg)  # a builder's data.paths are checked here
         if path.startswith((".", "/", "~")) and not local:
             raise DataError(f"data.hf_path: local dataset directory not found: {path}")
-        if not local and tokenizer and _hub_offline():
-            from ablate.data.cache import cache_dir_for, is_complete
-
-            if not is_complete(cache_dir_for(cfg, tokenizer)):
-                raise DataError(f"cannot stream '{path}' from the Hugging Face hub (HF_HUB_OFFLINE is set) "
+        if not local and tokenizer and not _is_cached(cfg, tokenizer):
+            why = "HF_HUB_OFFLINE is set" if _hub_offline() else _probe_hub()
+            if why:
+                raise DataError(f"cannot stream '{path}' from the Hugging Face hub ({why}) "
                                 f"and data={cfg.name} tokenizer={tokenizer} is not in the data cache; "
                                 "prepare it where the hub is reachable (`ablate data prepare`) or use "
                                 "data=shakespeare or data=text_files")
@@ -285,8 +286,15 @@ def iter_documents(cfg: Any) -> Iterator[str]:
     return get_source(cfg).documents(cfg)
 
 
+def _is_cached(cfg: Any, tokenizer: str) -> bool:
+    from ablate.data.cache import cache_dir_for, is_complete
+
+    return is_complete(cache_dir_for(cfg, tokenizer))
+
+
 def preflight(cfg: Any, tokenizer: Optional[str] = None) -> None:
-    """Cheap checks of the `data` group before anything is written (called by config.validate)."""
+    """Cheap checks of the `data` group before anything is written (called by config.validate;
+    with `tokenizer`, also whether what tokenizing needs is there: hub, encoding files)."""
     from ablate.errors import ConfigError
 
     if cfg.max_tokens is not None and cfg.max_tokens <= 0:
@@ -294,3 +302,7 @@ def preflight(cfg: Any, tokenizer: Optional[str] = None) -> None:
     if cfg.num_proc < 0:
         raise ConfigError(f"data.num_proc must be >= 0 (0: all cores), got {cfg.num_proc}")
     get_source(cfg).check(cfg, tokenizer)
+    if tokenizer and not _is_cached(cfg, tokenizer):
+        from ablate.data.tokenizers import check_available
+
+        check_available(tokenizer)

@@ -6,6 +6,7 @@ encoding files); it counts every id the tokenizer can emit, end-of-text included
 
 from __future__ import annotations
 
+import functools
 import os
 from functools import cached_property
 from typing import Sequence
@@ -153,3 +154,12 @@ TOKENIZERS.add("cl100k", CL100kTokenizer)
 
 def build_tokenizer(name: str) -> Tokenizer:
     return TOKENIZERS.get(name)()
+
+
+@functools.lru_cache(maxsize=None)  # once per process: a sweep checks many jobs' configs
+def check_available(name: str) -> None:
+    """Raise DataError now, before a run directory exists, if tokenizing with `name` would fail
+    (e.g. tiktoken's gpt2 files, offline and not in TIKTOKEN_CACHE_DIR)."""
+    tok = build_tokenizer(name)
+    if isinstance(tok, TiktokenTokenizer):
+        tok.enc

@@ -65,7 +65,8 @@ def _wandb_id(run_dir: Path) -> str:
     return rid
 
 
-def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict):
+def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict,
+          job_started: Optional[float] = None):
     import torch
 
     from ablate.diagnostics import Diagnostics
@@ -97,7 +98,8 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
     trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=run_dir,
                       byte_lengths=tok.token_byte_lengths(), data_seed=cfg.data_seed,
                       rank=dist.rank, world_size=dist.world_size, wrap=dist.wrap,
-                      on_diagnostics=Diagnostics(model) if cfg.train.diagnostics_every > 0 else None)
+                      on_diagnostics=Diagnostics(model) if cfg.train.diagnostics_every > 0 else None,
+                      job_started=job_started)
     start = trainer.try_resume() or 0
     if start and dist.rank == 0:  # rows after the checkpoint are re-logged by this run
         from ablate.rundir import METRICS, truncate_metrics

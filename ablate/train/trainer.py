@@ -63,7 +63,7 @@ class Outcome:
     tokens_per_s: Optional[float] = None
     skipped_steps: int = 0
     resumed_from: Optional[int] = None
-    first_step_s: Optional[float] = None  # seconds from process start to the first finished step
+    first_step_s: Optional[float] = None  # seconds from the job's start to the first finished step
     extra: dict = field(default_factory=dict)
 
 
@@ -98,8 +98,9 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, cfg: Any, data: TokenData, sinks: Optional[Sink],
                  run_dir: Path, byte_lengths, *, data_seed: int = 0, rank: int = 0, world_size: int = 1,
                  wrap: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None,
-                 on_diagnostics: Optional[Callable] = None):
+                 on_diagnostics: Optional[Callable] = None, job_started: Optional[float] = None):
         self.cfg = cfg  # the `train` config group
+        self.job_started = job_started  # time.time() the job began; None: when the process did
         self.run_dir = Path(run_dir)
         self.rank, self.world = rank, world_size
         self.is_main = rank == 0
@@ -275,7 +276,8 @@ class Trainer:
                     self.apply_update()
                 self.step += 1
                 if first_step_s is None:  # what a user waits: imports, data, build, compile, eval
-                    first_step_s = process_age_s() or (time.perf_counter() - t_start)
+                    first_step_s = (time.time() - self.job_started if self.job_started is not None
+                                    else process_age_s() or (time.perf_counter() - t_start))
                 tokens_log += self.tokens_per_step
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                     if loss_v is None:
