@@ -222,3 +222,24 @@ def test_plot_draws_bands_diverged_runs_and_extra_keys(runs, tmp_path):
     with pytest.raises(AblateError, match="nothing to plot: no run logged diag/none"):
         plot_comparison(rows, tmp_path / "e.png", keys=["diag/none"])
     assert not (tmp_path / "e.png").exists()
+
+
+def test_loss_panel_is_fitted_to_the_end_of_training_where_variants_differ():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ablate.tracking.plots import _fit_tail
+
+    xs = list(range(0, 1001, 100))
+    a = [5.5, 3.0, 2.6, 2.5, 2.45, 2.42, 2.40, 2.38, 2.37, 2.36, 2.35]  # a steep start
+    b = [v - 0.02 for v in a]
+    fig, ax = plt.subplots()
+    ax.plot(xs, a)
+    ax.plot(xs, b)
+    assert _fit_tail(ax, [(xs, a), (xs, b)], tail=0.2)
+    lo, hi = ax.get_ylim()
+    assert lo < 2.33 and 2.6 < hi < 2.7  # the tail from token 200 on, not the 5.5 at the start
+    assert not _fit_tail(ax, [([0, 1], [1.0, 1.0])], tail=0.2)  # flat: matplotlib's own range
+    plt.close(fig)

@@ -22,11 +22,14 @@ class Panel:
     title: str
     points: Optional[str] = None  # a sparser key drawn as markers on the same axes (eval rows)
     log_y: bool = False
+    # Fit the y-range to the curves after this fraction of the tokens: the first steps' drop
+    # would otherwise squeeze the end of training, where variants differ, into a few pixels.
+    tail: float = 0.0
 
 
 PANELS = {
-    "train_loss": Panel("train_loss", "loss (line: train, markers: val)", points="val_loss"),
-    "val_loss": Panel("val_loss", "validation loss"),
+    "train_loss": Panel("train_loss", "loss (line: train, markers: val)", points="val_loss", tail=0.2),
+    "val_loss": Panel("val_loss", "validation loss", tail=0.2),
     "grad_norm": Panel("grad_norm", "grad norm (before clipping)", log_y=True),
     "lr": Panel("lr", "learning rate"),
     "tokens_per_s": Panel("tokens_per_s", "tokens/s"),
@@ -71,6 +74,19 @@ def _band(runs, key: str):
     return xs, mean, lo, hi
 
 
+def _fit_tail(ax, curves: list[tuple[list, list]], tail: float) -> bool:
+    """Set the y-range to what the curves reach after `tail` of the largest x; True if set."""
+    x_end = max((max(xs) for xs, _ in curves if xs), default=None)
+    if not x_end:
+        return False
+    ys = [y for xs, vals in curves for x, y in zip(xs, vals) if x >= tail * x_end]
+    if not ys or max(ys) <= min(ys):
+        return False
+    margin = 0.05 * (max(ys) - min(ys))
+    ax.set_ylim(min(ys) - margin, max(ys) + margin)
+    return True
+
+
 def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path:
     """Write the figure for a `compare_dirs` result; returns the path."""
     import matplotlib
@@ -85,6 +101,7 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn = 0
     for ax, panel in zip(axes[0], panels):
+        curves = []  # (xs, ys) of everything drawn: the y-range of a tail panel fits them
         for i, (group, row) in enumerate(zip(cmp.groups, cmp)):
             color = colors[i % len(colors)]
             ok = [r for r in group.runs if r.status == "completed"]
@@ -94,6 +111,7 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
                 ax.plot(xs, mean, color=color, lw=1.6, label=label)
                 if len(ok) > 1:
                     ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+                curves += [(xs, lo), (xs, hi)]
                 drawn += 1
             if panel.points:
                 px, pm, plo, phi = _band(ok, panel.points)
@@ -101,6 +119,7 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
                     yerr = [[m - l for m, l in zip(pm, plo)], [h - m for m, h in zip(pm, phi)]]
                     ax.errorbar(px, pm, yerr=yerr, fmt="o", ms=4, color=color, capsize=2,
                                 label=None if xs else label)
+                    curves += [(px, plo), (px, phi)]
                     drawn += 1
             for r in group.runs:  # not averaged in, but not hidden either
                 if r.status == "completed":
@@ -112,7 +131,8 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
                             label=f"{_short(row['variant'])} seed {r.seed[0]}: {r.status}")
                     ax.plot(pts[-1][0], pts[-1][1], "x", color=color, ms=7)
                     drawn += 1
-        ax.set_title(panel.title)
+        zoomed = panel.tail > 0 and _fit_tail(ax, curves, panel.tail)
+        ax.set_title(panel.title + (f"\ny fitted to the last {1 - panel.tail:.0%} of tokens" if zoomed else ""))
         ax.set_xlabel("tokens")
         ax.set_ylabel("loss" if panel.points == "val_loss" else panel.key)
         if panel.log_y:
