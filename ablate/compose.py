@@ -1,8 +1,9 @@
 """Compose a config outside a Hydra job (for pre-flight checks, `inspect`, `bench`, tests).
 
-`compose_config` refuses secrets and invalid configs; `preflight` checks what depends on the
-machine rather than the config (output directory, a run directory's owner, data files, device),
-so bad input is refused with one line before Hydra makes a directory or writes a file.
+`compose_config` refuses secrets, unresolvable interpolations and invalid configs; `preflight`
+checks what depends on the machine rather than the config (output directory, a run directory's
+owner, data files, device); `prepare_checked` tokenizes the corpus into the cache and checks it
+holds a batch. So bad input is refused with one line before Hydra makes a directory or writes a file.
 """
 
 from __future__ import annotations
@@ -61,19 +62,55 @@ def check_known_keys(cfg: Any) -> None:
             raise ConfigError(unknown_key_message(key.lstrip(".")))
 
 
+SECRET_MESSAGE = ("credentials are not accepted in the config (they would be written to the run's "
+                  "files); set WANDB_API_KEY or run `wandb login` instead")
+_ENV_REF = re.compile(r"\$\{\s*(?:oc\.env|env)\s*:\s*([^,}\s]+)")  # ${oc.env:NAME[,default]}
+
+
 def check_no_secrets(overrides: list[str]) -> None:
     """A credential given as an override would be copied into config.yaml, .hydra/ and the
-    W&B config, so it is refused (before Hydra parses it: its errors echo the value)."""
+    W&B config, so it is refused (before Hydra parses it: its errors echo the value); so is an
+    interpolation of a secret-looking environment variable (`${oc.env:WANDB_API_KEY}`)."""
     from ablate.tracking.wandb_sink import is_secret_key
 
     env_key = os.environ.get("WANDB_API_KEY") or ""
     for o in overrides:
         key = o.lstrip("+~").split("=", 1)[0]
         leaf = key.rsplit(".", 1)[-1].lower()
-        if is_secret_key(leaf) or (len(env_key) >= 8 and env_key in o):
-            raise ConfigError(
-                f"'{key}': credentials are not accepted as overrides (they would be written to the "
-                "run's files); set WANDB_API_KEY or run `wandb login` instead")
+        if is_secret_key(leaf) or (len(env_key) >= 8 and env_key in o) or \
+                any(is_secret_key(name) for name in _ENV_REF.findall(o)):
+            raise ConfigError(f"'{key}': {SECRET_MESSAGE}")
+
+
+def _without_hydra_refs(node: Any) -> Any:
+    """`${hydra:...}` resolves only inside a Hydra job: blank it out to resolve the rest."""
+    if isinstance(node, dict):
+        return {k: _without_hydra_refs(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_hydra_refs(v) for v in node]
+    return "" if isinstance(node, str) and "${hydra:" in node else node
+
+
+def check_resolvable(cfg: Any) -> None:
+    """Resolve every interpolation now, so `${oc.env:UNSET}` is one line naming the key (not
+    Hydra's 100-line error after composing), and refuse a resolved value holding the W&B key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    raw = _without_hydra_refs(OmegaConf.to_container(cfg, resolve=False))
+    try:
+        resolved = OmegaConf.to_container(OmegaConf.create(raw), resolve=True)
+    except OmegaConfBaseException as e:
+        reason = str(e).splitlines()[0].split("resolving interpolation: ")[-1].strip().strip('"')
+        raise ConfigError(f"{getattr(e, 'full_key', None) or '?'}: cannot resolve its interpolation "
+                          f"({reason}); set it to a value or define what it refers to") from None
+    env_key = os.environ.get("WANDB_API_KEY") or ""
+    if len(env_key) >= 8:
+        for key, value in _flat(resolved, "").items():
+            for v in value if isinstance(value, list) else [value]:
+                if env_key in str(v):  # reached through another variable or a default
+                    raise ConfigError(f"'{key.lstrip('.')}' resolves to the WANDB_API_KEY value: "
+                                      f"{SECRET_MESSAGE}")
 
 
 def compose_config(overrides: list[str], validate: bool = True) -> Any:
@@ -95,6 +132,7 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
     finally:
         GlobalHydra.instance().clear()
     check_known_keys(cfg)
+    check_resolvable(cfg)
     if validate:
         check(cfg)
     return cfg
@@ -128,9 +166,9 @@ def check_data(data_cfg: Any) -> None:
     """Local data files exist and are not all empty (deeper problems surface while tokenizing)."""
     if data_cfg.name != "text_files":
         return
-    from ablate.data.sources import expand_paths
+    from ablate.data.sources import text_files
 
-    files = expand_paths(data_cfg.paths)  # DataError naming a missing path
+    files = text_files(data_cfg.paths)  # DataError naming a missing path or an unsupported type
     for f in files:
         if not os.access(f, os.R_OK):
             raise DataError(f"data file not readable: {f}")
@@ -139,6 +177,8 @@ def check_data(data_cfg: Any) -> None:
 
 
 def check_device(name: str) -> None:
+    if name not in ("auto", "cpu", "mps") and not re.fullmatch(r"cuda(:\d+)?", name):
+        raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, got '{name}'")
     if not name.startswith("cuda"):
         return
     import torch  # only when a GPU was asked for
@@ -208,11 +248,21 @@ def preflight(cfg: Any, overrides: list[str]) -> None:
                 check_same_run(run_dir, cfg)
     else:
         check_writable(Path(os.path.expanduser(str(cfg.out_dir))), "out_dir")
-    device = str(cfg.train.device)
-    if device not in ("auto", "cpu", "mps") and not re.fullmatch(r"cuda(:\d+)?", device):
-        raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, got '{device}'")
-    check_device(device)
+    check_device(str(cfg.train.device))
     check_data(cfg.data)
     from ablate.data.sources import preflight as data_preflight
 
     data_preflight(cfg.data, cfg.tokenizer.name)  # e.g. a hub dataset, offline and not cached
+
+
+def prepare_checked(cfg: Any):
+    """Tokenize the data into the cache unless it is there (the write is atomic and locked) and
+    check that the training split holds one batch, so a corpus problem (no text field, invalid
+    JSON, not UTF-8, too small) is one line before Hydra makes a run directory. Cheap when
+    cached (reads meta.json). Returns the TokenData; raises DataError."""
+    from ablate.data.cache import check_one_batch, prepare
+    from ablate.data.tokenizers import build_tokenizer
+
+    data, _ = prepare(cfg.data, build_tokenizer(cfg.tokenizer.name), progress=bool(cfg.train.progress))
+    check_one_batch(data.meta["tokens"]["train"], cfg.train.batch_size, cfg.train.seq_len)
+    return data

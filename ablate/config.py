@@ -14,6 +14,7 @@ from typing import Any, Optional
 AXES = ("norm", "norm_pos", "act", "pos", "attn", "tie", "bias", "dropout", "qk_norm")
 # Other config groups that `ablate axes` lists (they are not part of a variant's identity).
 OTHER_GROUPS = ("arch", "model", "data", "tokenizer", "logger", "train", "launcher")
+LOGGER_MODES = ("auto", "online", "offline", "disabled")
 
 
 @dataclass
@@ -41,7 +42,7 @@ class PosConfig:
 @dataclass
 class AttnConfig:
     name: str = "mha"
-    # gqa: n_kv_heads = n_heads // kv_group (4 by default); explicit model.n_kv_heads wins.
+    # gqa: n_kv_heads ~ n_heads / kv_group (see options.gqa_kv_heads); explicit model.n_kv_heads wins.
     kv_group: int = 4
 
 
@@ -220,6 +221,21 @@ def validate(cfg: Any) -> None:
             f"pos={cfg.pos.name}; raise model.max_seq_len or lower train.seq_len")
     if not 0.0 <= cfg.dropout.rate < 1.0:
         raise ConfigError(f"dropout.rate must be in [0, 1), got {cfg.dropout.rate}")
+    if cfg.dropout.name == "off" and cfg.dropout.rate != 0:  # it would be ignored
+        raise ConfigError(f"dropout.rate={cfg.dropout.rate} has no effect with dropout=off; "
+                          "add dropout=on")
+    if cfg.attn.kv_group < 2:  # 1 would be mha; 0 divides by zero
+        raise ConfigError(f"attn.kv_group must be >= 2 (query heads per KV head), got {cfg.attn.kv_group}")
+    if m.ffn_multiple_of < 1:
+        raise ConfigError(f"model.ffn_multiple_of must be a positive integer, got {m.ffn_multiple_of}")
+    if not m.ffn_ratio > 0:
+        raise ConfigError(f"model.ffn_ratio must be positive, got {m.ffn_ratio}")
+    for key in ("seed", "data_seed"):  # numpy's and torch's seeds are unsigned 32-bit
+        if not 0 <= cfg[key] < 2**32:
+            raise ConfigError(f"{key} must be in [0, 2**32), got {cfg[key]}")
+    if cfg.logger.mode not in LOGGER_MODES:
+        raise ConfigError(f"logger.mode must be {', '.join(LOGGER_MODES[:-1])} or {LOGGER_MODES[-1]}, "
+                          f"got '{cfg.logger.mode}'")
     if m.mtp_heads < 0:
         raise ConfigError(f"model.mtp_heads must be >= 0, got {m.mtp_heads}")
     if m.mtp_heads >= t.seq_len:  # head k needs targets k positions ahead inside the window

@@ -7,10 +7,12 @@ with HF tooling and HF models can be loaded into the ablation trainer.
     export_run(run_dir, out_dir)                        a run's checkpoint -> save_pretrained folder
                                                         (also `python -m ablate.hf RUN_DIR OUT_DIR`)
 
-Families (keyed by the HF config's `model_type`): `gpt2` (GPT2LMHeadModel: arch=gpt2),
+Families (keyed by the HF config's `model_type`): `gpt2` (GPT2LMHeadModel: arch=gpt2, MHA only),
 `llama` (LlamaForCausalLM: arch=llama, any n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama
 qk_norm=on) and `gemma2` (Gemma2ForCausalLM: rmsnorm, sandwich norm, geglu, rope, tied,
-emb_scale, soft-caps). Layout differences handled here:
+emb_scale, soft-caps). A spec field a family cannot represent (model.act_clamp, MTP heads: none
+can) blocks that family, so an export is exact or refused. Needs transformers >= 5.
+Layout differences handled here:
   - GPT-2 stores linear weights as Conv1D, (in, out): transposed on the way.
   - Our attention has one fused `qkv` Linear with rows [q; k; v] (GPT-2's c_attn has the same
     order); Llama-style models have q_proj, k_proj, v_proj.
@@ -56,10 +58,36 @@ class Family:
     spec_from_config: Callable[[Any], ModelSpec]
     config_from_spec: Callable[[ModelSpec], Any]
     tensor_maps: Callable[[ModelSpec], list[TensorMap]]
+    # (field, what it needs, test) for needs that are not one fixed value
+    rules: tuple[tuple[str, str, Callable[[ModelSpec], bool]], ...] = ()
 
     def mismatches(self, spec: ModelSpec) -> list[str]:
         return [f"{k}={getattr(spec, k)!r} (needs {v!r})" for k, v in self.required.items()
-                if getattr(spec, k) != v]
+                if getattr(spec, k) != v] + \
+               [f"{k}={getattr(spec, k)!r} (needs {need})" for k, need, ok in self.rules if not ok(spec)]
+
+    def describe(self) -> str:
+        return ", ".join([f"{k}={v}" for k, v in self.required.items()] + [need for _, need, _ in self.rules])
+
+
+# What every family lacks: none has the gated FFN's activation clamp or multi-token heads.
+NOT_IN_HF = dict(act_clamp=None, mtp_heads=0)
+MIN_TRANSFORMERS = 5  # RoPE's base goes in `rope_parameters`, new in transformers v5
+
+
+def _transformers():
+    """transformers, if new enough: v4 ignores `rope_parameters` and would export RoPE base 10000."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("Hugging Face import/export needs the 'transformers' package: "
+                          f"pip install 'transformers>={MIN_TRANSFORMERS}'") from None
+    major = transformers.__version__.split(".")[0]
+    if not major.isdigit() or int(major) < MIN_TRANSFORMERS:
+        raise ConfigError(f"Hugging Face import/export needs transformers>={MIN_TRANSFORMERS} (for "
+                          f"rope_parameters); found {transformers.__version__}: "
+                          f"pip install -U 'transformers>={MIN_TRANSFORMERS}'")
+    return transformers
 
 
 FAMILIES: Registry[Family] = Registry("hf family")
@@ -146,8 +174,7 @@ def _gpt2_spec(c: Any) -> ModelSpec:
 
 
 def _gpt2_config(spec: ModelSpec) -> Any:
-    from transformers import GPT2Config
-
+    GPT2Config = _transformers().GPT2Config
     return GPT2Config(vocab_size=spec.vocab_size, n_positions=spec.max_seq_len, n_embd=spec.d_model,
                       n_layer=spec.n_layers, n_head=spec.n_heads, n_inner=spec.d_ff,
                       activation_function="gelu_new", resid_pdrop=spec.dropout, embd_pdrop=spec.dropout,
@@ -180,8 +207,10 @@ def _gpt2_maps(spec: ModelSpec) -> list[TensorMap]:
 FAMILIES.add("gpt2", Family(
     "gpt2", "GPT2LMHeadModel",
     dict(norm="layernorm", norm_pos="pre", act="gelu", pos="learned", bias=True, qk_norm=False,
-         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0),
-    _gpt2_spec, _gpt2_config, _gpt2_maps))
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
+    _gpt2_spec, _gpt2_config, _gpt2_maps,
+    # c_attn holds n_heads K and V heads: GPT-2 has no grouped-query attention
+    rules=(("n_kv_heads", "n_kv_heads == n_heads", lambda s: s.n_kv_heads == s.n_heads),)))
 
 
 # ---- Llama -------------------------------------------------------------------------------------
@@ -194,8 +223,7 @@ def _llama_spec(c: Any) -> ModelSpec:
 
 
 def _llama_config(spec: ModelSpec) -> Any:
-    from transformers import LlamaConfig
-
+    LlamaConfig = _transformers().LlamaConfig
     return LlamaConfig(**_rope_config_kwargs(spec), hidden_act="silu", attention_bias=spec.bias,
                        mlp_bias=spec.bias, initializer_range=spec.init_std)
 
@@ -203,7 +231,7 @@ def _llama_config(spec: ModelSpec) -> Any:
 FAMILIES.add("llama", Family(
     "llama", "LlamaForCausalLM",
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", qk_norm=False, emb_scale=False,
-         parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0),
+         parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
     _llama_spec, _llama_config, _rope_family_maps))
 
 
@@ -217,8 +245,7 @@ def _qwen3_spec(c: Any) -> ModelSpec:
 
 
 def _qwen3_config(spec: ModelSpec) -> Any:
-    from transformers import Qwen3Config
-
+    Qwen3Config = _transformers().Qwen3Config
     return Qwen3Config(**_rope_config_kwargs(spec), hidden_act="silu", attention_bias=False,
                        use_sliding_window=False, initializer_range=spec.init_std)
 
@@ -226,7 +253,7 @@ def _qwen3_config(spec: ModelSpec) -> Any:
 FAMILIES.add("qwen3", Family(
     "qwen3", "Qwen3ForCausalLM",
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=True,
-         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, mtp_heads=0),
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
     _qwen3_spec, _qwen3_config, _rope_family_maps))
 
 
@@ -249,8 +276,7 @@ def _gemma2_spec(c: Any) -> ModelSpec:
 
 
 def _gemma2_config(spec: ModelSpec) -> Any:
-    from transformers import Gemma2Config
-
+    Gemma2Config = _transformers().Gemma2Config
     return Gemma2Config(**_rope_config_kwargs(spec), hidden_activation="gelu_pytorch_tanh",
                         attention_bias=False, query_pre_attn_scalar=spec.head_dim,
                         sliding_window=spec.max_seq_len, attn_logit_softcapping=spec.attn_softcap,
@@ -260,7 +286,7 @@ def _gemma2_config(spec: ModelSpec) -> Any:
 FAMILIES.add("gemma2", Family(
     "gemma2", "Gemma2ForCausalLM",
     dict(norm="rmsnorm", norm_pos="sandwich", act="geglu", pos="rope", bias=False, tied=True,
-         qk_norm=False, emb_scale=True, parallel_block=False, mtp_heads=0),
+         qk_norm=False, emb_scale=True, parallel_block=False, **NOT_IN_HF),
     _gemma2_spec, _gemma2_config, lambda spec: _rope_family_maps(spec, offset=1.0)))
 
 
@@ -277,8 +303,7 @@ def family_for(spec: ModelSpec, name: Optional[str] = None) -> Family:
         if not FAMILIES.get(n).mismatches(spec):
             return FAMILIES.get(n)
     raise ConfigError("no Hugging Face family matches this architecture; supported: "
-                      + "; ".join(f"{n} ({', '.join(f'{k}={v}' for k, v in FAMILIES.get(n).required.items())})"
-                                  for n in FAMILIES))
+                      + "; ".join(f"{n} ({FAMILIES.get(n).describe()})" for n in FAMILIES))
 
 
 def to_hf(model, family: Optional[str] = None):
@@ -299,8 +324,7 @@ def to_hf(model, family: Optional[str] = None):
 
 def to_hf_model(model, family: Optional[str] = None):
     """Our Transformer -> an HF *ForCausalLM (eval mode) carrying the same weights."""
-    import transformers
-
+    transformers = _transformers()
     config, state = to_hf(model, family)
     config._attn_implementation = "eager"
     hf = getattr(transformers, FAMILIES.get(config.model_type).model_class)(config)

@@ -21,15 +21,23 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def compose_checked(overrides: list[str]):
+def compose_checked(overrides: list[str], prepare_data: bool = False, synthetic_data: bool = False):
     """Compose and validate a config without starting Hydra's job machinery (no directory is
-    made), so bad input is refused with one line before anything is written."""
-    from ablate.compose import compose_config, preflight
+    made), so bad input is refused with one line before anything is written. `prepare_data`:
+    also tokenize the corpus into the cache now, so its problems are refused the same way.
+    `synthetic_data` (bench): nothing is written and no corpus is read, so only the device is
+    checked on this machine (not the output directory, data files or tokenizer files)."""
+    from ablate.compose import check_device, compose_config, prepare_checked, preflight
     from ablate.errors import AblateError
 
     try:
         cfg = compose_config(overrides)
+        if synthetic_data:
+            check_device(str(cfg.train.device))
+            return cfg
         preflight(cfg, overrides)
+        if prepare_data:
+            prepare_checked(cfg)
         return cfg
     except AblateError as e:
         fail(str(e), e.exit_code)
@@ -74,7 +82,7 @@ def run(ctx: typer.Context) -> None:
     """
     args = list(ctx.args)
     if not any(a.startswith("-") for a in args):
-        compose_checked(args)
+        compose_checked(args, prepare_data=True)
     call_hydra(args)
 
 

@@ -87,18 +87,21 @@ def test_presets_compose_to_documented_axes(arch):
     assert spec.emb_scale == (arch == "vaswani")
     assert spec.dropout == (0.1 if arch == "vaswani" else 0.0)
     if arch == "llama":
-        assert spec.n_kv_heads == spec.n_heads // 4 and not spec.bias and not spec.tied
+        # real GQA on the default 4 heads (2 KV heads), neither MHA (4) nor MQA (1)
+        assert 1 < spec.n_kv_heads < spec.n_heads and not spec.bias and not spec.tied
 
 
 def test_command_line_axis_wins_over_preset():
     from ablate.config import axis_values
+    from ablate.model.spec import ModelSpec
 
     cfg = compose(["arch=llama", "norm=layernorm", "dropout=on"])
     assert axis_values(cfg) == {**PRESETS["llama"], "norm": "layernorm", "dropout": "on"}
     cfg = compose(["norm=layernorm", "arch=llama"])  # order on the command line does not matter
     assert cfg.norm.name == "layernorm"
     assert compose(["arch=vaswani", "model.emb_scale=false"]).model.emb_scale is False
-    assert compose(["arch=llama", "model.n_kv_heads=8", "model.n_heads=8"]).model.n_kv_heads == 8
+    explicit = compose(["arch=llama", "model.n_kv_heads=4", "model.n_heads=8"])  # gqa's own: 2
+    assert ModelSpec.from_config(explicit).n_kv_heads == 4
 
 
 @pytest.mark.parametrize("args, message", [

@@ -99,7 +99,7 @@ def test_cache_key_separates_tokenizers_and_settings(tmp_path):
     assert cache_dir_for(cfg.data, "byte") == cache_dir_for(cfg.data, "byte")
 
 
-@pytest.mark.parametrize("case", ["empty", "no_text_field", "bad_parquet_column", "too_small"])
+@pytest.mark.parametrize("case", ["empty", "no_text_field", "bad_parquet_column", "too_small", "not_utf8_jsonl"])
 def test_bad_corpora_raise_one_line_and_leave_no_cache(tmp_path, case):
     d = tmp_path / "c"
     d.mkdir()
@@ -110,6 +110,8 @@ def test_bad_corpora_raise_one_line_and_leave_no_cache(tmp_path, case):
         (d / "a.jsonl").write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"body": "x"}) + "\n")
     elif case == "bad_parquet_column":
         pq.write_table(pa.table({"body": ["x"]}), d / "a.parquet")
+    elif case == "not_utf8_jsonl":
+        (d / "a.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')  # Latin-1
     else:
         (d / "a.txt").write_text("a")
     cache = tmp_path / "cache"
@@ -118,7 +120,8 @@ def test_bad_corpora_raise_one_line_and_leave_no_cache(tmp_path, case):
     msg = str(e.value)
     assert "\n" not in msg
     assert {"empty": "empty", "no_text_field": "a.jsonl:2: no 'text' field",
-            "bad_parquet_column": "no 'text' column", "too_small": "too few"}[case] in msg
+            "bad_parquet_column": "no 'text' column", "too_small": "too few",
+            "not_utf8_jsonl": "a.jsonl: not UTF-8 text"}[case] in msg
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
 
 
@@ -175,3 +178,74 @@ def test_many_small_batches_and_chunks_give_the_same_tokens(tmp_path, monkeypatc
     (small, _), _ = prep([f"data.paths=[{tmp_path / 'c'}]", f"data.cache_dir={tmp_path / 'two'}"], "cl100k")
     assert np.array_equal(big.train, small.train) and np.array_equal(big.val, small.val)
     assert big.meta["bytes"] == small.meta["bytes"] and small.meta["documents"] == len(docs)
+
+
+def test_training_side_needs_no_encoding_files_once_the_data_is_cached(tmp_path, monkeypatch):
+    """Byte lengths (for val_bpb) are stored in the cache: data prepared where tiktoken's files
+    exist trains where they do not (e.g. tokenizer=gpt2 offline without TIKTOKEN_CACHE_DIR)."""
+    import tiktoken
+
+    from ablate.train.launch import prepare_data
+
+    make_corpus(tmp_path / "c")
+    (data, _), cfg = prep([f"data.paths=[{tmp_path / 'c'}]"], "cl100k")
+    expected = build_tokenizer("cl100k").token_byte_lengths()
+    assert np.array_equal(data.byte_lengths, expected)
+    assert (data.path / data.meta["byte_lengths"]).is_file()
+
+    def unavailable(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", unavailable)
+    with pytest.raises(DataError):
+        build_tokenizer("cl100k").enc  # the encoding really is gone
+    tok, again = prepare_data(cfg, progress=False)  # what the trainer calls
+    assert np.array_equal(tok.token_byte_lengths(), expected)
+    assert np.array_equal(again.byte_lengths, expected)
+
+
+def test_cache_dirs_get_normal_permissions(tmp_path):
+    """mkdtemp makes 0700 directories: a data.cache_dir shared by a team must stay readable."""
+    old = os.umask(0o022)
+    try:
+        make_corpus(tmp_path / "c")
+        (data, _), _ = prep([f"data.paths=[{tmp_path / 'c'}]"])
+    finally:
+        os.umask(old)
+    assert data.path.stat().st_mode & 0o777 == 0o755
+    assert {f.stat().st_mode & 0o777 for f in data.path.iterdir()} == {0o644}
+
+
+def test_an_unreadable_cache_is_one_line_that_says_so(tmp_path, monkeypatch):
+    make_corpus(tmp_path / "c")
+    (data, _), _ = prep([f"data.paths=[{tmp_path / 'c'}]"])
+    real_access = os.access
+    # as root (CI containers) chmod cannot take read access away: pretend it did
+    monkeypatch.setattr(os, "access", lambda p, mode: str(p) != str(data.path) and real_access(p, mode))
+    with pytest.raises(DataError, match="cannot read it .*chmod -R a\\+rX") as e:
+        prep([f"data.paths=[{tmp_path / 'c'}]"])
+    assert str(data.path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_truncated_only_when_tokens_were_dropped(tmp_path, monkeypatch):
+    import ablate.data.cache as cache
+
+    (tmp_path / "a.txt").write_text("x" * 99)  # 99 bytes + end-of-text = 100 tokens
+    (exact, _), _ = prep([f"data.paths=[{tmp_path / 'a.txt'}]", "data.max_tokens=100"])
+    (cut, _), _ = prep([f"data.paths=[{tmp_path / 'a.txt'}]", "data.max_tokens=99"])
+    assert exact.meta["truncated"] is False and cut.meta["truncated"] is True
+    # exactly full after the first batch (one file each), with another file left unread: dropped
+    monkeypatch.setattr(cache, "_BATCH_DOCS", 1)
+    (tmp_path / "b.txt").write_text("y")
+    (more, _), _ = prep([f"data.paths=[{tmp_path / 'a.txt'},{tmp_path / 'b.txt'}]", "data.max_tokens=100"])
+    assert more.meta["truncated"] is True
+
+
+@pytest.mark.parametrize("name", ["rows.json", "table.csv", "README"])
+def test_a_file_type_text_files_cannot_read_is_refused(tmp_path, name):
+    from ablate.errors import AblateError
+
+    (tmp_path / name).write_text('{"text": "hello"}\n')
+    supported = r"\.txt, \.md, \.jsonl, \.parquet"
+    with pytest.raises(AblateError, match=f"{name} has an unsupported file type .*{supported}"):
+        compose(["data=text_files", f"data.paths=[{tmp_path / name}]"])

@@ -93,7 +93,8 @@ def test_two_concurrent_prepares_build_one_valid_cache(tmp_path):
     assert [p.returncode for p in procs] == [0, 0]
     assert sorted(o.split(" ")[0] for o in outs) == ["already", "prepared"]
     assert leftovers(tmp_path / "cache") == sorted([target.name] + [f"{target.name}/{f}" for f in
-                                                                     ("meta.json", "train.bin", "val.bin")])
+                                                                     ("meta.json", "token_bytes.npy",
+                                                                      "train.bin", "val.bin")])
     data = load(target)
     assert data.meta["tokens"]["train"] + data.meta["tokens"]["val"] == len(TEXT) * 6 + 3
 
@@ -128,10 +129,13 @@ def test_run_refuses_missing_data_and_a_too_large_vocab_before_making_a_run_dir(
 
 
 def test_run_refuses_a_corpus_smaller_than_one_batch(tmp_path):
+    """Found by tokenizing in the pre-flight: one line and no run directory (not a failed run)."""
     (tmp_path / "a.txt").write_text("tiny " * 20)  # 101 tokens: 96 for training < 4 x 32 + 1
     res = run_ablate("run", *TINY, "data=text_files", f"data.paths=[{tmp_path / 'a.txt'}]",
                      f"hydra.run.dir={tmp_path / 'run'}")
     one_error_line(res, "fewer than one batch", "train.batch_size=4", "train.seq_len=32")
+    assert res.stderr.strip().startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+    assert res.returncode == 2 and not (tmp_path / "run").exists()
 
 
 def test_gpt2_without_cached_encoding_files_says_how_to_provide_them(tmp_path):

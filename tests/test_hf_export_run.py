@@ -22,7 +22,7 @@ def test_trained_run_exports_to_hf_folder(tmp_path):
     out = export_run(run_dir, tmp_path / "hf")
     ours = load_run_model(run_dir)
     ref = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert type(ref).__name__ == "LlamaForCausalLM" and ref.config.num_key_value_heads == 1
+    assert type(ref).__name__ == "LlamaForCausalLM" and ref.config.num_key_value_heads == 2
     idx = torch.randint(0, 257, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx).logits, ref(idx).logits, rtol=1e-5, atol=1e-5)
@@ -31,3 +31,17 @@ def test_trained_run_exports_to_hf_folder(tmp_path):
                           "--family", "gpt2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and bad.stderr.strip().startswith("error: cannot export as HF gpt2")
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()
+
+
+def test_a_run_with_act_clamp_is_refused_not_exported_wrong(tmp_path):
+    """No HF family clamps the FFN's activations: exporting would change the logits silently."""
+    run_dir = tmp_path / "run"
+    r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", "model.act_clamp=0.01",
+                   "train.steps=1", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr
+    bad = subprocess.run([sys.executable, "-m", "ablate.hf", str(run_dir), str(tmp_path / "hf")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
+    assert bad.stderr.startswith("error: no Hugging Face family matches") and "act_clamp=None" in bad.stderr
+    assert not (tmp_path / "hf").exists()

@@ -96,3 +96,78 @@ def test_export_refuses_an_architecture_no_family_has():
         hf.to_hf(Transformer(spec))
     with pytest.raises(ConfigError, match="pos='alibi'"):
         hf.to_hf(Transformer(spec), family="gpt2")
+
+
+# Every ModelSpec field, with values that change the model (a field missing here fails the test).
+ALTERNATIVES = {
+    "vocab_size": [100], "d_model": [48], "n_layers": [3], "n_heads": [8, 2], "n_kv_heads": [4, 2, 1],
+    "d_ff": [40], "max_seq_len": [32], "norm": ["layernorm", "rmsnorm"], "norm_eps": [0.5],
+    "norm_pos": ["pre", "post", "sandwich", "reordered"],
+    "act": ["relu", "gelu", "silu", "swiglu", "geglu", "reglu"],
+    "pos": ["learned", "sinusoidal", "rope", "alibi", "nope"], "rope_base": [100.0],
+    "tied": [True, False], "bias": [True, False], "dropout": [0.1], "qk_norm": [True, False],
+    "init_std": [0.05], "depth_scaled_init": [False], "emb_scale": [True, False],
+    "parallel_block": [True], "z_loss": [1e-3], "attn_softcap": [0.5], "logit_softcap": [0.5],
+    "act_clamp": [1e-3], "mtp_heads": [1], "mtp_weight": [0.5], "tokenizer_vocab": [90],
+}
+
+
+def test_every_field_exports_exactly_or_is_refused_by_each_family():
+    """Audit: each field changed alone on each family's spec; a family that accepts the result
+    must give our logits (a field it cannot represent, e.g. act_clamp, must block it)."""
+    import dataclasses
+
+    assert set(ALTERNATIVES) == {f.name for f in dataclasses.fields(ModelSpec)}
+    accepted, wrong = 0, []
+    for case, (_, fields) in CASES.items():
+        base = {**BASE, **fields}
+        for field, values in ALTERNATIVES.items():
+            for value in values:
+                if value == base.get(field, ModelSpec.__dataclass_fields__[field].default):
+                    continue
+                try:
+                    spec = ModelSpec(**{**base, field: value})
+                except ConfigError:
+                    continue  # not a valid model
+                for family in hf.FAMILIES:
+                    try:
+                        hf.family_for(spec, family)
+                    except ConfigError:
+                        continue
+                    torch.manual_seed(0)
+                    ours = Transformer(spec).eval()
+                    perturb_(ours)
+                    ref = hf.to_hf_model(ours, family)
+                    idx = torch.randint(0, spec.vocab_size, (1, 16))
+                    with torch.no_grad():
+                        diff = (ours(idx).logits - ref(idx).logits).abs().max().item()
+                    accepted += 1
+                    if diff > 1e-4:
+                        wrong.append(f"{case} {field}={value!r} as {family}: max diff {diff:.3g}")
+    assert not wrong, wrong
+    assert accepted > 50  # the audit really exported
+
+
+def test_gpt2_style_with_grouped_kv_heads_is_not_gpt2():
+    spec = ModelSpec(**{**BASE, **CASES["gpt2"][1], "n_kv_heads": 2})
+    with pytest.raises(ConfigError, match=r"n_kv_heads=2 \(needs n_kv_heads == n_heads\)"):
+        hf.to_hf(Transformer(spec), family="gpt2")
+    with pytest.raises(ConfigError, match="no Hugging Face family matches"):
+        hf.to_hf(Transformer(spec))
+
+
+def test_act_clamp_blocks_every_family():
+    spec = ModelSpec(**{**BASE, **CASES["llama-gqa"][1], "act_clamp": 1.0})
+    with pytest.raises(ConfigError, match="no Hugging Face family matches"):
+        hf.to_hf(Transformer(spec))
+
+
+def test_transformers_older_than_v5_is_refused_in_one_line(monkeypatch):
+    """v4 has no rope_parameters: RoPE base 500000 would silently export as 10000."""
+    import sys
+
+    # the module, not this file's `transformers`: its lazy loader replaces the sys.modules entry
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.46.3")
+    spec = ModelSpec(**{**BASE, **CASES["llama-gqa"][1]})
+    with pytest.raises(ConfigError, match=r"needs transformers>=5 .*found 4\.46\.3"):
+        hf.to_hf_model(Transformer(spec))

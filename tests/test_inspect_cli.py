@@ -55,6 +55,20 @@ def test_gqa_kv_cache_and_dtype():
     assert fp32["kv_cache_bytes_per_token"] == 2 * r["kv_cache_bytes_per_token"]
 
 
+def test_gqa_on_the_default_model_sits_between_mqa_and_mha():
+    """The default tiny model has 4 heads: attn=gqa (and arch=llama) must not be MQA in disguise."""
+    r = run_ablate("inspect", "attn=gqa", "--json")
+    assert r.returncode == 0, r.stderr
+    gqa = json.loads(r.stdout)
+    from ablate.inspect import inspect_config
+
+    mqa, mha = (inspect_config(compose([f"attn={a}"])) for a in ("mqa", "mha"))
+    assert gqa["spec"]["n_kv_heads"] == 2
+    assert mqa["params"]["total"] < gqa["params"]["total"] < mha["params"]["total"]
+    assert mqa["kv_cache_bytes_per_token"] < gqa["kv_cache_bytes_per_token"] < mha["kv_cache_bytes_per_token"]
+    assert inspect_config(compose(["arch=llama"]))["spec"]["n_kv_heads"] == 2
+
+
 def test_ffn_size_matching_explained():
     from ablate.inspect import inspect_config
 

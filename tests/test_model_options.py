@@ -162,3 +162,32 @@ def test_decay_and_init_rules_by_role():
     assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.1)
     flat = Transformer(dataclasses.replace(spec, depth_scaled_init=False))
     assert flat.blocks[0].attn.proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+@pytest.mark.parametrize("n_heads, kv_group, n_kv", [
+    (4, 4, 2), (6, 4, 2), (8, 4, 2), (12, 4, 3), (14, 4, 2), (16, 4, 4), (32, 4, 8), (9, 4, 3),
+    (8, 2, 4), (12, 2, 6), (16, 8, 2), (12, 8, 2),
+])
+def test_gqa_is_always_grouped_never_mha_or_mqa(n_heads, kv_group, n_kv):
+    """n_kv_heads: the largest divisor of n_heads in [2, max(2, n_heads / kv_group)], below n_heads
+    (the old n_heads // kv_group made gqa on 4 heads one KV head: MQA)."""
+    assert options.gqa_kv_heads(n_heads, kv_group) == n_kv
+    assert 1 < n_kv < n_heads and n_heads % n_kv == 0
+
+
+@pytest.mark.parametrize("n_heads", [1, 2, 3, 7, 13])
+def test_gqa_refuses_a_head_count_without_a_group_size(n_heads):
+    from ablate.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"attn=gqa needs .*model.n_heads={n_heads} has none"):
+        options.gqa_kv_heads(n_heads, 4)
+
+
+@pytest.mark.parametrize("attn, n_kv, fits", [("mha", 2, "gqa"), ("mha", 1, "mqa"), ("mqa", 8, "mha"),
+                                               ("mqa", 4, "gqa"), ("gqa", 1, "mqa"), ("gqa", 8, "mha")])
+def test_an_explicit_n_kv_heads_must_mean_the_attn_option(attn, n_kv, fits):
+    from ablate.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"model.n_kv_heads={n_kv} contradicts attn={attn}.*use attn={fits}"):
+        options.check_kv_heads(attn, 8, n_kv)
+    options.check_kv_heads(fits, 8, n_kv)  # the option it names accepts it

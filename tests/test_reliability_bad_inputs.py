@@ -31,8 +31,28 @@ CASES = [
     ("zero-lr", ["train.lr=0"], ["train.lr"]),
     ("heads-not-dividing-d_model", ["model.d_model=30", "model.n_heads=4"],
      ["model.d_model=30", "model.n_heads=4"]),
-    ("kv-heads-not-dividing-heads", ["model.n_heads=4", "model.n_kv_heads=3"],
+    ("kv-heads-not-dividing-heads", ["attn=gqa", "model.n_heads=4", "model.n_kv_heads=3"],
      ["model.n_heads=4", "model.n_kv_heads=3"]),
+    ("kv-heads-contradict-mha", ["model.n_heads=4", "model.n_kv_heads=2"],
+     ["model.n_kv_heads=2", "attn=mha", "use attn=gqa"]),
+    ("kv-heads-contradict-mqa", ["attn=mqa", "model.n_heads=4", "model.n_kv_heads=4"],
+     ["model.n_kv_heads=4", "attn=mqa", "use attn=mha"]),
+    ("kv-heads-contradict-gqa", ["attn=gqa", "model.n_heads=4", "model.n_kv_heads=1"],
+     ["model.n_kv_heads=1", "attn=gqa", "use attn=mqa"]),
+    ("gqa-on-a-prime-head-count", ["attn=gqa"], ["attn=gqa", "model.n_heads=2"]),  # TINY: 2 heads
+    ("kv-group-zero", ["attn=gqa", "model.n_heads=4", "attn.kv_group=0"], ["attn.kv_group", ">= 2"]),
+    ("ffn-multiple-of-zero", ["act=swiglu", "model.ffn_multiple_of=0"], ["model.ffn_multiple_of", "0"]),
+    ("ffn-multiple-of-negative", ["act=swiglu", "model.ffn_multiple_of=-16"], ["model.ffn_multiple_of", "-16"]),
+    ("norm-eps-zero", ["norm.eps=0"], ["norm.eps", "positive"]),
+    ("rope-base-negative", ["pos=rope", "pos.base=-1"], ["pos.base", "positive"]),
+    ("init-std-negative", ["model.init_std=-0.02"], ["model.init_std", "positive"]),
+    ("seed-negative", ["seed=-1"], ["seed", "-1", "2**32"]),
+    ("data-seed-too-large", ["data_seed=4294967296"], ["data_seed", "4294967296"]),
+    ("bad-logger-mode", ["logger.mode=bogus"], ["logger.mode", "bogus", "offline"]),
+    ("dropout-rate-with-dropout-off", ["dropout.rate=0.2"], ["dropout.rate=0.2", "dropout=on"]),
+    ("unset-env-interpolation", ["out_dir=${{oc.env:ABLATE_TEST_UNSET}}"], ["out_dir", "ABLATE_TEST_UNSET"]),
+    ("unset-env-in-device", ["train.device=${{oc.env:ABLATE_TEST_NOPE}}"], ["train.device", "ABLATE_TEST_NOPE"]),
+    ("missing-interpolation-key", ["logger.group=${{train.nope}}"], ["logger.group", "train.nope"]),
     ("rope-odd-head-dim", ["pos=rope", "model.d_model=36", "model.n_heads=4"], ["rope", "even", "9"]),
     ("seq_len-above-max_seq_len", ["train.seq_len=128"], ["train.seq_len=128", "model.max_seq_len=64"]),
     ("bad-schedule", ["train.schedule=cosine_wrong"], ["train.schedule", "cosine_wrong"]),
@@ -46,6 +66,18 @@ CASES = [
     ("missing-data-path", ["data=text_files", "data.paths=[{data}/nope.txt]"], ["{data}/nope.txt"]),
     ("no-data-paths", ["data=text_files"], ["data.paths"]),
     ("empty-corpus", ["data=text_files", "data.paths=[{data}/empty.txt]"], ["empty"]),
+    # found only by tokenizing: the pre-flight prepares the data before a run dir exists
+    ("jsonl-without-text-field", ["data=text_files", "data.paths=[{data}/body.jsonl]"],
+     ["body.jsonl:1", "no 'text' field"]),
+    ("jsonl-with-empty-texts", ["data=text_files", "data.paths=[{data}/blank.jsonl]"], ["corpus is empty"]),
+    ("jsonl-invalid-json", ["data=text_files", "data.paths=[{data}/invalid.jsonl]"],
+     ["invalid.jsonl:2", "not valid JSON"]),
+    ("text-not-utf8", ["data=text_files", "data.paths=[{data}/latin1.txt]"], ["latin1.txt", "not UTF-8"]),
+    ("jsonl-not-utf8", ["data=text_files", "data.paths=[{data}/latin1.jsonl]"], ["latin1.jsonl", "not UTF-8"]),
+    ("corpus-smaller-than-a-batch", ["data=text_files", "data.paths=[{data}/small.txt]"],
+     ["fewer than one batch", "train.batch_size=4"]),
+    ("unsupported-file-type", ["data=text_files", "data.paths=[{data}/rows.json]"],
+     ["rows.json", "unsupported file type", ".jsonl"]),
     ("unwritable-out_dir", ["out_dir={data}/a_file/runs"], ["{data}/a_file", "not a directory"]),
     ("unwritable-run-dir", ["hydra.run.dir={data}/a_file/run"], ["{data}/a_file", "not a directory"]),
     ("corrupt-checkpoint", ["hydra.run.dir={out}/damaged"], ["no usable checkpoint", "checksum"]),
@@ -78,6 +110,13 @@ def world(tmp_path_factory):
     (out / "locked" / "run.lock").write_text(json.dumps({"pid": holder.pid, "host": os.uname().nodename}))
     (data / "empty.txt").write_text("")
     (data / "a_file").write_text("not a directory")
+    (data / "body.jsonl").write_text('{"body": "no text field"}\n')
+    (data / "blank.jsonl").write_text('{"text": ""}\n{"text": ""}\n')
+    (data / "invalid.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
+    (data / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
+    (data / "latin1.jsonl").write_bytes('{"text": "café"}\n'.encode("latin-1"))
+    (data / "small.txt").write_text("tiny " * 20)
+    (data / "rows.json").write_text('[{"text": "a whole corpus"}]')
     yield {"out": out, "data": data}
     holder.kill()
     holder.wait()
@@ -88,7 +127,7 @@ def test_bad_input_is_refused_cleanly_and_changes_nothing(world, name, overrides
     fill = lambda s: s.format(**world)  # noqa: E731
     before = snapshot(world["out"])
     res = run_ablate("run", *TINY, f"out_dir={world['out']}", *map(fill, overrides))
-    assert res.returncode != 0, res.stdout
+    assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
@@ -97,19 +136,17 @@ def test_bad_input_is_refused_cleanly_and_changes_nothing(world, name, overrides
     assert snapshot(world["out"]) == before  # no new run dir, no other run dir touched
 
 
-def test_a_corpus_without_text_fails_as_a_recorded_outcome(world, tmp_path):
-    """Found only while tokenizing (after the run dir exists): the run is recorded as failed
-    with the one-line reason; other runs are untouched."""
+def test_a_corpus_without_text_is_refused_before_a_run_dir_exists(world, tmp_path):
+    """Found only by tokenizing, which the pre-flight does: one line, exit 2, no run directory
+    (not a failed run with config.yaml, summary.json and a log); other runs are untouched."""
     corpus = tmp_path / "blank.jsonl"
     corpus.write_text('{"text": ""}\n{"text": ""}\n')
     before = snapshot(world["out"])
     res = run_ablate("run", *TINY, "data=text_files", f"data.paths=[{corpus}]", "train.threads=1",
                      f"hydra.run.dir={tmp_path}/run")
-    assert res.returncode != 0
-    assert "Traceback" not in res.stdout + res.stderr
+    assert res.returncode == 2
     assert res.stderr.strip().splitlines() == ["error: data=text_files: the corpus is empty (no text found)"]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "failed" and "corpus is empty" in summary["error"]
+    assert res.stdout == "" and not (tmp_path / "run").exists()
     assert snapshot(world["out"]) == before
 
 

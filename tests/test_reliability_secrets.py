@@ -43,3 +43,31 @@ def test_a_sweep_refuses_a_key_override_before_writing_anything(tmp_path):
     assert res.returncode != 0
     assert res.stderr.strip().splitlines()[-1].startswith("error:") and KEY not in res.stdout + res.stderr
     assert not any(tmp_path.iterdir())  # no multirun.yaml, no .hydra/overrides.yaml
+
+
+@pytest.mark.parametrize("override, env", [
+    # a secret-looking variable interpolated: refused by its name, before Hydra sees it
+    ("logger.project=${oc.env:WANDB_API_KEY}", {}),
+    ("logger.group=${oc.env:HF_TOKEN,none}", {"HF_TOKEN": "hf_" + KEY}),
+    # any other variable holding the key: refused once the config is resolved
+    ("logger.project=${oc.env:MY_PROJECT}", {"MY_PROJECT": KEY}),
+    ("logger.tags=[a,'${oc.env:MY_PROJECT}']", {"MY_PROJECT": KEY}),
+])
+def test_a_key_reached_through_an_interpolation_is_refused(tmp_path, override, env):
+    run = tmp_path / "run"
+    res = run_ablate("run", *TINY, override, f"out_dir={tmp_path}", f"hydra.run.dir={run}",
+                     env={"WANDB_API_KEY": KEY, **env})
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: 'logger.") and "WANDB_API_KEY" in lines[0]
+    assert KEY not in res.stdout + res.stderr
+    assert not any(tmp_path.iterdir())  # no run dir, no config.yaml holding the key
+
+
+def test_an_unset_variable_is_one_line_naming_the_key(tmp_path):
+    res = run_ablate("run", *TINY, "out_dir=${oc.env:ABLATE_NOT_SET}", f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "error: out_dir: cannot resolve its interpolation (Environment variable 'ABLATE_NOT_SET' not "
+        "found); set it to a value or define what it refers to"]
+    assert not any(tmp_path.iterdir())

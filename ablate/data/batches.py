@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ablate.data.cache import check_one_batch
 from ablate.errors import DataError
 
 
@@ -20,12 +21,7 @@ class Batches:
                  rank: int = 0, world_size: int = 1, grad_accum: int = 1):
         self.tokens, self.T, self.B = tokens, seq_len, batch_size
         self.seed, self.rank, self.world, self.accum = data_seed, rank, world_size, grad_accum
-        need = batch_size * seq_len + 1
-        if len(tokens) < need:
-            raise DataError(
-                f"the training split has {len(tokens)} tokens, fewer than one batch of "
-                f"train.batch_size={batch_size} x train.seq_len={seq_len} (+1) = {need}; "
-                "use more data or a smaller batch")
+        check_one_batch(len(tokens), batch_size, seq_len)
         self.n_starts = len(tokens) - seq_len  # valid starts: 0 .. len - seq_len - 1
         self._arange = np.arange(seq_len + 1)
 

@@ -5,7 +5,8 @@ Writes go to a temporary directory that is renamed into place under a file lock,
 processes preparing the same data never corrupt or duplicate it (the second waits, then reuses
 the first one's cache), and a crash leaves nothing half-written that a later run could mistake
 for a cache: a directory is a cache only once its meta.json exists, and meta.json is written
-before the rename.
+before the rename. The cache also keeps each token id's byte length (token_bytes.npy, for
+val_bpb), so training from it needs no tokenizer files; only tokenizing does.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _BATCH_DOCS = 1024  # documents handed to the tokenizer's threads at once ...
 _BATCH_BYTES = 2 << 20  # ... or this much text, whichever comes first
 _COPY_CHUNK = 1 << 24  # tokens per read when the validation tail is copied out
 META = "meta.json"
+BYTE_LENGTHS = "token_bytes.npy"  # UTF-8 bytes per token id (older caches lack it)
 
 
 def default_cache_root() -> Path:
@@ -65,10 +67,30 @@ class TokenData:
     val: np.ndarray
     meta: dict
     path: Path
+    byte_lengths: Optional[np.ndarray] = None  # UTF-8 bytes per token id (None: an older cache)
+
+
+def check_one_batch(n_train: int, batch_size: int, seq_len: int) -> None:
+    """The training split holds one batch of windows (each seq_len + 1 tokens long)."""
+    need = batch_size * seq_len + 1
+    if n_train < need:
+        raise DataError(
+            f"the training split has {n_train} tokens, fewer than one batch of "
+            f"train.batch_size={batch_size} x train.seq_len={seq_len} (+1) = {need}; "
+            "use more data or a smaller batch")
+
+
+def _unreadable(path: Path) -> DataError:
+    return DataError(f"the data cache {path} exists but this user cannot read it (permission denied): "
+                     f"ask its owner to run `chmod -R a+rX {path}`, or set data.cache_dir to a "
+                     "directory of your own")
 
 
 def is_complete(path: Path) -> bool:
-    return (path / META).is_file()
+    try:
+        return (path / META).is_file()
+    except PermissionError:  # another user's cache we cannot enter: prepare() says so
+        return False
 
 
 def load(path: Path) -> TokenData:
@@ -81,9 +103,16 @@ def load(path: Path) -> TokenData:
             if f.stat().st_size != meta["tokens"][split] * dtype.itemsize:
                 raise ValueError(f"{f.name} has the wrong size")
             splits[split] = np.memmap(f, dtype=dtype, mode="r")
+        lengths = None
+        if meta.get("byte_lengths"):
+            lengths = np.load(path / meta["byte_lengths"], allow_pickle=False)
+            if lengths.shape != (meta["vocab_size"],):
+                raise ValueError(f"{meta['byte_lengths']} has the wrong shape")
+    except PermissionError:
+        raise _unreadable(path) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"the data cache {path} is corrupt ({e}); delete it and prepare again") from None
-    return TokenData(train=splits["train"], val=splits["val"], meta=meta, path=path)
+    return TokenData(train=splits["train"], val=splits["val"], meta=meta, path=path, byte_lengths=lengths)
 
 
 def num_threads(data_cfg: Any) -> int:
@@ -180,15 +209,20 @@ def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> di
     lengths = tok.token_byte_lengths()
     n_tokens = n_docs = n_text_bytes = 0
     total_bytes = 0  # UTF-8 bytes the kept tokens stand for
+    truncated = False  # text was left out because of data.max_tokens
     bar = _Progress(progress, f"tokenizing {data_cfg.name} with {tok.name}", max_tokens)
     t0 = time.perf_counter()
     all_path = tmp / "tokens.bin"
     with all_path.open("wb") as out:
         for docs in _prefetch(_batched(get_source(data_cfg).documents(data_cfg))):
+            if max_tokens and n_tokens >= max_tokens:  # exactly full, and there is more text
+                truncated = True
+                break
             arrays = tok.encode_arrays(docs, threads, dtype)
             chunk = np.concatenate([x for a in arrays for x in (a, eot)])
             if max_tokens and n_tokens + chunk.size > max_tokens:
                 chunk = chunk[:max_tokens - n_tokens]
+                truncated = True
             chunk.tofile(out)
             n_tokens += chunk.size
             total_bytes += int(np.bincount(chunk, minlength=len(lengths)) @ lengths)
@@ -196,7 +230,7 @@ def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> di
             batch_bytes = sum(len(d.encode("utf-8")) for d in docs)
             n_text_bytes += batch_bytes
             bar.update(batch_bytes, chunk.size)
-            if max_tokens and n_tokens >= max_tokens:
+            if truncated:
                 break
     seconds = time.perf_counter() - t0
     bar.close()
@@ -218,13 +252,14 @@ def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> di
     del tokens
     os.truncate(all_path, n_train * dtype.itemsize)
     os.replace(all_path, tmp / "train.bin")
+    np.save(tmp / BYTE_LENGTHS, lengths)
     return {
         "source": data_cfg.name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
         "eot_id": tok.eot_id, "dtype": dtype.name, "documents": n_docs,
         "tokens": {"train": int(n_train), "val": int(n_val)},
         "bytes": {"train": total_bytes - val_bytes, "val": val_bytes},
         "split": {"method": "contiguous tail", "val_fraction": data_cfg.val_fraction},
-        "source_bytes": n_text_bytes, "truncated": bool(max_tokens and n_tokens >= max_tokens),
+        "byte_lengths": BYTE_LENGTHS, "source_bytes": n_text_bytes, "truncated": truncated,
         "tokenize_s": round(seconds, 3), "threads": threads,
         "mb_per_s": round(n_text_bytes / 1e6 / max(seconds, 1e-9), 2),
         "key": cache_key(data_cfg, tok.name), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -233,30 +268,56 @@ def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> di
 
 def prepare(data_cfg: Any, tok: Tokenizer, progress: bool = True,
             wait_message: bool = True) -> tuple[TokenData, bool]:
-    """Return the cached token data, tokenizing first if needed. Second value: built now?"""
+    """Return the cached token data, tokenizing first if needed. Second value: built now?
+    The tokenizer takes its byte lengths from the cache (no encoding files needed to train)."""
+    data, built = _prepare(data_cfg, tok, progress, wait_message)
+    if data.byte_lengths is not None:
+        tok.use_byte_lengths(data.byte_lengths)
+    return data, built
+
+
+def _shared_mode() -> int:
+    """What mkdir would give (0o777 & ~umask): a cache_dir shared by a team stays readable."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def _prepare(data_cfg: Any, tok: Tokenizer, progress: bool, wait_message: bool) -> tuple[TokenData, bool]:
     from filelock import FileLock, Timeout
 
     path = cache_dir_for(data_cfg, tok.name)
+    try:
+        if path.exists() and not os.access(path, os.R_OK | os.X_OK):
+            raise _unreadable(path)
+    except PermissionError:  # the cache root itself cannot be entered
+        raise _unreadable(path.parent) from None
     if is_complete(path):
         return load(path), False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path) + ".lock")
+        try:
+            lock.acquire(timeout=1)
+        except Timeout:
+            if wait_message:
+                print(f"waiting for another process that is preparing {path.name} ...", file=sys.stderr)
+            lock.acquire()
     except OSError as e:
-        raise DataError(f"cannot create the data cache directory {path.parent}: {e.strerror}") from None
-    lock = FileLock(str(path) + ".lock")
-    try:
-        lock.acquire(timeout=1)
-    except Timeout:
-        if wait_message:
-            print(f"waiting for another process that is preparing {path.name} ...", file=sys.stderr)
-        lock.acquire()
+        raise DataError(f"cannot write to the data cache directory {path.parent} ({e.strerror}); "
+                        "set data.cache_dir to a writable directory") from None
     try:
         if is_complete(path):  # another process built it while we waited
             return load(path), False
         for stale in path.parent.glob(path.name + ".tmp-*"):  # left by a killed process
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
         try:
+            tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+        except OSError as e:
+            raise DataError(f"cannot write to the data cache directory {path.parent} ({e.strerror}); "
+                            "set data.cache_dir to a writable directory") from None
+        try:
+            os.chmod(tmp, _shared_mode())  # mkdtemp makes it 0700: only its creator could read it
             meta = _tokenize_to(tmp, data_cfg, tok, progress)
             (tmp / META).write_text(json.dumps(meta, indent=2))
             if path.exists():  # an incomplete leftover without meta.json

@@ -114,6 +114,17 @@ def expand_paths(patterns) -> list[Path]:
     return files
 
 
+def text_files(patterns) -> list[Path]:
+    """expand_paths for data=text_files, refusing a file it would misread: any other type (a
+    .json or .csv) would be taken as one plain-text document."""
+    files = expand_paths(patterns)
+    for f in files:
+        if f.suffix.lower() not in TEXT_SUFFIXES:
+            raise DataError(f"data.paths: {f} has an unsupported file type '{f.suffix}'; data=text_files "
+                            f"reads {', '.join(TEXT_SUFFIXES)} (convert it, or rename plain text to .txt)")
+    return files
+
+
 def file_fingerprint(files: list[Path]) -> list[list]:
     out = []
     for f in files:
@@ -123,6 +134,13 @@ def file_fingerprint(files: list[Path]) -> list[list]:
 
 
 def read_jsonl(path: Path, field: str) -> Iterator[str]:
+    try:
+        yield from _read_jsonl(path, field)
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 text") from None
+
+
+def _read_jsonl(path: Path, field: str) -> Iterator[str]:
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -157,19 +175,19 @@ class TextFiles(Source):
     data.text_field)."""
 
     def check(self, cfg, tokenizer=None):
-        expand_paths(cfg.paths)
+        text_files(cfg.paths)
 
     def fingerprint(self, cfg):
-        return {"files": file_fingerprint(expand_paths(cfg.paths))}
+        return {"files": file_fingerprint(text_files(cfg.paths))}
 
     def documents(self, cfg):
-        for path in expand_paths(cfg.paths):
+        for path in text_files(cfg.paths):
             suffix = path.suffix.lower()
             if suffix == ".jsonl":
                 yield from read_jsonl(path, cfg.text_field)
             elif suffix == ".parquet":
                 yield from read_parquet(path, cfg.text_field)
-            else:  # .txt, .md and other plain text: one document per file
+            else:  # .txt, .md: one document per file
                 try:
                     yield path.read_text(encoding="utf-8")
                 except UnicodeDecodeError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from functools import cached_property
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -39,8 +39,19 @@ class Tokenizer:
         """The UTF-8 bytes the ids stand for (end-of-text dropped)."""
         raise NotImplementedError
 
+    _lengths: Optional[np.ndarray] = None
+
+    def use_byte_lengths(self, lengths: np.ndarray) -> None:
+        """Take the byte lengths stored in a token cache, so training needs no encoding files."""
+        self._lengths = np.asarray(lengths, dtype=np.int64)
+
     def token_byte_lengths(self) -> np.ndarray:
         """UTF-8 bytes each token id stands for (0 for end-of-text): the denominator of bits/byte."""
+        if self._lengths is None:
+            self._lengths = self._compute_byte_lengths()
+        return self._lengths.copy()
+
+    def _compute_byte_lengths(self) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -61,7 +72,7 @@ class ByteTokenizer(Tokenizer):
     def decode_bytes(self, ids):
         return bytes(int(i) for i in ids if int(i) < 256)
 
-    def token_byte_lengths(self):
+    def _compute_byte_lengths(self):
         lengths = np.ones(self.vocab_size, dtype=np.int64)
         lengths[self.eot_id] = 0
         return lengths
@@ -101,8 +112,7 @@ class TiktokenTokenizer(Tokenizer):
         eot = self.eot_id
         return self.enc.decode_bytes([int(i) for i in ids if int(i) != eot])
 
-    @cached_property
-    def _byte_lengths(self) -> np.ndarray:
+    def _compute_byte_lengths(self) -> np.ndarray:
         enc = self.enc
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
         for i in range(enc.n_vocab):
@@ -113,9 +123,6 @@ class TiktokenTokenizer(Tokenizer):
         for special in enc.special_tokens_set:  # never in the text: zero bytes
             lengths[enc.encode_single_token(special)] = 0
         return lengths
-
-    def token_byte_lengths(self):
-        return self._byte_lengths.copy()
 
 
 class GPT2Tokenizer(TiktokenTokenizer):

@@ -83,6 +83,12 @@ class ModelSpec:
             raise ConfigError(
                 f"pos=rope needs an even head dim, but model.d_model/model.n_heads = "
                 f"{self.d_model}/{self.n_heads} = {self.head_dim}")
+        # Non-positive values train (eps 0: NaN on a zero row; base <= 0: NaN angles) or init
+        # (a negative std) into nonsense, so they are refused here, before anything runs.
+        for key, value in (("norm.eps", self.norm_eps), ("pos.base", self.rope_base),
+                           ("model.init_std", self.init_std)):
+            if not value > 0:
+                raise ConfigError(f"{key} must be positive, got {value}")
         if self.d_ff <= 0:
             raise ConfigError(f"model.d_ff must be positive, got {self.d_ff}")
         if self.parallel_block and self.norm_pos != "pre":
@@ -120,6 +126,7 @@ class ModelSpec:
                     f"{tokenizer_vocab} ids; raise it or leave it null")
         if m.n_kv_heads is not None:
             n_kv = int(m.n_kv_heads)
+            options.check_kv_heads(cfg.attn.name, m.n_heads, n_kv)
         else:
             n_kv = options.ATTENTION.get(cfg.attn.name)(m.n_heads, cfg.attn.kv_group)
         act = cfg.act.name
