@@ -6,9 +6,11 @@ turns a composed config into a finished run directory with a truthful summary.js
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -87,65 +89,186 @@ def _is_fresh(run_dir: Path) -> bool:
     return all(p.name in (".hydra",) or p.suffix == ".log" for p in run_dir.iterdir())
 
 
+# Keys that do not change what is trained: a diverged run re-entered with other values of these
+# (or none changed) returns its recorded outcome instead of diverging again.
+NOT_TRAINING_KEYS = ("logger", "out_dir", "study", "train.progress", "train.threads", "train.resume",
+                     "train.log_every", "train.ckpt_every", "train.keep_ckpts", "train.diagnostics_every",
+                     "data.num_proc", "data.cache_dir")
+# Stopped by a signal with a checkpoint (preempted or interrupted): 130 (128 + SIGINT) whatever
+# the signal, the code `ablate sweep` returns in that case, so a script tests one value for
+# "stopped, rerun the same command to resume". Under submitit the job is requeued instead.
+STOPPED_EXIT = 130
+STOPPED = ("preempted", "interrupted")
+
+
 def run_experiment(cfg: DictConfig) -> dict:
-    from ablate.train import distributed
+    from ablate.train.distributed import StopRequest, request_requeue
 
     run_dir, overrides, multirun, sweep_name = _hydra_info()
+    stop = StopRequest()
+    old = stop.install()  # from the start: a stop signal at any point ends with a truthful summary
     try:
-        validate(cfg)
-        distributed.export_submitit_env()  # SLURM tasks_per_node > 1: ranks from submitit
-        distributed.check_nproc(cfg)
-    except AblateError as e:
-        print(f"error: {e}", file=sys.stderr)
-        if run_dir.is_dir() and _is_fresh(run_dir):
-            shutil.rmtree(run_dir, ignore_errors=True)
-        if multirun:
-            return {"status": "failed", "error": str(e)}
-        raise SystemExit(e.exit_code)
-
-    if distributed.needs_launch(cfg):  # train.nproc > 1: torchrun runs the ranks, we wait
-        return _run_ranks(cfg, run_dir, overrides, multirun, sweep_name)
-    rank = int(os.environ.get("RANK", "0"))
-    lock = RunLock(run_dir)
-    if rank == 0:
-        try:
-            lock.acquire()
-        except AblateError as e:
-            print(f"error: {e}", file=sys.stderr)
-            if multirun:
-                return {"status": "failed", "error": str(e)}
-            raise SystemExit(e.exit_code)
-    try:
-        summary = _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank)
+        summary, code = _run(cfg, run_dir, overrides, multirun, sweep_name, stop)
     finally:
-        lock.release()
+        StopRequest.restore(old)  # submitit's own handlers again: request_requeue calls them
     if summary.get("status") == "preempted":
-        distributed.request_requeue()  # under submitit: requeue (the job resumes) and exit
-    return summary
-
-
-def _run_ranks(cfg, run_dir, overrides, multirun, sweep_name) -> dict:
-    from ablate.train.distributed import launch_ranks
-
-    code = launch_ranks(cfg, run_dir, overrides, sweep_name)
-    try:
-        summary = read_json(run_dir / SUMMARY)
-    except (OSError, ValueError):
-        summary = {"status": "failed", "error": f"torchrun exited with code {code} and no summary"}
+        request_requeue()  # under submitit: requeue (the job resumes) and exit
     if code and not multirun:
         raise SystemExit(code)
     return summary
 
 
+def _run(cfg, run_dir, overrides, multirun, sweep_name, stop) -> tuple[dict, int]:
+    """(summary, exit code). Everything that can refuse the run does so before the run
+    directory is written: a re-entered directory keeps its record."""
+    from ablate.train import distributed
+
+    rank, lock = 0, RunLock(run_dir)
+    try:
+        distributed.export_submitit_env()  # SLURM tasks_per_node > 1: ranks from submitit
+        rank = int(os.environ.get("RANK", "0"))
+        validate(cfg)
+        distributed.check_nproc(cfg)
+        recorded = _recorded_outcome(cfg, run_dir, rank)
+        if recorded is not None:
+            return recorded, 0
+        if distributed.needs_launch(cfg):  # train.nproc > 1: torchrun runs the ranks, we wait
+            lock.check_free()
+            _resume_state(cfg, run_dir, warn=False)  # refused here once, not by every rank
+            return _run_ranks(cfg, run_dir, overrides, sweep_name, stop)
+        if rank == 0:
+            lock.acquire()
+        state = _resume_state(cfg, run_dir, warn=rank == 0)
+    except AblateError as e:
+        lock.release()
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+            if run_dir.is_dir() and _is_fresh(run_dir):
+                shutil.rmtree(run_dir, ignore_errors=True)
+        return {"status": "failed", "error": str(e)}, e.exit_code
+    try:
+        return _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop)
+    finally:
+        lock.release()
+
+
+def _recorded_outcome(cfg, run_dir: Path, rank: int) -> Optional[dict]:
+    """Checks of a re-entered run directory (a resumed sweep, a submitit requeue, `ablate run`
+    with Hydra flags), before anything in it is written. Refuses a config that differs from the
+    one its checkpoint was made with; returns the recorded summary of a diverged run re-entered
+    with the same config (training it again would diverge again)."""
+    if cfg.train.resume != "auto":
+        return None
+    from ablate.compose import check_same_run
+    from ablate.train.checkpoint import list_checkpoints
+
+    if list_checkpoints(run_dir):
+        check_same_run(run_dir, cfg)  # RunDirError
+    try:
+        previous = read_json(run_dir / SUMMARY)
+    except (OSError, ValueError):
+        return None
+    if previous.get("status") != "diverged" or _training_config_changed(run_dir, cfg):
+        return None
+    if rank == 0:
+        print(f"{run_dir} already diverged at step {previous.get('step')} ({previous.get('reason')}); "
+              "returning that outcome without training (train.resume=never trains it again)",
+              file=sys.stderr)
+    return previous
+
+
+def _training_config_changed(run_dir: Path, cfg) -> bool:
+    import yaml
+
+    from ablate.compose import _flat
+
+    try:
+        stored = yaml.safe_load((run_dir / CONFIG).read_text())
+    except (OSError, yaml.YAMLError):
+        return True
+
+    def training(tree) -> dict:
+        return {k: v for k, v in _flat(tree, "").items() if not k.lstrip(".").startswith(NOT_TRAINING_KEYS)}
+
+    return training(stored) != training(OmegaConf.to_container(cfg, resolve=True))
+
+
+def _resume_state(cfg, run_dir: Path, warn: bool) -> Optional[dict]:
+    """The checkpoint this run continues (None: it starts fresh), loaded and checked before
+    anything is written, so that a refused resume leaves the directory's record as it was."""
+    from ablate.train import checkpoint
+    from ablate.train.distributed import in_distributed_env
+
+    if cfg.train.resume != "auto" or not checkpoint.list_checkpoints(run_dir):
+        return None
+    state = checkpoint.latest_valid(run_dir, warn=checkpoint.warn if warn else (lambda message: None))
+    if state is not None:
+        world = int(os.environ["WORLD_SIZE"]) if in_distributed_env() else max(1, int(cfg.train.nproc))
+        checkpoint.check_continues(state, run_dir, world, cfg.train.strategy, cfg.train.steps)
+    return state
+
+
+def _read_text(path: Path) -> Optional[str]:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _run_ranks(cfg, run_dir, overrides, sweep_name, stop) -> tuple[dict, int]:
+    """torchrun runs the ranks; rank 0 writes the summary and reports. Here: the outcome when
+    rank 0 could not record it (only a summary this launch wrote tells this launch's outcome)."""
+    from ablate.train.checkpoint import list_checkpoints
+    from ablate.train.distributed import TORCHRUN_LOG, launch_ranks
+
+    before = _read_text(run_dir / SUMMARY)
+    code = launch_ranks(cfg, run_dir, overrides, sweep_name, stop)
+    after = _read_text(run_dir / SUMMARY)
+    summary = None
+    if after is not None and after != before:  # every write holds its writer's pid or times
+        try:
+            summary = json.loads(after)
+        except ValueError:
+            pass
+    status = (summary or {}).get("status")
+    # rank 0 stopped with a checkpoint, but not by a signal of ours: torchrun stopped it
+    # because another rank failed
+    other_rank_failed = status in STOPPED and code not in (0, STOPPED_EXIT)
+    if status not in (None, "running") and not other_rank_failed:
+        return summary, code
+    log = run_dir / TORCHRUN_LOG
+    if other_rank_failed:
+        result = {"status": "failed", "error": f"a rank failed (exit code {code}); see its error above and {log}"}
+    elif stop.signum is not None:  # stopped while the ranks started, before rank 0 could record it
+        found = list_checkpoints(run_dir)
+        result = {"status": stop.status, "reason": f"signal {signal.Signals(stop.signum).name}",
+                  "step": found[-1][0] if found else 0}
+        print(_stopped_line(result, run_dir), file=sys.stderr)
+        code = STOPPED_EXIT
+    else:
+        result = {"status": "failed", "error": f"torchrun exited with code {code} before rank 0 recorded "
+                                               f"the outcome; see {log}"}
+        print(f"error: {result['error']}", file=sys.stderr)
+    if summary is not None:  # this launch's "running" record: make it truthful
+        summary.update(result, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        summary.pop("pid", None)
+        write_json(run_dir / SUMMARY, summary)
+        result = summary
+    return result, code or 1
+
+
 _runs_in_process = 0  # the basic launcher runs a sweep's jobs one after another in one process
 
 
-def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
+def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop) -> tuple[dict, int]:
     global _runs_in_process
+    from ablate.train.distributed import Stopped
+
     started = time.time()
     # Time to first step: a process's first run counts its imports; a later one, from its start.
     job_started = started if _runs_in_process else None
     _runs_in_process += 1
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     # A sweep job is named by its sweeper (what differs from the sweep's baseline).
     variant = os.environ.get("ABLATE_VARIANT") or variant_name(overrides)
     summary: dict[str, Any] = {
@@ -154,21 +277,23 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
         "sweep": sweep_name, **owner(),  # pid/host: a reader can tell a killed run (rundir.live_status)
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
     }
+    previous: dict = {}
     if rank == 0:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(resolved)))
-        previous = run_dir / SUMMARY
-        if previous.is_file():
-            try:
-                summary["previous_status"] = read_json(previous).get("status")
-            except (OSError, ValueError):
-                pass
+        try:
+            previous = read_json(run_dir / SUMMARY)
+            summary["previous_status"] = previous.get("status")
+        except (OSError, ValueError):
+            pass
         write_json(run_dir / SUMMARY, summary)
     built: dict[str, Any] = {}  # what train() built, so sinks are finished even on failure
     try:
         from ablate.train.launch import train
 
-        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built, job_started)
+        stop.phase = "startup"  # no step to finish yet: a stop signal ends the run where it is
+        stop.raise_if_stopped()
+        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built, job_started, state, stop)
         summary.update(info)
         summary.update(
             status=outcome.status, reason=outcome.reason, step=outcome.step, steps=cfg.train.steps,
@@ -176,21 +301,37 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
             val_bpb=outcome.val_bpb, tokens_per_s=outcome.tokens_per_s,
             skipped_steps=outcome.skipped_steps, resumed_from=outcome.resumed_from,
             time_to_first_step_s=outcome.first_step_s)
-        exit_code = {"completed": 0, "diverged": 0, "preempted": 0}.get(outcome.status, 130)
+        exit_code = STOPPED_EXIT if outcome.status in STOPPED else 0
     except AblateError as e:
         summary.update(status="failed", error=str(e))
-        print(f"error: {e}", file=sys.stderr)
+        if rank == 0:  # every rank meets the same error: one line
+            print(f"error: {e}", file=sys.stderr)
         exit_code = e.exit_code
-    except KeyboardInterrupt:  # Ctrl-C before training started (the trainer handles it after)
-        summary.update(status="interrupted", reason="KeyboardInterrupt")
-        exit_code = 130
-    except Exception as e:  # a bug: keep the traceback in the log, one line on the console
+    except (KeyboardInterrupt, Stopped) as e:  # before training started (the trainer handles it after)
+        signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.signum
+        summary.update(status="interrupted" if signum == signal.SIGINT else "preempted",
+                       reason=f"signal {signal.Signals(signum).name} before training started",
+                       step=state["step"] if state else 0, steps=cfg.train.steps)
+        exit_code = STOPPED_EXIT
+    except Exception as e:  # a bug: keep the traceback in a file, one line on the console
         summary.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         log.debug("".join(traceback.format_exc()))
-        (run_dir / "error.txt").write_text(traceback.format_exc()) if rank == 0 else None
-        print(f"error: {summary['error']} (traceback in {run_dir / 'error.txt'})", file=sys.stderr)
+        where = run_dir / ("error.txt" if rank == 0 else f"error.rank{rank}.txt")
+        where.write_text(traceback.format_exc())
+        who = f"rank {rank}: " if world > 1 else ""
+        print(f"error: {who}{summary['error']} (traceback in {where})", file=sys.stderr)
         exit_code = 1
-    summary["wall_time_s"] = round(time.time() - started, 3)
+    finally:
+        stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
+    wall = time.time() - started
+    if state is not None:  # the same run continued: its wall time is the sum of its segments
+        if state["step"] >= cfg.train.steps:  # a finished run re-entered: this segment did nothing
+            wall = 0.0
+            summary["tokens_per_s"] = previous.get("tokens_per_s", summary.get("tokens_per_s"))
+        wall += float(previous.get("wall_time_s") or 0)
+        if previous.get("time_to_first_step_s") is not None:
+            summary["time_to_first_step_s"] = previous["time_to_first_step_s"]
+    summary["wall_time_s"] = round(wall, 3)
     summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     summary.pop("pid", None)
     summary.pop("job", None)
@@ -205,9 +346,18 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank) -> dict:
         except Exception as e:
             print(f"warning: reporting failed ({type(e).__name__}: {e}); see {run_dir / SUMMARY}",
                   file=sys.stderr)
-    if exit_code and not multirun:
-        raise SystemExit(exit_code)
-    return summary
+        if summary["status"] in STOPPED and not multirun and sweep_name is None:
+            print(_stopped_line(summary, run_dir), file=sys.stderr)  # a sweep says it for all its jobs
+    return summary, exit_code
+
+
+def _stopped_line(summary: dict, run_dir: Path) -> str:
+    from ablate.train.checkpoint import list_checkpoints
+
+    found = list_checkpoints(run_dir)
+    saved = f"checkpoint {found[-1][1]}" if found else "no checkpoint yet"
+    return (f"stopped at step {summary.get('step', 0)} ({summary.get('reason')}); {saved}; "
+            "rerun the same command to resume")
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

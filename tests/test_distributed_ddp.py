@@ -52,6 +52,8 @@ def test_two_processes_train_like_one_and_only_rank0_writes(tmp_path, one_proces
     assert_same_training(run_dir, one_process)
     assert res.stdout.count("ablate run:") == 1  # rank 0 reports
     assert len(list((run_dir / "checkpoints").iterdir())) == 1
+    # Hydra's files are the parent's: a rank's copy would record the run dir pinned for it
+    assert "hydra.run.dir=" not in (run_dir / ".hydra" / "hydra.yaml").read_text()
     if strategy == "fsdp":  # the sharded model was gathered into one checkpoint: it resumes
         from ablate.sweep import quote  # the auto-named dir holds '=' and ','
 

@@ -50,7 +50,12 @@ def test_sigterm_checkpoints_and_the_rerun_resumes_to_the_same_final_step(tmp_pa
     assert summary["status"] == "preempted", err
     stopped = summary["step"]
     assert 0 < stopped < STEPS
-    assert (run_dir / "checkpoints" / f"step_{stopped:08d}.pt").is_file()
+    ckpt = run_dir / "checkpoints" / f"step_{stopped:08d}.pt"
+    assert ckpt.is_file()
+    # outside submitit a stopped run is not a success: 130, as `ablate sweep` in this case
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == [
+        f"stopped at step {stopped} (signal SIGTERM); checkpoint {ckpt}; rerun the same command to resume"]
 
     res = run_ablate(*args)
     assert res.returncode == 0, res.stderr

@@ -1,9 +1,9 @@
 """Atomic checkpoints (temp file, fsync, rename; keep the last K), loaded with weights_only=True.
 
-A checkpoint holds everything a bit-exact resume needs: model, optimizer, step, tokens seen and
-every RNG state. Batches are a pure function of (data_seed, step), so the data position is the
-step itself. A file that fails to load (truncated, corrupt, wrong checksum) is reported in one
-line and the previous good one is used.
+A checkpoint holds everything a bit-exact resume needs: model, optimizer, step, tokens seen,
+every RNG state, and how the global batch was split (world size, strategy). Batches are a pure
+function of (data_seed, step), so the data position is the step itself. A file that fails to
+load (truncated, corrupt, wrong checksum) is reported in one line and the previous good one is used.
 """
 
 from __future__ import annotations
@@ -211,6 +211,44 @@ def latest_valid(run_dir: Path, warn=warn) -> Optional[dict]:
     if found:
         raise CheckpointError(_none_usable(found, problems))
     return None
+
+
+def layout(world_size: int, strategy: str) -> dict:
+    """How a run splits its global batch: batch_size is per process, so a resume with another
+    number of processes would continue another run. The strategy matters only with several."""
+    return {"world_size": world_size, "strategy": strategy if world_size > 1 else None}
+
+
+def _processes(saved: dict) -> str:
+    n = saved["world_size"]
+    return f"{n} process{'es' if n > 1 else ''}" + (f" ({saved['strategy']})" if saved.get("strategy") else "")
+
+
+def check_continues(state: dict, run_dir: Path, world_size: int, strategy: str, steps: int) -> None:
+    """Refuse a checkpoint this run cannot continue: written with another world size or
+    strategy, or past train.steps (it would end `completed` with step > steps)."""
+    where = f"the checkpoint of step {state['step']} in {ckpt_dir(run_dir)}"
+    now = layout(world_size, strategy)
+    if state.get("world_size") is not None and layout(state["world_size"], state.get("strategy")) != now:
+        raise CheckpointError(
+            f"{where} was written by {_processes(state)}, this run has {_processes(now)}: resume "
+            "with the same train.nproc and train.strategy, or start over with train.resume=never")
+    if state["step"] > steps:
+        raise CheckpointError(
+            f"{where} is past train.steps={steps}: raise train.steps to at least {state['step']} to "
+            "continue it, or start over with train.resume=never")
+
+
+def first_mismatch(expected: dict, saved: dict) -> Optional[str]:
+    """The first parameter whose name or shape differs between a model's state and a
+    checkpoint's (None if all match)."""
+    for name, t in expected.items():
+        if name not in saved:
+            return f"{name} is not in the checkpoint"
+        if tuple(saved[name].shape) != tuple(t.shape):
+            return f"{name}: shape {list(saved[name].shape)} in the checkpoint, {list(t.shape)} in this model"
+    extra = next((name for name in saved if name not in expected), None)
+    return f"{extra} is in the checkpoint, not in this model" if extra else None
 
 
 def plain_rng_state() -> dict:

@@ -13,13 +13,22 @@ Backend: NCCL on CUDA, gloo on CPU.
 Global batch per optimizer step = batch_size * grad_accum * world_size sequences: each rank
 takes a disjoint slice of the same global batch (ablate.data.batches), so a run on N
 processes sees exactly the batches of a one-process run with batch_size * N.
+
+Signals with torchrun: the parent (the process the user or submitit started) keeps the console
+and the signals. torchrun runs in a session of its own with stop signals ignored (it would turn
+them into a traceback and SIGKILL the ranks 30 s later, mid-checkpoint); the parent passes each
+stop signal on to every rank once that rank handles it, waits for the ranks to checkpoint and
+record their outcome, and only then exits or asks submitit to requeue.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -94,16 +103,27 @@ def needs_launch(cfg: Any) -> bool:
     return int(cfg.train.nproc) > 1 and not in_distributed_env()
 
 
-def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], sweep_name: Optional[str]) -> int:
-    """Run this same run under torchrun --standalone with train.nproc processes; returns
-    torchrun's exit code. The ranks share run_dir (hydra.run.dir pinned); they run in Hydra's
-    run mode, so a sweep job's sweep name (its W&B group) is passed on in ABLATE_SWEEP."""
+TORCHRUN_LOG = "torchrun.log"  # torchrun's own output (its logs, a failed rank's traceback)
+# The ranks run in Hydra's run mode in the parent's run dir; the parent already wrote Hydra's
+# files (.hydra/, ablate.log) there, so the ranks write none of them.
+RANK_HYDRA_OVERRIDES = ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+
+
+def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], sweep_name: Optional[str],
+                 stop: "StopRequest") -> int:
+    """Run this same run under torchrun --standalone with train.nproc processes and wait for it,
+    passing on the stop signals `stop` records; returns the exit code of the first rank that
+    failed (128 + N for a rank killed by signal N), else 0. The ranks share run_dir
+    (hydra.run.dir pinned); they run in Hydra's run mode, so a sweep job's sweep name (its W&B
+    group) is passed on in ABLATE_SWEEP."""
     from ablate.sweep import quote
 
-    pinned = f"hydra.run.dir={quote(str(Path(run_dir).resolve()))}"  # names hold '=' and ','
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={int(cfg.train.nproc)}", "-m", "ablate.train.distributed",
-           *overrides, pinned]
+    run_dir = Path(run_dir).resolve()
+    pinned = f"hydra.run.dir={quote(str(run_dir))}"  # names hold '=' and ','
+    nproc = int(cfg.train.nproc)
+    cmd = [sys.executable, "-m", "ablate.train.distributed", "--agent", str(run_dir / TORCHRUN_LOG),
+           "--standalone", f"--nproc_per_node={nproc}", "--signals-to-handle=SIGHUP,SIGQUIT",
+           "-m", "ablate.train.distributed", *overrides, pinned, *RANK_HYDRA_OVERRIDES]
     env = dict(os.environ)
     if sweep_name:
         env["ABLATE_SWEEP"] = sweep_name
@@ -111,7 +131,84 @@ def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], sweep_name: Opti
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(cfg.train.threads) or 1)))
-    return subprocess.run(cmd, env=env).returncode
+    # A session of its own: a Ctrl-C in the terminal reaches this process only, which passes it on.
+    agent = subprocess.Popen(cmd, env=env, start_new_session=True)
+    sent: dict[int, int] = {}  # rank pid -> how many of stop.received it has been sent
+    try:
+        while agent.poll() is None:
+            if stop.received and (len(sent) < nproc or min(sent.values()) < len(stop.received)):
+                _forward(agent.pid, stop.received, sent)
+            time.sleep(0.05)
+    finally:
+        if agent.poll() is None:  # this process is going down: the ranks stop with a checkpoint
+            for pid in _children(agent.pid):
+                _kill(pid, signal.SIGTERM)
+    return agent.returncode
+
+
+def _forward(agent_pid: int, received: list[int], sent: dict[int, int]) -> None:
+    for pid in _children(agent_pid):
+        for signum in received[sent.get(pid, 0):]:
+            # A rank that does not handle the signal yet (still starting Python) gets it later:
+            # torchrun started it with the signal ignored, so sending it now would lose it.
+            if not _handles(pid, signum) or not _kill(pid, signum):
+                break
+            sent[pid] = sent.get(pid, 0) + 1
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux /proc; torchrun puts each rank in a session of its own,
+    so only a signal sent to its pid reaches it)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _handles(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (SigCgt in /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _kill(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _agent_main(log_path: str, argv: list[str]) -> None:
+    """torchrun itself, started by launch_ranks. Its output (logs, the ChildFailedError
+    traceback) goes to log_path; the ranks keep the console, as they inherit the file
+    descriptors, not sys.stderr. Stop signals are ignored here (launch_ranks passes
+    --signals-to-handle so torchrun installs no handler for them) and so in the ranks until they
+    install their own: the parent passes each one on to the ranks."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    sys.stdout = sys.stderr = open(log_path, "w", buffering=1)  # before torch sets up its logging
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main
+
+    try:
+        main(argv)
+    except ChildFailedError as e:
+        traceback.print_exc()
+        code = e.get_first_failure()[1].exitcode  # the ranks' own code: 2 for a refused input, ...
+        sys.exit(code if code > 0 else 128 - code)  # -N: killed by signal N
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
 
 
 # ---- process group and model wrapping -----------------------------------------------------
@@ -210,7 +307,68 @@ def any_rank(flag: bool, world_size: int, device) -> bool:
     return bool(t.item() > 0)
 
 
-# ---- preemption: ask submitit to requeue --------------------------------------------------
+# ---- stop signals: preemption, Ctrl-C; asking submitit to requeue --------------------------
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """A stop signal during a run's startup (data, model, checkpoint load). A BaseException, as
+    KeyboardInterrupt: code that catches Exception must not swallow it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopRequest:
+    """The stop signals a run receives: SIGTERM / SIGUSR1 / SIGUSR2 (SLURM preemption, submitit's
+    signal) and SIGINT. Installed for the whole run, so that no signal kills it half-way. What a
+    signal does depends on the phase:
+    - "wait" (setup, reporting, a launcher waiting for its ranks): recorded only;
+    - "startup" (data, model, checkpoint load): no step to finish, so the run stops at once
+      (Stopped, or KeyboardInterrupt for SIGINT);
+    - "training": recorded and checked once per step, so the current step finishes and a
+      checkpoint is written before stopping; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.received: list[int] = []  # every stop signal, in order (a launcher passes them on)
+        self.signum: Optional[int] = None  # the first one: what stopped the run
+        self.phase = "wait"
+
+    @property
+    def status(self) -> str:
+        return "interrupted" if self.signum == signal.SIGINT else "preempted"
+
+    def __call__(self, signum, frame):
+        again = self.signum is not None
+        self.received.append(signum)
+        self.signum = self.signum or signum
+        if self.phase == "startup":
+            self.raise_if_stopped()
+        if again and signum == signal.SIGINT and self.phase == "training":
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+
+    def raise_if_stopped(self) -> None:
+        if self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+    def install(self) -> list:
+        old = []
+        for sig in STOP_SIGNALS:
+            try:
+                old.append((sig, signal.signal(sig, self)))
+            except ValueError:  # not the main thread (e.g. a joblib worker thread)
+                pass
+        return old
+
+    @staticmethod
+    def restore(old: list) -> None:
+        for sig, handler in old:
+            signal.signal(sig, handler)
+
+
 def request_requeue() -> bool:
     """After a preempted run saved its checkpoint: under submitit, hand over to submitit's own
     preemption handler (checkpoint protocol: hydra-submitit-launcher resubmits the same job,
@@ -218,8 +376,6 @@ def request_requeue() -> bool:
     Returns False (and does nothing) outside submitit."""
     if not under_submitit():
         return False
-    import signal
-
     import submitit
 
     handler = signal.getsignal(submitit.JobEnvironment._usr_sig())
@@ -230,7 +386,10 @@ def request_requeue() -> bool:
 
 
 def _main() -> None:
-    """A rank started by launch_ranks: the same Hydra entry point, in run mode."""
+    """torchrun (`--agent LOG ...`) or a rank it started: the same Hydra entry point, in run mode."""
+    if sys.argv[1:2] == ["--agent"]:
+        _agent_main(sys.argv[2], sys.argv[3:])
+        return
     from ablate.run import hydra_entry
 
     sys.argv = ["ablate"] + sys.argv[1:]

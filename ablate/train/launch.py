@@ -66,8 +66,11 @@ def _wandb_id(run_dir: Path) -> str:
 
 
 def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict,
-          job_started: Optional[float] = None):
+          job_started: Optional[float] = None, resume_state: Optional[dict] = None, stop=None):
+    """Build and train. resume_state: the checkpoint the run already loaded and checked (None:
+    look for one). stop: the run's StopRequest, installed since its start."""
     import torch
+    import torch.distributed
 
     from ablate.diagnostics import Diagnostics
     from ablate.model.spec import ModelSpec, count_params, flops_per_token, non_embedding_params
@@ -100,7 +103,9 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
                       rank=dist.rank, world_size=dist.world_size, wrap=dist.wrap,
                       on_diagnostics=Diagnostics(model) if cfg.train.diagnostics_every > 0 else None,
                       job_started=job_started)
-    start = trainer.try_resume() or 0
+    if stop is not None:
+        trainer.stop = stop
+    start = trainer.try_resume(resume_state) or 0
     if start and dist.rank == 0:  # rows after the checkpoint are re-logged by this run
         from ablate.rundir import METRICS, truncate_metrics
 
@@ -113,6 +118,8 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
     trainer.sinks = sinks
     try:
         outcome = trainer.fit(start)
+        if dist.initialized:  # until rank 0 has written its checkpoint: torchrun stops every rank
+            torch.distributed.barrier()  # as soon as one exits non-zero, as a stopped run does (130)
     finally:
         dist.close()
     return outcome, info

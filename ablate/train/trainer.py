@@ -23,8 +23,8 @@ from ablate.model.roles import param_groups, unique_parameters
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
 from ablate.train.allocator import keep_freed_memory
-from ablate.train.distributed import (all_ranks_mean, any_rank, load_model_and_optimizer_state,
-                                      model_and_optimizer_state)
+from ablate.train.distributed import (StopRequest, all_ranks_mean, any_rank,
+                                      load_model_and_optimizer_state, model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
 from ablate.train.schedule import lr_at
 
@@ -37,6 +37,12 @@ def process_age_s() -> Optional[float]:
         return float(Path("/proc/uptime").read_text().split()[0]) - started
     except (OSError, ValueError, IndexError):
         return None
+
+
+def first_line(e: Exception) -> str:
+    """An exception's first informative line (torch's load_state_dict starts with a header)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return next((ln for ln in lines if not ln.endswith(":")), lines[0] if lines else type(e).__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -67,31 +73,10 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
 
-class StopRequest:
-    """Set by SIGTERM / SIGUSR1 / SIGUSR2 (SLURM preemption, submitit's signal) or SIGINT; checked once
-    per step, so the current step finishes and a checkpoint is written before stopping."""
-
-    def __init__(self):
-        self.signum: Optional[int] = None
-
-    def __call__(self, signum, frame):
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
-        self.signum = signum
-
-    def install(self) -> list:
-        old = []
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
-            try:
-                old.append((sig, signal.signal(sig, self)))
-            except ValueError:  # not the main thread (e.g. a joblib worker thread)
-                pass
-        return old
-
-    @staticmethod
-    def restore(old: list) -> None:
-        for sig, handler in old:
-            signal.signal(sig, handler)
+# With train.skip_spikes, this many skipped updates in a row end the run as diverged: a spike is
+# a few bad batches; a loss that stays above its old level is a lasting shift, and skipping it
+# would skip every remaining update of a run that still reports `completed`.
+MAX_SKIPS_IN_A_ROW = 10
 
 
 class Trainer:
@@ -135,7 +120,11 @@ class Trainer:
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * world_size
         self.step = 0
         self.skipped = 0
-        self.stop = StopRequest()
+        self.skips_in_a_row = 0
+        # Tokens are counted from the checkpoint resumed (it stores them), not recomputed from
+        # the step: tokens_at(step).
+        self.resumed_step, self.resumed_tokens = 0, 0
+        self.stop = StopRequest()  # the run passes its own, installed since the run's start
         # Carried in checkpoints so a resumed run judges spikes and reports exactly as an
         # uninterrupted one would.
         self.recent: deque[float] = deque(maxlen=50)  # recent train losses (spike detection)
@@ -147,13 +136,19 @@ class Trainer:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
+    def tokens_at(self, step: int) -> int:
+        return self.resumed_tokens + (step - self.resumed_step) * self.tokens_per_step
+
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "step": self.step, "tokens": self.step * self.tokens_per_step, "skipped": self.skipped,
+            "step": self.step, "tokens": self.tokens_at(self.step), "skipped": self.skipped,
+            "skips_in_a_row": self.skips_in_a_row,
             **model_and_optimizer_state(self.model, self.optimizer),
             "rng": checkpoint.plain_rng_state(), "recent": list(self.recent), "last": dict(self.last),
             "loss_spikes": self.loss_spikes,
+            # how the global batch was split: a resume must split it the same way
+            **checkpoint.layout(self.world, self.cfg.strategy),
         }
 
     def save_checkpoint(self) -> None:
@@ -161,26 +156,33 @@ class Trainer:
         if self.is_main:
             checkpoint.save(self.run_dir, self.step, state, keep=self.cfg.keep_ckpts)
 
-    def try_resume(self) -> Optional[int]:
+    def try_resume(self, state: Optional[dict] = None) -> Optional[int]:
+        """Load `state` (the run already loaded and checked it), else the newest valid checkpoint."""
         if self.cfg.resume != "auto":
             if self.is_main and checkpoint.clear(self.run_dir):
                 checkpoint.warn(f"warning: train.resume=never: removed the old checkpoints in {self.run_dir}")
             return None
-        state = checkpoint.latest_valid(self.run_dir)  # raises if every checkpoint is unusable
+        if state is None:  # raises if every checkpoint is unusable; rank 0 reports skipped ones
+            warn = checkpoint.warn if self.is_main else (lambda message: None)
+            state = checkpoint.latest_valid(self.run_dir, warn=warn)
         if state is None:
             return None
         try:
             load_model_and_optimizer_state(self.model, self.optimizer, state)
         except (RuntimeError, ValueError, KeyError) as e:
+            detail = checkpoint.first_mismatch(self.model.state_dict(), state["model"]) or first_line(e)
             raise checkpoint.CheckpointError(
                 f"the checkpoint of step {state.get('step')} in {checkpoint.ckpt_dir(self.run_dir)} does "
-                f"not fit this model ({str(e).splitlines()[0][:120]}); use the config it was made with, "
+                f"not fit this model ({detail[:160]}); use the config it was made with, "
                 "another hydra.run.dir, or train.resume=never") from None
         self._resume_rng = state["rng"]
         self.recent.extend(state.get("recent", []))
         self.loss_spikes = int(state.get("loss_spikes", 0))
         self.last.update(state.get("last", {}))
         self.step, self.skipped = int(state["step"]), int(state.get("skipped", 0))
+        self.skips_in_a_row = int(state.get("skips_in_a_row", 0))
+        self.resumed_step = self.step
+        self.resumed_tokens = int(state.get("tokens", self.step * self.tokens_per_step))
         return self.step
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -234,6 +236,7 @@ class Trainer:
         resumed_from = start_step if start_step else None
         self.train_model.train()
         old_handlers = self.stop.install()
+        self.stop.phase = "training"
         recent = self.recent
         if self._resume_rng is not None:  # restored last, so nothing since can have consumed it
             checkpoint.set_rng_state(self._resume_rng)
@@ -261,6 +264,9 @@ class Trainer:
                     loss_v, gnorm_v = float(lm_loss), float(grad_norm)
                     verdict = self._judge(loss_v, gnorm_v, recent)
                     skip = bool(verdict) and cfg.skip_spikes and verdict.startswith("spike")
+                    if skip and self.skips_in_a_row + 1 >= MAX_SKIPS_IN_A_ROW:
+                        skip, verdict = False, (f"{MAX_SKIPS_IN_A_ROW} updates in a row skipped as loss "
+                                                f"spikes (train.skip_spikes): a lasting shift; {verdict}")
                     self.loss_spikes += is_loss_spike(recent, loss_v)
                     if verdict and not skip:
                         self._log_row(step + 1, loss_v, gnorm_v, lr, None)
@@ -272,8 +278,10 @@ class Trainer:
                 if skip:  # OLMo-core SkipStep: drop this update, keep going, count it
                     self.optimizer.zero_grad(set_to_none=True)
                     self.skipped += 1
+                    self.skips_in_a_row += 1
                 else:
                     self.apply_update()
+                    self.skips_in_a_row = 0
                 self.step += 1
                 if first_step_s is None:  # what a user waits: imports, data, build, compile, eval
                     first_step_s = (time.time() - self.job_started if self.job_started is not None
@@ -313,13 +321,14 @@ class Trainer:
             return self._outcome("interrupted", "KeyboardInterrupt", None, last, resumed_from,
                                  first_step_s, total_tokens_s, total_time)
         finally:
+            self.stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
             StopRequest.restore(old_handlers)
 
     def _eval_and_log(self, last: dict) -> dict:
         metrics = self.evaluate()
         last.update(metrics)
         if self.is_main:
-            self.sinks.log({"step": self.step, "tokens": self.step * self.tokens_per_step, **metrics})
+            self.sinks.log({"step": self.step, "tokens": self.tokens_at(self.step), **metrics})
         return metrics
 
     def _judge(self, loss: float, gnorm: float, recent) -> Optional[str]:
@@ -339,7 +348,7 @@ class Trainer:
     def _log_row(self, step, loss, gnorm, lr, tps):
         if not self.is_main:
             return
-        row = {"step": step, "tokens": step * self.tokens_per_step, "train_loss": loss,
+        row = {"step": step, "tokens": self.tokens_at(step), "train_loss": loss,
                "grad_norm": gnorm, "lr": lr}
         if tps is not None:
             row["tokens_per_s"] = tps
@@ -347,7 +356,7 @@ class Trainer:
 
     def _outcome(self, status, reason, loss_v, last, resumed_from, first_step_s, tok, secs) -> Outcome:
         return Outcome(
-            status=status, step=self.step, tokens=self.step * self.tokens_per_step, reason=reason,
+            status=status, step=self.step, tokens=self.tokens_at(self.step), reason=reason,
             train_loss=loss_v if loss_v is not None else last["train_loss"],
             val_loss=last["val_loss"], val_bpb=last["val_bpb"],
             tokens_per_s=(tok / secs) if secs > 0 else last["tokens_per_s"],
