@@ -4,7 +4,8 @@ hydra_plugins/ablate_sweeper/ calls into this module for everything ablate-speci
 
 Modes
 - ofat (one factor at a time): the baseline (the first value of every swept key) plus one job
-  per other value of each swept key, every other key held at its baseline value.
+  per other value of each swept key, every other key held at its baseline value, except the
+  keys a preset sets in the job that changes the preset (arch=llama brings its own norm).
 - grid: every combination, in the order of Hydra's basic sweeper (the first key varies slowest).
 - an explicit job list (a study, conf/study/*.yaml), e.g. a cumulative ladder.
 Seeds (`--seeds N` or a swept `seed=...`) multiply every variant; `data_seed` is left alone so
@@ -13,6 +14,7 @@ the seeds of different variants are paired (same batches in the same order).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -39,6 +41,7 @@ class Job:
     overrides: list[str]
     variant: str = "baseline"
     seed: Optional[int] = None
+    note: str = ""  # shown by --dry-run under the job (e.g. which keys a preset sets)
 
     @property
     def name(self) -> str:
@@ -101,6 +104,39 @@ def dir_safe(name: str, limit: int = 120) -> str:
     return name if len(name) <= limit else name[:limit]
 
 
+def _flat_keys(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, dict) and node:
+        return [k for key, sub in node.items() for k in _flat_keys(sub, f"{prefix}{key}.")]
+    return [prefix[:-1]]
+
+
+def preset_keys(override: str) -> set[str]:
+    """The keys a preset option sets, read from its file: arch=llama -> the groups its defaults
+    override (`override /norm: rmsnorm`, ...) and its plain values (vaswani: model.emb_scale).
+    Empty for an override that is not a preset (norm=rmsnorm, train.lr=0.001)."""
+    import yaml
+
+    from ablate.run import CONF_DIR
+
+    group, _, option = _plain(override).partition("=")
+    path = CONF_DIR / group / f"{option}.yaml"
+    if "." in group or not option or not path.is_file():
+        return set()
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = yaml.safe_load(text) or {}
+    except (OSError, yaml.YAMLError):
+        return set()
+    if not isinstance(doc, dict):
+        return set()
+    groups = {str(k).split()[-1].lstrip("/") for entry in doc.get("defaults") or []
+              if isinstance(entry, dict) for k in entry if str(k).startswith("override ")}
+    if not groups:
+        return set()  # an ordinary option of its axis
+    plain = {k: v for k, v in doc.items() if k != "defaults"}
+    return groups | (set(_flat_keys(plain)) if plain and "@package _global_" in text else set())
+
+
 def expand_ofat(p: Parsed) -> list[Job]:
     if not p.swept:
         raise ConfigError(
@@ -110,8 +146,17 @@ def expand_ofat(p: Parsed) -> list[Job]:
     jobs = [Job(p.fixed + list(baseline.values()), "baseline")]
     for key, values in p.swept:
         for value in values[1:]:
-            held = [v for k, v in baseline.items() if k != key]
-            jobs.append(Job(p.fixed + held + [value], _plain(value)))
+            # A group on the command line beats a preset's `override /norm`, so holding the
+            # baseline's norm=layernorm would make the arch=llama job Llama with LayerNorm:
+            # the keys the preset sets are left to it. Fixed keys still apply to every job.
+            sets = preset_keys(value)
+            others = {k: v for k, v in baseline.items() if k != key}
+            released = [v for k, v in others.items() if _plain(k) in sets]
+            held = [v for v in others.values() if v not in released]
+            note = (f"takes {', '.join(_plain(v).split('=', 1)[0] for v in released)} from "
+                    f"{_plain(value)}, not the baseline's {', '.join(map(_plain, released))}"
+                    if released else "")
+            jobs.append(Job(p.fixed + held + [value], _plain(value), note=note))
     if len(jobs) == 1:
         raise ConfigError(
             f"an ofat sweep needs a swept axis with two or more values; got only "
@@ -149,7 +194,8 @@ def with_seeds(jobs: list[Job], seeds: Sequence[int]) -> list[Job]:
     """Every job once per seed; the seed is the last override so it wins."""
     if not seeds:
         return jobs
-    return [Job(j.overrides + [f"{SEED_KEY}={s}"], j.variant, s) for j in jobs for s in seeds]
+    return [dataclasses.replace(j, overrides=j.overrides + [f"{SEED_KEY}={s}"], seed=s)
+            for j in jobs for s in seeds]
 
 
 def plan(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0,
@@ -238,24 +284,25 @@ def is_local_launcher(config: Any) -> bool:
 
 
 # ---- sbatch preview ------------------------------------------------------------------------
-def sbatch_script(launcher_params: dict, folder: str, command: str = "<submitit job>") -> str:
-    """The sbatch script hydra-submitit-launcher would submit for these launcher parameters,
-    rendered by submitit itself (no cluster needed). The renames are AutoExecutor's, which the
-    launcher goes through: timeout_min -> time, mem_gb -> mem, tasks_per_node -> ntasks_per_node."""
-    from submitit.slurm.slurm import _make_sbatch_string
+def sbatch_script(launcher_params: dict, n_jobs: int) -> str:
+    """The sbatch script hydra-submitit-launcher submits for `n_jobs` jobs at once, rendered by
+    submitit itself (no cluster needed). The launcher calls executor.map_array: two or more jobs
+    are one array job (--array=0-N%P, logs under %A_%a), one job is a plain job. Parameters are
+    renamed as AutoExecutor renames them (timeout_min -> time, mem_gb -> mem, ...)."""
+    import shlex
 
-    generic = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name",
-               "mem_gb": "mem"}
-    not_sbatch = {"_target_", "submitit_folder", "max_num_timeout"}
+    from submitit.slurm.slurm import SlurmExecutor, _convert_mem, _make_sbatch_string
+
+    rename = SlurmExecutor._equivalence_dict()
     kwargs = {}
     for key, value in launcher_params.items():
-        if key in not_sbatch or value is None:
-            continue
-        if key == "mem_gb":
-            value = f"{value}GB"
-        kwargs[generic.get(key, key)] = value
-    kwargs.setdefault("job_name", "ablate")
-    return _make_sbatch_string(command=command, folder=folder, **kwargs)
+        if key in ("_target_", "submitit_folder", "max_num_timeout") or value is None:
+            continue  # None: unset, as submitit treats it
+        kwargs[rename.get(key, key)] = _convert_mem(value) if key == "mem_gb" else value
+    folder = Path(str(launcher_params["submitit_folder"])).expanduser().absolute()
+    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    return _make_sbatch_string(command=command, folder=folder,
+                               map_count=n_jobs if n_jobs > 1 else None, **kwargs)
 
 
 # ---- the end of a sweep --------------------------------------------------------------------
@@ -283,6 +330,37 @@ def result_of(job: Job, ret: Any) -> JobResult:
     return JobResult(job, "failed", run_dir, "the job returned no summary")
 
 
+def summary_stamp(run_dir: Optional[str]) -> Optional[tuple]:
+    """Tells one write of a run's summary.json from another (it is replaced whole, so each write
+    is a new file): taken before a launch, it shows which summaries the launch wrote."""
+    try:
+        st = (Path(run_dir) / "summary.json").stat()
+    except (OSError, TypeError):
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def recover(job: Job, run_dir: Optional[str], stamp_before: Optional[tuple], lost: str) -> JobResult:
+    """The outcome of a job the launcher lost (it raised instead of returning the job: a job
+    killed by SIGKILL, the OOM killer or a node failure, submitit's UncompletedJobError): what
+    the job's own summary.json says, if this launch wrote it and it holds an outcome; else failed."""
+    from ablate.rundir import live_status, read_json
+
+    stamp = summary_stamp(run_dir)
+    if run_dir is None or stamp is None or stamp == stamp_before:
+        return JobResult(job, "failed", run_dir, lost)  # never started, or an earlier sweep's
+    status = live_status(Path(run_dir))
+    if status in FINISHED + STOPPED + ("failed",):
+        try:
+            error = str(read_json(Path(run_dir) / "summary.json").get("error") or "")
+        except (OSError, ValueError, AttributeError):
+            error = ""
+        return JobResult(job, status, run_dir, error)
+    if status == "killed":
+        lost = "its process died before it wrote an outcome (SIGKILL, out of memory or node failure)"
+    return JobResult(job, "failed", run_dir, lost)
+
+
 def print_plan(jobs: list[Job], as_json: bool, header: str = "", out=None) -> None:
     out = out or sys.stdout
     if as_json:
@@ -293,6 +371,8 @@ def print_plan(jobs: list[Job], as_json: bool, header: str = "", out=None) -> No
     width = len(str(len(jobs) - 1))
     for i, j in enumerate(jobs):
         out.write(f"  #{i:<{width}} {j.name:<28} {' '.join(j.overrides)}\n")
+        if j.note:
+            out.write(f"{'':<{width + 33}}({j.note})\n")
 
 
 FINISHED = ("completed", "diverged")
@@ -302,6 +382,7 @@ STOPPED = ("interrupted", "preempted")  # by a signal, with a checkpoint: rerun 
 def finish(results: list[JobResult], sweep_dir: Path) -> int:
     """Print the comparison (or a status list) and the jobs that did not finish; the sweep's
     exit code: non-zero only when no job finished (130 when it was stopped by a signal)."""
+    write_record(results, sweep_dir)
     done = [r for r in results if r.status in FINISHED]
     printed = _print_compare(sweep_dir) if done else False
     if not printed:
@@ -321,6 +402,21 @@ def finish(results: list[JobResult], sweep_dir: Path) -> int:
         if not done or results[-1].status == "not run":
             return 130
     return 1 if results and not done else 0
+
+
+def write_record(results: list[JobResult], sweep_dir: Path) -> None:
+    """<sweep_dir>/sweep.json: every job's outcome (what the end of a sweep prints), for scripts."""
+    from ablate.rundir import write_json
+
+    jobs = [{"index": i, "name": r.job.name, "variant": r.job.variant, "seed": r.job.seed,
+             "overrides": r.job.overrides, "status": r.status, "run_dir": r.run_dir,
+             "error": r.error or None} for i, r in enumerate(results)]
+    record = {"sweep_dir": str(sweep_dir), "jobs": jobs,
+              "finished": sum(r.status in FINISHED for r in results), "total": len(results)}
+    try:
+        write_json(Path(sweep_dir) / "sweep.json", record)
+    except OSError as e:
+        print(f"warning: could not write {Path(sweep_dir) / 'sweep.json'}: {e.strerror}", file=sys.stderr)
 
 
 def _val_loss(run_dir: Optional[str]) -> str:

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         mode: str = typer.Option("ofat", "--mode", help="ofat: baseline + one change at a time; grid: every combination."),
         seeds: int = typer.Option(0, "--seeds", help="Run every variant with seed=0..N-1 (same data_seed: paired)."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs (overrides per job); run nothing."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs (overrides per job; with launcher=slurm, the sbatch script); run nothing."),
         json_out: bool = typer.Option(False, "--json", help="With --dry-run: a JSON list of the jobs' override lists."),
     ) -> None:
         """Run many variants, e.g. `ablate sweep norm=layernorm,rmsnorm act=gelu,swiglu --seeds 3`.
@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         Launchers: launcher=basic|joblib|submitit_local|slurm (e.g. `launcher=slurm
         hydra.launcher.partition=gpu`). Presets: study=gpt2_to_llama. Hydra flags pass through.
         At the end the runs are compared; the exit code is non-zero only if every job failed.
+        Each job's outcome (status, run dir, error) is written to <sweep dir>/sweep.json.
         """
         from ablate.errors import AblateError
         from ablate.sweep import MODES, preflight

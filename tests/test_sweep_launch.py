@@ -5,6 +5,9 @@ launcher renders the sbatch script it would submit."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,12 @@ ONE_THREAD = ["train.threads=1"]
 
 def summaries(root):
     return {d.name: json.loads((d / "summary.json").read_text()) for d in find_run_dirs(root)}
+
+
+def hold(run_dir: Path) -> None:
+    """Make run_dir look in use by a live process (this test): its job fails at run time."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
 
 
 @pytest.mark.slow
@@ -40,41 +49,105 @@ def test_ofat_sweep_with_submitit_local_runs_three_variants(tmp_path):
 
 
 def test_failing_and_diverging_jobs_do_not_stop_the_sweep(tmp_path):
-    tiny_file = tmp_path / "tiny.txt"  # passes the checks, fails at run time: too few tokens
-    tiny_file.write_text("hi\n")
-    res = run_ablate("sweep", *TINY, *ONE_THREAD, f"out_dir={tmp_path}", f"data.paths=[{tiny_file}]",
+    # A failure no pre-check can foresee: job #1's directory is held by another live process.
+    sweep_dir = tmp_path / "sweeps" / "s"
+    held = sweep_dir / "1_norm=rmsnorm"
+    hold(held)
+    res = run_ablate("sweep", *TINY, *ONE_THREAD, f"hydra.sweep.dir={sweep_dir}",
                      "train.warmup_steps=0", "train.grad_clip=0",
-                     "data=shakespeare,text_files", "train.lr=0.003,1e9")
+                     "norm=layernorm,rmsnorm", "train.lr=0.003,1e9")
     assert res.returncode == 0, res.stderr  # some jobs finished
     runs = summaries(tmp_path / "sweeps")
     assert runs["0_baseline"]["status"] == "completed"
-    assert runs["1_data=text_files"]["status"] == "failed"
+    assert not (held / "summary.json").exists()  # the holder's directory is left alone
     (lr_job,) = [name for name in runs if name.startswith("2_train.lr=")]
     assert runs[lr_job]["status"] == "diverged"
-    assert "failed: #1 data=text_files" in res.stderr and "Traceback" not in res.stderr
+    assert "failed: #1 norm=rmsnorm" in res.stderr and "Traceback" not in res.stderr
     assert "2/3 jobs finished (1 diverged)" in res.stdout
+    # the same outcome for scripts, one entry per job, in <sweep_dir>/sweep.json
+    (record_file,) = (tmp_path / "sweeps").glob("*/sweep.json")
+    record = json.loads(record_file.read_text())
+    jobs = record["jobs"]
+    assert [(j["name"], j["status"]) for j in jobs] == [
+        ("baseline", "completed"), ("norm=rmsnorm", "failed"), (lr_job[2:], "diverged")]
+    assert record["finished"] == 2 and record["total"] == 3
+    assert "in use by process" in jobs[1]["error"] and jobs[0]["error"] is None
+    assert "norm=rmsnorm" in jobs[1]["overrides"] and "train.lr=0.003" in jobs[1]["overrides"]
+    assert [Path(j["run_dir"]).name for j in jobs] == ["0_baseline", "1_norm=rmsnorm", lr_job]
+    assert not [f for f in record_file.parent.iterdir() if f.name.startswith(".sweep.json")]
 
 
 def test_a_sweep_where_every_job_fails_exits_non_zero(tmp_path):
-    tiny_file = tmp_path / "tiny.txt"
-    tiny_file.write_text("hi\n")
-    res = run_ablate("sweep", *TINY, *ONE_THREAD, f"out_dir={tmp_path}", "data=text_files",
-                     f"data.paths=[{tiny_file}]", "train.lr=0.003,0.001")
+    sweep_dir = tmp_path / "s"
+    for name in ("0_baseline", "1_train.lr=0.001"):
+        hold(sweep_dir / name)
+    res = run_ablate("sweep", *TINY, *ONE_THREAD, f"hydra.sweep.dir={sweep_dir}", "train.lr=0.003,0.001")
     assert res.returncode != 0
     assert res.stderr.count("failed: #") == 2 and "0/2 jobs finished" in res.stdout
 
 
-def test_slurm_launcher_composes_and_renders_the_sbatch_script(tmp_path):
-    res = run_ablate("sweep", "launcher=slurm", "hydra.launcher.partition=gpu",
-                     "hydra.launcher.account=lab", "hydra.launcher.gpus_per_node=4",
-                     "hydra.launcher.tasks_per_node=4", "hydra.launcher.timeout_min=30",
-                     "hydra.launcher.mem_gb=128", "norm=layernorm,rmsnorm", "--seeds", "3",
-                     f"out_dir={tmp_path}", "--dry-run")
+def test_a_corpus_too_small_for_any_job_is_refused_before_launch(tmp_path):
+    tiny_file = tmp_path / "tiny.txt"
+    tiny_file.write_text("hi\n")
+    res = run_ablate("sweep", *TINY, *ONE_THREAD, f"out_dir={tmp_path}", "data=text_files",
+                     f"data.paths=[{tiny_file}]", "train.lr=0.003,0.001")
+    assert res.returncode == 2 and "fewer than one batch" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "sweeps").exists()
+
+
+SLURM = ["launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=lab",
+         "hydra.launcher.gpus_per_node=4", "hydra.launcher.tasks_per_node=4",
+         "hydra.launcher.timeout_min=30", "hydra.launcher.mem_gb=128"]
+
+
+def slurm_preview(tmp_path, *args):
+    res = run_ablate("sweep", *SLURM, "norm=layernorm,rmsnorm", f"out_dir={tmp_path}", *args, "--dry-run")
     assert res.returncode == 0, res.stderr
-    script = res.stdout[res.stdout.index("#!/bin/bash"):]
-    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --ntasks-per-node=4", "#SBATCH --time=30", "#SBATCH --mem=128GB",
-                 "#SBATCH --cpus-per-task=8", "#SBATCH --signal=USR2@120"):
-        assert line in script, line
-    assert "srun" in script and "6 jobs" in res.stdout
+    return res, res.stdout[res.stdout.index("#!/bin/bash"):].strip()
+
+
+def test_slurm_launcher_composes_and_renders_the_sbatch_script(tmp_path):
+    res, script = slurm_preview(tmp_path, "--seeds", "3", "hydra.launcher.array_parallelism=4")
+    # hydra-submitit-launcher submits the 6 jobs as one array job, at most 4 running at once
+    for line in ("#SBATCH --array=0-5%4", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4", "#SBATCH --time=30",
+                 "#SBATCH --mem=128GB", "#SBATCH --cpus-per-task=8", "#SBATCH --signal=USR2@120",
+                 "#SBATCH --nodes=1", "#SBATCH --job-name=ablate"):
+        assert line in script.splitlines(), line
+    assert "/.submitit/%A_%a/%A_%a_0_log.out" in script and "srun" in script
+    assert "6 jobs" in res.stdout and "one array job of 6 tasks" in res.stdout
     assert not list(tmp_path.iterdir())
+
+
+def test_sbatch_preview_is_the_script_the_launcher_submits(tmp_path, monkeypatch):
+    """The --dry-run script equals what hydra-submitit-launcher hands to sbatch (captured from
+    its real launch, with srun faked present and sbatch replaced by a capture)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+    from omegaconf import OmegaConf
+    from submitit.slurm.slurm import SlurmExecutor
+
+    from ablate.run import CONF_DIR
+
+    sweep_dir = f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    _, preview = slurm_preview(tmp_path, "--seeds", "3", sweep_dir)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*SLURM, sweep_dir], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    params.pop("_target_")
+    submitted = []
+
+    def sbatch(executor, command):
+        submitted.append(executor._make_submission_file_text(command, "uid"))
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
+    monkeypatch.setattr(SlurmExecutor, "_submit_command", sbatch)
+    launcher = SlurmLauncher(**params)
+    launcher.setup(hydra_context=None, task_function=None, config=cfg)
+    with pytest.raises(RuntimeError, match="captured"):
+        launcher.launch([["seed=0"]] * 6, initial_job_idx=0)
+    assert submitted == [preview + "\n"]

@@ -141,3 +141,39 @@ def test_a_swept_seed_multiplies_like_seeds_and_conflicts_are_refused():
         plan(["norm=rmsnorm", "norm=layernorm,rmsnorm"])
     with pytest.raises(ConfigError, match="two or more values"):
         plan(["norm=rmsnorm,rmsnorm"])
+
+
+def test_ofat_preset_job_takes_the_axes_the_preset_sets(tmp_path):
+    """A group on the command line beats a preset's `override /norm`, so the arch=llama job must
+    not hold the baseline's norm=layernorm: it would be Llama with LayerNorm, named Llama."""
+    jobs = [as_dict(j) for j in dry_run("arch=gpt2,llama", "norm=layernorm,rmsnorm",
+                                        "train.lr=0.003,0.001", tmp_path=tmp_path)]
+    for j in jobs:
+        j.pop("out_dir")
+    assert jobs == [{"arch": "gpt2", "norm": "layernorm", "train.lr": "0.003"},
+                    {"arch": "llama", "train.lr": "0.003"},  # norm from the preset; lr held
+                    {"arch": "gpt2", "norm": "rmsnorm", "train.lr": "0.003"},
+                    {"arch": "gpt2", "norm": "layernorm", "train.lr": "0.001"}]
+    from conftest import compose
+
+    assert compose(["arch=llama", "train.lr=0.003"]).norm.name == "rmsnorm"  # really Llama
+    res = run_ablate("sweep", "arch=gpt2,llama", "norm=layernorm,rmsnorm", f"out_dir={tmp_path}",
+                     "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "takes norm from arch=llama, not the baseline's norm=layernorm" in res.stdout
+
+
+def test_ofat_preset_keeps_fixed_keys_and_its_plain_values():
+    from ablate.sweep import plan
+
+    jobs = plan(["arch=gpt2,vaswani", "act=gelu,silu", "model.emb_scale=false,true", "norm=rmsnorm"])
+    by_name = {j.name: j.overrides for j in jobs}
+    # the user fixed norm=rmsnorm for every job; vaswani sets act and model.emb_scale itself
+    assert by_name["arch=vaswani"] == ["norm=rmsnorm", "arch=vaswani"]
+    assert by_name["act=silu"] == ["norm=rmsnorm", "arch=gpt2", "model.emb_scale=False", "act=silu"]
+    # a non-preset change still holds every other swept key at its baseline value
+    assert by_name["model.emb_scale=True"] == ["norm=rmsnorm", "arch=gpt2", "act=gelu",
+                                               "model.emb_scale=True"]
+    seeded = plan(["arch=gpt2,llama", "norm=layernorm,rmsnorm"], seeds=2)
+    assert [j.overrides for j in seeded if j.variant == "arch=llama"] == [["arch=llama", "seed=0"],
+                                                                          ["arch=llama", "seed=1"]]

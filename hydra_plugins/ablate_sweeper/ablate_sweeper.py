@@ -1,12 +1,17 @@
-"""The `ablate` Hydra sweeper: plans the jobs (ablate.sweep), checks every job's config before
-anything is launched, hands the jobs to whichever Hydra launcher is configured, and prints the
-comparison at the end. Each job learns its variant name through hydra.job.env_set, which names
-its directory and its run (a job never stops the others: the run entry returns a status).
+"""The `ablate` Hydra sweeper: plans the jobs (ablate.sweep), checks every job's config (and, for
+local launchers, prepares the data) before anything is launched, hands the jobs to whichever
+Hydra launcher is configured, and prints the comparison at the end. Each job learns its variant
+name through hydra.job.env_set, which names its directory and its run. A job never stops the
+others: the run entry returns a status, and a job the launcher loses (killed, OOM, node failure)
+is read from its own directory; sweep.json records every job's outcome.
 
 No `from __future__ import annotations` here: Hydra's plugin scanner executes this module
 before it is in sys.modules, and dataclasses then cannot resolve string annotations."""
 
-import logging
+import contextlib
+import json
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +20,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
-
-log = logging.getLogger(__name__)
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 VARIANT_ENV = "ABLATE_VARIANT"  # the variant's name (what differs from the baseline)
 JOB_ENV = "ABLATE_JOB"  # the variant and its seed: the job directory's name
@@ -59,6 +62,7 @@ class AblateSweeper(Sweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         from ablate import sweep as S
+        from ablate.compose import check_writable
         from ablate.errors import AblateError
 
         assert self.config is not None and self.hydra_context is not None
@@ -69,16 +73,21 @@ class AblateSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         local = S.is_local_launcher(self.config)
         if self.dry_run:
-            mode = "study" if self.jobs else self.mode
-            S.print_plan(jobs, self.as_json, f"{mode} sweep: {len(jobs)} jobs -> {sweep_dir}")
-            if not local and not self.as_json:
-                params = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
-                print("\nsbatch script per job (hydra-submitit-launcher, rendered by submitit):")
-                print(S.sbatch_script(params, str(sweep_dir / ".submitit" / "%j")))
+            self._print_plan(jobs, sweep_dir, local)
             return []
+        if not local and shutil.which("sbatch") is None:
+            self._fail("launcher=slurm submits with sbatch, which is not on PATH here: run the sweep "
+                       "on the cluster's login node, or preview it with --dry-run (nothing was launched)")
+        try:
+            check_writable(sweep_dir, "sweep directory")
+        except AblateError as e:
+            self._fail(f"{e}; choose another out_dir or hydra.sweep.dir (nothing was launched)")
 
         batches = [self._job_overrides(j) for j in jobs]
-        self._check(jobs, batches, local)  # every job composes and validates, or nothing runs
+        configs = self._check(jobs, batches, local)  # every job composes and validates, or nothing runs
+        if local:
+            self._prepare_data(jobs, configs)
+        run_dirs = [_run_dir(cfg, i) for i, cfg in enumerate(configs)]
 
         from hydra.core.plugins import Plugins
 
@@ -88,26 +97,47 @@ class AblateSweeper(Sweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         # In-process launchers get one job at a time, so a Ctrl-C or SIGTERM (which stops the
         # running job with a checkpoint) stops the sweep too instead of starting the next job.
-        sequential = str(self.config.hydra.launcher.get("_target_", "")).endswith("BasicLauncher")
+        target = str(self.config.hydra.launcher.get("_target_", ""))
+        sequential = target.endswith("BasicLauncher")
         size = self.max_batch_size or (1 if sequential else len(batches))
         results = []
         for start in range(0, len(batches), size):
+            end = start + size
             if sequential and any(r.status in S.STOPPED for r in results):
-                results += [S.JobResult(j, "not run") for j in jobs[start:start + size]]
+                results += [S.JobResult(j, "not run") for j in jobs[start:end]]
                 continue
-            chunk = batches[start:start + size]
+            chunk = batches[start:end]
+            stamps = [S.summary_stamp(d) for d in run_dirs[start:end]]
+            submitted: list = []
             try:
-                returns = self.launcher.launch(chunk, initial_job_idx=start)
-            except Exception as e:  # noqa: BLE001 - e.g. a submitit job that died: record, go on
-                log.error(f"jobs {start}..{start + len(chunk) - 1} failed to run: {e}")
-                returns = [None] * len(chunk)
-            for job, ret in zip(jobs[start:start + size], returns):
-                results.append(S.result_of(job, ret) if ret is not None
-                               else S.JobResult(job, "failed", None, "the launcher lost the job"))
+                with _keep_submitit_jobs(submitted, "submitit" in target):
+                    returns = [(ret, "") for ret in self.launcher.launch(chunk, initial_job_idx=start)]
+            except Exception as e:  # noqa: BLE001 - e.g. a job that died: read each job's own outcome
+                print(f"warning: the launcher failed ({_one_line(e)}); reading each job's outcome "
+                      "from its directory", file=sys.stderr)
+                returns = _collect(submitted, len(chunk), _one_line(e))
+            for job, (ret, why), run_dir, stamp in zip(jobs[start:end], returns, run_dirs[start:end], stamps):
+                results.append(S.result_of(job, ret) if ret is not None else
+                               S.recover(job, run_dir, stamp, f"the launcher lost the job: {why}"))
         code = S.finish(results, sweep_dir)
         if code:
             raise SystemExit(code)
         return results
+
+    def _print_plan(self, jobs, sweep_dir: Path, local: bool) -> None:
+        from ablate import sweep as S
+
+        mode = "study" if self.jobs else self.mode
+        S.print_plan(jobs, self.as_json, f"{mode} sweep: {len(jobs)} jobs -> {sweep_dir}")
+        if local or self.as_json:
+            return
+        params = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
+        size = min(self.max_batch_size or len(jobs), len(jobs))
+        n_submits = -(-len(jobs) // size)
+        what = (f"one array job of {size} tasks" if n_submits == 1 and size > 1 else
+                "one job" if n_submits == 1 else f"the first of {n_submits} submissions")
+        print(f"\nsbatch script, as hydra-submitit-launcher submits it ({what}; rendered by submitit):")
+        print(S.sbatch_script(params, size))
 
     @staticmethod
     def _job_overrides(job) -> list[str]:
@@ -118,7 +148,8 @@ class AblateSweeper(Sweeper):
             f"+hydra.job.env_set.{VARIANT_ENV}={quote(job.variant)}",
             f"+hydra.job.env_set.{JOB_ENV}={quote(dir_safe(job.name))}"]
 
-    def _check(self, jobs, batches, local: bool) -> None:
+    def _check(self, jobs, batches, local: bool) -> list:
+        """Every job's composed config, checked; refuses the sweep at the first bad job."""
         from hydra.errors import HydraException
         from omegaconf.errors import OmegaConfBaseException
 
@@ -127,6 +158,7 @@ class AblateSweeper(Sweeper):
         from ablate.errors import AblateError
 
         loader = self.hydra_context.config_loader
+        configs = []
         for i, (job, overrides) in enumerate(zip(jobs, batches)):
             try:
                 cfg = loader.load_sweep_config(self.config, overrides)
@@ -135,3 +167,93 @@ class AblateSweeper(Sweeper):
                 self._fail(f"job #{i} ({job.name}): {e} (nothing was launched)")
             except (HydraException, OmegaConfBaseException) as e:
                 self._fail(f"job #{i} ({job.name}): {hydra_message(e)} (nothing was launched)")
+            configs.append(cfg)
+        return configs
+
+    def _prepare_data(self, jobs, configs) -> None:
+        """Tokenize each of the sweep's datasets once, here, before any job starts: the jobs then
+        find the cache instead of waiting on one job's lock, and a data error is one line with
+        nothing launched. Only for local launchers: a SLURM sweep's jobs prepare their own (or
+        `ablate data prepare` on the login node)."""
+        from ablate.compose import prepare_checked
+        from ablate.errors import AblateError
+
+        seen = set()
+        for i, (job, cfg) in enumerate(zip(jobs, configs)):
+            key = json.dumps([OmegaConf.to_container(cfg.data, resolve=True), cfg.tokenizer.name,
+                              cfg.train.batch_size, cfg.train.seq_len], sort_keys=True, default=str)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                prepare_checked(cfg)  # tokenized once, and holds one batch
+            except AblateError as e:
+                self._fail(f"job #{i} ({job.name}): {e} (nothing was launched)")
+
+
+def _run_dir(cfg: DictConfig, num: int) -> Optional[str]:
+    """Where the launcher puts job `num` (hydra.sweep.dir/hydra.sweep.subdir), to read the job's
+    summary.json when the launcher loses the job. Resolved as run_job resolves it: ${hydra:...}
+    in the subdir reads the job's own config through HydraConfig."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    try:
+        with open_dict(cfg.hydra.job):
+            cfg.hydra.job.num = num
+        hydra_config.set_config(cfg)
+        return os.path.abspath(os.path.join(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)))
+    except Exception:  # noqa: BLE001 - an unresolvable subdir: only the launcher can tell then
+        return None
+    finally:
+        hydra_config.cfg = previous
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception in one line; two lines of its message, since submitit's UncompletedJobError
+    puts the job's state on the second ("has not produced any output (state: OUT_OF_MEMORY)")."""
+    text = " ".join(str(e).strip().splitlines()[:2])
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def _keep_submitit_jobs(into: list, enabled: bool):
+    """hydra-submitit-launcher returns [j.results()[0] for j in jobs]: the first job that died
+    raises, and the other jobs are dropped while they may still be running. Keep the jobs that
+    executor.map_array submits, so that each can be waited for and read on its own."""
+    if not enabled:
+        yield
+        return
+    from submitit.core.core import Executor
+
+    original = Executor.map_array
+
+    def map_array(executor, fn, *iterable):
+        jobs = original(executor, fn, *iterable)
+        into.extend(jobs)
+        return jobs
+
+    Executor.map_array = map_array
+    try:
+        yield
+    finally:
+        Executor.map_array = original
+
+
+def _collect(submitted: list, n: int, error: str) -> list:
+    """(JobReturn, "") per job from its own submitit job, waiting for those still running; (None,
+    why) for a job that returned nothing (its directory is read then)."""
+    if len(submitted) != n:  # the launcher failed before or while submitting
+        return [(None, error)] * n
+    out = []
+    for job in submitted:
+        job.wait()
+        if not job.paths.result_pickle.exists():  # died (results() would wait 15 s more to say so)
+            out.append((None, f"submitit job {job.job_id} has not produced any output (state: {job.state})"))
+            continue
+        try:
+            out.append((job.results()[0], ""))
+        except Exception as e:  # noqa: BLE001 - this job failed outside the task; read its directory
+            out.append((None, _one_line(e)))
+    return out
