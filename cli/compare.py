@@ -29,8 +29,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare each variant with the baseline: is the difference bigger than seed noise?
 
-        Runs are grouped by variant (config minus seed); the test is a paired t-test by seed,
-        else Welch."""
+        Runs are grouped by variant (config minus seed); the test is a paired
+        t-test on the seeds both completed, else Welch. A study sweep
+        (ablate sweep study=...) is shown in ladder order, each rung also
+        against the previous rung."""
         from cli.main import fail
         from ablate.errors import AblateError
 

@@ -126,6 +126,64 @@ def test_seed_test_edge_cases():
     shifted = seed_test({0: 1.0, 1: 2.0}, {0: 1.5, 1: 2.5})  # the same shift on every seed
     assert shifted["p_value"] == 0.0
     assert seed_test({0: 1.0}, {0: 2.0, 1: 3.0})["test"] is None
+    # one seed in common is no pairing: Welch over all values
+    one_common = seed_test({0: 1.0, 1: 2.0, 2: 1.5}, {2: 1.2, 3: 1.9, 4: 1.4})
+    assert one_common["test"] == "Welch t" and one_common["test_seeds"] == [2, 3, 4]
+
+
+def test_a_diverged_seed_leaves_the_pairing_not_the_paired_test(tmp_path):
+    """Seed 2 of the variant diverged: the paired t-test runs on seeds {0, 1}, the row says
+    that its mean is over 2 of 3 seeds, and Welch is not used."""
+    base, var = {0: 3.00, 1: 3.10, 2: 3.05}, {0: 2.93, 1: 3.01}
+    for s, v in base.items():
+        write_run(tmp_path, f"base_s{s}", {}, s, v)
+    for s, v in var.items():
+        write_run(tmp_path, f"rms_s{s}", {"norm": "rmsnorm"}, s, v)
+    write_run(tmp_path, "rms_s2", {"norm": "rmsnorm"}, 2, None, status="diverged")
+    rows = compare_dirs([tmp_path])
+    rms = by_name(rows)["norm=rmsnorm"]
+    # by hand: differences -0.07, -0.09 -> mean -0.08, sd 0.01*sqrt(2), t = -0.08 / (sd / sqrt 2) = -8
+    t = -8.0
+    assert rms["test"] == "paired t" and rms["df"] == 1 and rms["test_seeds"] == [0, 1]
+    assert rms["t"] == pytest.approx(t, rel=1e-6)
+    assert rms["p_value"] == pytest.approx(2 * stats.t.sf(abs(t), 1), rel=1e-6)  # 0.0792
+    assert rms["verdict"] == "noise"  # two pairs cannot beat p<0.05 here
+    # mean +- std over the survivors; delta against the baseline's three seeds
+    assert rms["mean"] == pytest.approx(2.97) and rms["std"] == pytest.approx(0.08 / math.sqrt(2))
+    assert rms["delta"] == pytest.approx(2.97 - 3.05)
+    assert rms["n"] == 2 and rms["runs"] == 3 and rms["coverage"] == "2 of 3 seeds; 1 diverged"
+    assert by_name(rows)["baseline"]["coverage"] is None
+    data = by_name(json.loads(to_json(rows)))["norm=rmsnorm"]
+    assert data["coverage"] == "2 of 3 seeds; 1 diverged" and data["test_seeds"] == [0, 1]
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    print_comparison(rows, console)
+    text = console.export_text()
+    assert "no (paired t, p=0.0792)" in text and "Welch" not in text
+    assert "2 of 3" in text
+    assert "note: norm=rmsnorm: 2 of 3 seeds; 1 diverged; its mean is over the completed seeds only" in text
+
+
+def test_a_baseline_seed_that_failed_pairs_the_variant_on_the_rest(tmp_path):
+    base, var = {0: 3.00, 1: 3.10}, {0: 2.90, 1: 3.02, 2: 2.97}
+    for s, v in base.items():
+        write_run(tmp_path, f"base_s{s}", {}, s, v)
+    write_run(tmp_path, "base_s2", {}, 2, None, status="failed")
+    for s, v in var.items():
+        write_run(tmp_path, f"rms_s{s}", {"norm": "rmsnorm"}, s, v)
+    rows = compare_dirs([tmp_path])
+    rms = by_name(rows)["norm=rmsnorm"]
+    expected = stats.ttest_rel([2.90, 3.02], [3.00, 3.10])  # seed 2 has no partner
+    assert rms["test"] == "paired t" and rms["test_seeds"] == [0, 1]
+    assert rms["p_value"] == pytest.approx(expected.pvalue) and rms["t"] == pytest.approx(expected.statistic)
+    assert rms["mean"] == pytest.approx(sum(var.values()) / 3)  # all three of its seeds
+    assert rms["coverage"] is None and by_name(rows)["baseline"]["coverage"] == "2 of 3 seeds; 1 failed"
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    print_comparison(rows, console)
+    assert "paired t on seeds 0,1, p=" in console.export_text()
 
 
 def test_baseline_by_variant_name_or_directory(runs):
@@ -164,7 +222,10 @@ def test_metric_missing_in_some_runs_and_in_all(runs):
     rows = compare_dirs([runs])
     rope = by_name(rows)["pos=rope"]
     assert rope["n"] == 2 and rope["status"] == {"completed": 2, "no val_loss": 1}
-    assert rope["test"] == "Welch t"  # seeds {0, 1} vs {0, 1, 2}: no longer paired
+    # seeds {0, 1} vs {0, 1, 2}: still paired, on the two seeds both have
+    assert rope["test"] == "paired t" and rope["test_seeds"] == [0, 1] and rope["df"] == 1
+    assert rope["p_value"] == pytest.approx(stats.ttest_rel([3.02, 3.07], [3.00, 3.10]).pvalue)
+    assert rope["coverage"] == "2 of 3 seeds; 1 no val_loss"
     assert any("no final val_loss" in n for n in rows.notes)
     # a metrics.jsonl key works too (the last logged value); W&B names are accepted
     rows = compare_dirs([runs], metric="train/grad_norm")

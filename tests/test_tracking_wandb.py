@@ -25,8 +25,9 @@ def no_login_env(tmp_path) -> dict:
 
 def test_default_run_logs_offline_and_the_file_reads_back(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_ablate("run", *WANDB_TINY, "norm=rmsnorm", "seed=1", "logger.group=abl-test",
-                     f"hydra.run.dir={run_dir}", env=no_login_env(tmp_path))
+    # a preset with one axis taken back on the command line: W&B must say which preset it was
+    res = run_ablate("run", *WANDB_TINY, "arch=llama", "model.n_heads=4", "act=gelu", "seed=1",
+                     "logger.group=abl-test", f"hydra.run.dir={run_dir}", env=no_login_env(tmp_path))
     assert res.returncode == 0, res.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
@@ -37,9 +38,10 @@ def test_default_run_logs_offline_and_the_file_reads_back(tmp_path):
     run = read_run(run_dir)
     assert run.group == "abl-test" and run.job_type == "train" and run.project == "ablate"
     assert "norm=rmsnorm" in run.tags and not any(t.startswith("act=") for t in run.tags)
-    assert run.name.endswith("seed=1") and "norm=rmsnorm" in run.name
+    assert "arch=llama" in run.tags and run.config["arch"] == "llama"  # filterable by preset
+    assert run.name.endswith("seed=1") and "arch=llama" in run.name
     # axes at top level (the UI groups by them), their options beside them, sizes included
-    assert run.config["norm"] == "rmsnorm" and run.config["act"] == "gelu"
+    assert run.config["norm"] == "rmsnorm" and run.config["act"] == "gelu" and run.config["pos"] == "rope"
     assert run.config["norm_eps"] == pytest.approx(1e-5) and run.config["model"]["d_model"] == 32
     assert run.config["params"] == summary["params"]
     assert run.config["flops_per_token"] == summary["flops_per_token"]
@@ -71,6 +73,47 @@ def test_online_init_failure_falls_back_to_offline_with_one_warning(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["wandb"]["mode"] == "offline"
     assert any("train/grad_norm" in h for h in read_run(run_dir).history)
+
+
+def test_a_failed_online_init_is_remembered_so_the_next_run_does_not_wait(tmp_path, monkeypatch, capsys):
+    """A key but no network (a refused port): the first run waits init_timeout once, the next
+    mode=auto run goes offline at once with one warning; logger.mode=online still tries."""
+    import time
+
+    from ablate.tracking import wandb_sink
+
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    timeout = 2.0
+
+    def start(name, mode="auto"):
+        sink = sink_for(tmp_path / name, mode)
+        sink.cfg.init_timeout = timeout
+        (tmp_path / name).mkdir()
+        info, t0 = {}, time.monotonic()
+        sink.start(info)
+        waited = time.monotonic() - t0
+        sink.finish({"status": "completed"})
+        warnings = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning:")]
+        return info["wandb"]["mode"], waited, warnings
+
+    mode, waited, warnings = start("first")
+    assert mode == "offline" and waited >= timeout  # it tried online and waited
+    assert len(warnings) == 1 and "online init failed (" in warnings[0]
+    mode, waited, warnings = start("second")
+    assert mode == "offline" and waited < timeout  # no online try, no wait
+    assert len(warnings) == 1 and "logging offline at once (logger.mode=online tries again)" in warnings[0]
+    assert "connection refused" in warnings[0]  # says why
+    mode, waited, warnings = start("forced", mode="online")
+    assert waited >= timeout and "online init failed (" in warnings[0]  # an explicit online tries
+    # the memory lasts OFFLINE_MEMORY_S
+    marker = wandb_sink._failure_marker()
+    assert wandb_sink.recent_online_failure() is not None
+    data = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**data, "time": data["time"] - wandb_sink.OFFLINE_MEMORY_S - 1}))
+    assert wandb_sink.recent_online_failure() is None
 
 
 # ---- the reader on a file written here, with records split across 32 KiB blocks ------------------
@@ -186,3 +229,19 @@ def test_a_sweep_run_is_grouped_by_the_sweep_name(tmp_path):
     sinks.finish({})
     (w,) = [s for s in sinks.sinks if isinstance(s, WandbSink)]
     assert w.group == "mine" and w.tags == []  # an explicit group wins; defaults get no tags
+
+
+def test_arch_preset_in_the_config_and_a_tag_unless_default(tmp_path):
+    from ablate.tracking.wandb_sink import WandbSink, wandb_config
+    from tests.conftest import compose
+
+    cfg = compose([*WANDB_TINY, "arch=llama", "model.n_heads=4"])
+    info = {"params": 10}
+    # outside a Hydra job the preset is unknown unless the caller names it
+    assert "arch" not in wandb_config(cfg, "arch=llama", info)
+    config = wandb_config(cfg, "arch=llama", info, arch="llama")
+    assert config["arch"] == "llama" and config["norm"] == "rmsnorm"
+    sink = WandbSink(cfg.logger, tmp_path, "x", config, ["norm=rmsnorm"], None)
+    assert sink.tags == ["arch=llama", "norm=rmsnorm"]
+    gpt2 = wandb_config(compose(WANDB_TINY), "baseline", info, arch="gpt2")
+    assert gpt2["arch"] == "gpt2" and WandbSink(cfg.logger, tmp_path, "x", gpt2, [], None).tags == []

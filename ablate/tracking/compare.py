@@ -9,9 +9,14 @@ touches the trainer or W&B. Used by the CLI and at the end of `ablate sweep`:
 
 A variant is a config minus its seeds (and minus keys that do not change what is trained);
 its runs are the seeds. The baseline is the variant with no axis change (or `baseline=`).
-A variant is tested against the baseline with a paired t-test over seeds when both have the
-same seeds (same seed => same init and batches, so pairing removes shared noise), else Welch's
-t-test; fewer than two seeds on either side gives no test.
+A variant is tested against the baseline with a paired t-test over the seeds both completed
+when there are at least two (same seed => same init and batches, so pairing removes shared
+noise; a diverged seed leaves the pairing, and the row says how many seeds its mean covers),
+else Welch's t-test; fewer than two seeds on either side gives no test.
+
+A study sweep (`ablate sweep study=gpt2_to_llama`: its multirun.yaml holds the job list) is a
+cumulative ladder: its rungs are shown in ladder order, each also against the rung before it
+(delta_prev, p_prev, test_prev, verdict_prev), so each step's own gain is visible.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from ablate.errors import AblateError
 
 SUMMARY, METRICS, CONFIG = "summary.json", "metrics.jsonl", "config.yaml"
+MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it
 SEED_KEYS = ("seed", "data_seed")
 # Config keys that never change what is trained (besides run.NON_VARIANT_PREFIXES).
 EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc")
@@ -199,46 +205,60 @@ def _mean_std(values: Sequence[float]) -> tuple[Optional[float], Optional[float]
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+def _seeds(keys: Iterable) -> list:
+    """Seeds as shown: a run's key is (seed, data_seed); the data seed is shared in a sweep."""
+    return [k[0] if isinstance(k, tuple) else k for k in keys]
+
+
+NO_TEST = {"test": None, "t": None, "p_value": None, "df": None, "test_seeds": None}
+
+
 def seed_test(base: dict, other: dict) -> dict:
     """Is mean(other) - mean(base) bigger than seed noise? `base`/`other` map seed -> value.
 
-    Paired t-test on per-seed differences when both have the same (>= 2) seeds, else Welch's
-    t-test when both have >= 2 values, else no test. Returns {test, t, p_value, df}."""
+    Paired t-test on per-seed differences over the seeds both have (when >= 2: a diverged seed
+    on one side drops out of the pairing instead of turning the test into Welch), else Welch's
+    t-test when both have >= 2 values, else no test. Returns {test, t, p_value, df, test_seeds}
+    (test_seeds: the seeds of `other` that entered the test)."""
     from scipy import stats
 
-    none = {"test": None, "t": None, "p_value": None, "df": None}
     if len(base) < 2 or len(other) < 2:
-        return none
-    if set(base) == set(other):
-        seeds = sorted(base, key=str)
-        a, b = [other[s] for s in seeds], [base[s] for s in seeds]
+        return dict(NO_TEST)
+    common = sorted(set(base) & set(other), key=str)
+    if len(common) >= 2:
+        a, b = [other[s] for s in common], [base[s] for s in common]
         diffs = [x - y for x, y in zip(a, b)]
         mean, sd = _mean_std(diffs)
-        df = len(diffs) - 1
+        out = {"test": "paired t", "df": len(diffs) - 1, "test_seeds": _seeds(common)}
         if sd == 0:  # identical differences on every seed: no noise to compare against
-            return {"test": "paired t", "t": 0.0 if mean == 0 else math.copysign(math.inf, mean),
-                    "p_value": 1.0 if mean == 0 else 0.0, "df": df}
+            return {**out, "t": 0.0 if mean == 0 else math.copysign(math.inf, mean),
+                    "p_value": 1.0 if mean == 0 else 0.0}
         r = stats.ttest_rel(a, b)
-        return {"test": "paired t", "t": float(r.statistic), "p_value": float(r.pvalue), "df": df}
+        return {**out, "t": float(r.statistic), "p_value": float(r.pvalue)}
     a, b = list(other.values()), list(base.values())
     (ma, sa), (mb, sb) = _mean_std(a), _mean_std(b)
+    seeds = _seeds(sorted(other, key=str))
     if sa == 0 and sb == 0:
         return {"test": "Welch t", "t": 0.0 if ma == mb else math.copysign(math.inf, ma - mb),
-                "p_value": 1.0 if ma == mb else 0.0, "df": None}
+                "p_value": 1.0 if ma == mb else 0.0, "df": None, "test_seeds": seeds}
     r = stats.ttest_ind(a, b, equal_var=False)
     va, vb = sa ** 2 / len(a), sb ** 2 / len(b)  # Welch-Satterthwaite degrees of freedom
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return {"test": "Welch t", "t": float(r.statistic), "p_value": float(r.pvalue), "df": df}
+    return {"test": "Welch t", "t": float(r.statistic), "p_value": float(r.pvalue), "df": df,
+            "test_seeds": seeds}
 
 
-def verdict(delta: Optional[float], p_value: Optional[float], metric: str, alpha: float = ALPHA) -> Optional[str]:
-    """better / worse (p < alpha, in the metric's direction) or noise; None without a test."""
-    if delta is None or p_value is None:
+def verdict(direction: Optional[float], p_value: Optional[float], metric: str,
+            alpha: float = ALPHA) -> Optional[str]:
+    """better / worse (p < alpha, in the metric's direction) or noise; None without a test.
+    `direction`: the sign of the difference the test saw (its t), which can differ from the
+    all-seeds delta when the pairing leaves seeds out."""
+    if direction is None or p_value is None:
         return None
-    if p_value >= alpha or delta == 0:
+    if p_value >= alpha or direction == 0:
         return "noise"
     higher = metric in HIGHER_IS_BETTER
-    return "better" if (delta > 0) == higher else "worse"
+    return "better" if (direction > 0) == higher else "worse"
 
 
 # ---- grouping and the comparison ---------------------------------------------------------------
@@ -247,6 +267,7 @@ class Group:
     runs: list[Run]
     label: str = ""
     values: dict = field(default_factory=dict)  # seed -> metric value (completed runs only)
+    prev: Optional["Group"] = None  # a study rung: the rung before it in the same sweep
 
     def first(self, key: str) -> Any:
         for r in self.runs:
@@ -331,10 +352,63 @@ def _resolve_metric(metric: str, runs: list[Run]) -> str:
     return metric
 
 
+def _ladder(sweep_dir: Path, cache: dict) -> Optional[list[str]]:
+    """A study's rung names in order: the explicit job list (hydra.sweeper.jobs) that the
+    sweeper saved in the sweep's multirun.yaml; None for any other directory."""
+    if sweep_dir not in cache:
+        import yaml
+
+        names = None
+        try:
+            multirun = yaml.safe_load((sweep_dir / MULTIRUN).read_text(encoding="utf-8"))
+            jobs = multirun["hydra"]["sweeper"]["jobs"]
+            if jobs:  # unnamed entries are named as ablate.sweep.expand_explicit names them
+                names = [str(j.get("name") or f"job{i}") for i, j in enumerate(jobs)]
+        except (OSError, ValueError, yaml.YAMLError, TypeError, KeyError, AttributeError):
+            pass
+        cache[sweep_dir] = names
+    return cache[sweep_dir]
+
+
+def _study(groups: list[Group], notes: list[str]) -> list[Group]:
+    """The groups that are rungs of a study sweep, in ladder order; each gets `prev`, the rung
+    before it in the same sweep (a missing rung is skipped, with a note)."""
+    cache: dict = {}
+    rungs: dict[tuple, Group] = {}
+    sweeps: list[Path] = []
+    for g in groups:
+        r = g.runs[0]
+        names, name = _ladder(r.dir.parent, cache), r.summary.get("variant")
+        if names and name in names:
+            rungs.setdefault((r.dir.parent, names.index(name)), g)
+            if r.dir.parent not in sweeps:
+                sweeps.append(r.dir.parent)
+    order = sorted(rungs, key=lambda k: (sweeps.index(k[0]), k[1]))
+    for before, key in zip([None] + order, order):
+        if before and before[0] == key[0]:
+            g = rungs[key]
+            g.prev = rungs[before]
+            if before[1] != key[1] - 1:
+                notes.append(f"{g.label}: the rung before it has no runs; its step is measured "
+                             f"from {g.prev.label}")
+    return [rungs[k] for k in order]
+
+
+def _versus(ref: Optional[Group], g: Group, metric: str, alpha: float) -> dict:
+    """`g` against `ref`: delta of the means, the seed test and its verdict."""
+    mean = _mean_std(list(g.values.values()))[0]
+    ref_mean = _mean_std(list(ref.values.values()))[0] if ref is not None and ref is not g else None
+    delta = None if mean is None or ref_mean is None else mean - ref_mean
+    test = seed_test(ref.values, g.values) if delta is not None else dict(NO_TEST)
+    return {"delta": delta, "delta_pct": (100 * delta / ref_mean) if delta is not None and ref_mean else None,
+            **test, "verdict": verdict(test["t"], test["p_value"], metric, alpha)}
+
+
 def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
                  baseline: Optional[str] = None, alpha: float = ALPHA,
                  warn: Callable[[str], None] = _warn) -> Comparison:
-    """Compare every run under `paths`; one dict per variant, the baseline first."""
+    """Compare every run under `paths`; one dict per variant, the baseline first (a study's
+    rungs in ladder order, each also against the rung before it: delta_prev, p_prev, ...)."""
     runs = find_runs(paths, warn)
     metric = _resolve_metric(metric, runs)
     by_key: dict[tuple, Group] = {}
@@ -343,10 +417,14 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
     groups = list(by_key.values())
     _labels(groups)
     notes: list[str] = []
-    base = _pick_baseline(groups, baseline, notes)
-    if base is not None:
-        groups.remove(base)
-        groups.insert(0, base)
+    ladder = _study(groups, notes)
+    if ladder and baseline is None and not any(g.label == "baseline" for g in groups):
+        base = ladder[0]  # a study's first rung is its starting point
+    else:
+        base = _pick_baseline(groups, baseline, notes)
+    in_ladder = {id(g) for g in ladder}
+    head = [] if base is None or id(base) in in_ladder else [base]
+    groups = head + ladder + [g for g in groups if id(g) not in in_ladder and g is not base]
 
     missing = 0
     for g in groups:
@@ -363,7 +441,6 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
     if missing:
         notes.append(f"{missing} completed run(s) have no final {metric}; shown as 'no {metric}'")
 
-    base_mean = _mean_std(list(base.values.values()))[0] if base else None
     base_params = base.first("params") if base else None
     rows = []
     for g in groups:
@@ -374,22 +451,24 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
             if st == "completed" and r.seed not in g.values:
                 st = f"no {metric}"
             counts[st] = counts.get(st, 0) + 1
+        # The mean reflects the survivors only: say so when some seeds did not enter it.
+        coverage = None
+        if len(g.values) != len(g.runs):
+            left = [f"{c} {st}" for st, c in counts.items() if st != "completed"]
+            coverage = f"{len(g.values)} of {len(g.runs)} seeds" + ("; " + ", ".join(left) if left else "")
+            notes.append(f"{g.label}: {coverage}; its mean is over the completed seeds only")
         is_base = g is base
-        delta = None if (is_base or mean is None or base_mean is None) else mean - base_mean
-        test = seed_test(base.values, g.values) if (base and not is_base and delta is not None) else \
-            {"test": None, "t": None, "p_value": None, "df": None}
         params = g.first("params")
         p_delta = (params - base_params) if (params is not None and base_params and not is_base) else None
         tps = [_number(r.summary.get("tokens_per_s")) for r in g.runs if r.status == "completed"]
         tps = [t for t in tps if t]
-        rows.append({
+        row = {
             "variant": g.label, "baseline": is_base, "metric": metric,
-            "n": len(g.values), "runs": len(g.runs),
+            "n": len(g.values), "runs": len(g.runs), "coverage": coverage,
             "seeds": [s[0] for s in sorted(g.values, key=str)],
             "mean": mean, "std": std,
             "values": [g.values[s] for s in sorted(g.values, key=str)],
-            "delta": delta, "delta_pct": (100 * delta / base_mean) if delta is not None and base_mean else None,
-            **test, "verdict": verdict(delta, test["p_value"], metric, alpha),
+            **_versus(base, g, metric, alpha),
             "status": counts,
             "params": params, "params_delta": p_delta,
             "params_delta_pct": (100 * p_delta / base_params) if p_delta is not None else None,
@@ -397,7 +476,12 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
             "tokens_per_s": (sum(tps) / len(tps)) if tps else None,
             "axes": g.runs[0].summary.get("axes"),
             "dirs": [str(r.dir) for r in g.runs],
-        })
+        }
+        if id(g) in in_ladder:  # the step this rung adds: against the rung before it
+            row["prev"] = g.prev.label if g.prev else None
+            row.update({("p_prev" if k == "p_value" else f"{k}_prev"): v
+                        for k, v in _versus(g.prev, g, metric, alpha).items()})
+        rows.append(row)
     sized = [f"{r['variant']} ({r['params_delta']:+,} params, {r['params_delta_pct']:+.1f}%)"
              for r in rows if r["params_delta"]]
     if sized:
@@ -436,8 +520,35 @@ def _status_cell(counts: dict) -> str:
     return ", ".join(parts)
 
 
+def _key(name: str, prev: bool) -> str:
+    """A row key, or its against-the-previous-rung twin (delta_prev, p_prev, test_prev, ...)."""
+    return name if not prev else ("p_prev" if name == "p_value" else f"{name}_prev")
+
+
+def _delta_cell(r: dict, prev: bool = False) -> str:
+    if (r["prev"] is None) if prev else r["baseline"]:
+        return ""
+    delta, pct = r[_key("delta", prev)], r[_key("delta_pct", prev)]
+    return "-" if delta is None else f"{delta:+.4f}" + (f" ({pct:+.2f}%)" if pct is not None else "")
+
+
+def _test_cell(r: dict, prev: bool = False) -> str:
+    if (r["prev"] is None) if prev else r["baseline"]:
+        return ""
+    test, seeds = r[_key("test", prev)], r[_key("test_seeds", prev)]
+    if test is None:
+        return "[dim]no test (needs ≥2 seeds each)[/dim]" if r[_key("delta", prev)] is not None else "-"
+    v = r[_key("verdict", prev)]
+    color = {"better": "green", "worse": "red"}.get(v, "dim")
+    word = {"better": "yes, better", "worse": "yes, worse", "noise": "no"}[v]
+    if test == "paired t" and len(seeds) < r["n"]:  # a seed missing on the other side
+        test += " on seeds " + ",".join(map(str, seeds))
+    return f"[{color}]{word}[/{color}] ({test}, p={r[_key('p_value', prev)]:.3g})"
+
+
 def print_comparison(rows: Sequence[dict], console: Any = None) -> None:
-    """The rich table: one line per variant, the baseline first; notes below it."""
+    """The rich table: one line per variant, the baseline first (a study: its rungs in ladder
+    order, with each rung's step against the one before it); notes below it."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -450,16 +561,20 @@ def print_comparison(rows: Sequence[dict], console: Any = None) -> None:
             console = Console(width=200)  # piped to a file: don't squeeze the table into 80
     metric = getattr(rows, "metric", rows[0]["metric"] if rows else "metric")
     alpha = getattr(rows, "alpha", ALPHA)
-    t = Table(title=f"ablate compare: final {metric} (mean ± std over seeds)", title_justify="left")
-    for name, kw in (("variant", {"style": "bold"}), ("seeds", {"justify": "right"}),
-                     ("params", {"justify": "right"}), (metric, {"justify": "right"}),
-                     ("Δ vs baseline", {"justify": "right"}),
-                     (f"beyond seed noise? (p<{alpha:g})", {}), ("tokens/s", {"justify": "right"}),
-                     ("status", {})):
+    study = any("prev" in r for r in rows)
+    t = Table(title=f"ablate compare: final {metric} (mean ± std over seeds)"
+              + ("; study: rungs in ladder order, each step vs the previous rung" if study else ""),
+              title_justify="left")
+    columns = [("variant", {"style": "bold"}), ("seeds", {"justify": "right"}),
+               ("params", {"justify": "right"}), (metric, {"justify": "right"}),
+               ("Δ vs baseline", {"justify": "right"}), (f"beyond seed noise? (p<{alpha:g})", {})]
+    if study:
+        columns += [("Δ vs previous rung", {"justify": "right"}), ("step beyond seed noise?", {})]
+    for name, kw in columns + [("tokens/s", {"justify": "right"}), ("status", {})]:
         t.add_column(name, **kw)
     for r in rows:
         label = escape(r["variant"]) + (" [dim](baseline)[/dim]" if r["baseline"] and r["variant"] != "baseline" else "")
-        seeds = f"{r['n']}" + (f"/{r['runs']}" if r["runs"] != r["n"] else "")
+        seeds = f"{r['n']}" + (f" of {r['runs']}" if r["runs"] != r["n"] else "")
         params = "-" if r["params"] is None else f"{r['params']:,}"
         if r["params_delta"]:
             params += f" [yellow]({r['params_delta_pct']:+.1f}%)[/yellow]"
@@ -467,18 +582,11 @@ def print_comparison(rows: Sequence[dict], console: Any = None) -> None:
             value = "-"
         else:
             value = f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "")
-        delta = "" if r["baseline"] else ("-" if r["delta"] is None else f"{r['delta']:+.4f}"
-                                          + (f" ({r['delta_pct']:+.2f}%)" if r["delta_pct"] is not None else ""))
-        if r["baseline"]:
-            test = ""
-        elif r["test"] is None:
-            test = "[dim]no test (needs ≥2 seeds each)[/dim]" if r["delta"] is not None else "-"
-        else:
-            color = {"better": "green", "worse": "red"}.get(r["verdict"], "dim")
-            word = {"better": "yes, better", "worse": "yes, worse", "noise": "no"}[r["verdict"]]
-            test = f"[{color}]{word}[/{color}] ({r['test']}, p={r['p_value']:.3g})"
+        cells = [label, seeds, params, value, _delta_cell(r), _test_cell(r)]
+        if study:
+            cells += ["", ""] if "prev" not in r else [_delta_cell(r, True), _test_cell(r, True)]
         tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
-        t.add_row(label, seeds, params, value, delta, test, tps, _status_cell(r["status"]))
+        t.add_row(*cells, tps, _status_cell(r["status"]))
     console.print(t)
     for note in getattr(rows, "notes", []):
         console.print(f"note: {escape(note)}", soft_wrap=True)

@@ -2,11 +2,14 @@
 
 mode=auto: online when the user is logged in (WANDB_API_KEY or a netrc entry), else offline,
 so a laptop without network never waits on it. Offline runs land in <run_dir>/wandb and can be
-uploaded later with `wandb sync`.
+uploaded later with `wandb sync`. An online init that failed (a compute node without network
+waits logger.init_timeout for nothing) is remembered for OFFLINE_MEMORY_S per host, so the next
+runs of a sweep go offline at once; logger.mode=online always tries.
 """
 
 from __future__ import annotations
 
+import json
 import netrc
 import os
 import re
@@ -22,6 +25,7 @@ WANDB_KEYS = {
     "tokens_per_s": "train/tokens_per_s", "val_loss": "val/loss", "val_bpb": "val/bpb",
     "tokens": "tokens",
 }
+OFFLINE_MEMORY_S = 600  # how long a failed online init sends mode=auto runs offline at once
 SECRET_KEYS = ("api_key", "apikey", "wandb_api_key", "token", "password", "secret")
 
 
@@ -63,10 +67,22 @@ def scrub(obj: Any) -> Any:
     return obj
 
 
-def wandb_config(cfg: Any, variant: str, info: dict) -> dict:
+def hydra_choice(group: str) -> Optional[str]:
+    """The option Hydra chose for a config group in this job (None outside a Hydra job).
+    `arch` needs it: a preset only changes other groups and leaves no key of its own."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
+    except Exception:  # noqa: BLE001 - a label for the dashboard must never stop a run
+        return None
+
+
+def wandb_config(cfg: Any, variant: str, info: dict, arch: Optional[str] = None) -> dict:
     """The resolved config with every axis as a plain top-level value (`norm: rmsnorm`) so the
     W&B UI can group and filter by it; an axis group's other keys become `<axis>_<key>`
-    (`norm_eps`, `pos_base`, `dropout_rate`). Params and FLOPs are there too, to group by size."""
+    (`norm_eps`, `pos_base`, `dropout_rate`). Params and FLOPs are there too, to group by size,
+    and `arch`, the preset the run started from (`arch`, else Hydra's choice in this job)."""
     from omegaconf import OmegaConf
 
     from ablate.config import axis_values
@@ -79,6 +95,9 @@ def wandb_config(cfg: Any, variant: str, info: dict) -> dict:
         if isinstance(group, dict):
             config.update({f"{axis}_{k}": v for k, v in group.items() if k != "name"})
     config.update(resolved)
+    arch = arch or hydra_choice("arch")
+    if arch:
+        config["arch"] = arch
     config.update(variant=variant, params=info.get("params"),
                   non_embedding_params=info.get("non_embedding_params"),
                   flops_per_token=info.get("flops_per_token"))
@@ -113,7 +132,10 @@ class WandbSink(Sink):
                  group: Optional[str], resume_id: Optional[str] = None):
         self.cfg = logger_cfg
         self.run_dir = Path(run_dir)
-        self.name, self.config, self.tags, self.group = name, config, tags, group
+        self.name, self.config, self.tags, self.group = name, config, list(tags), group
+        arch = config.get("arch")
+        if arch and arch != _default_arch() and f"arch={arch}" not in self.tags:
+            self.tags.insert(0, f"arch={arch}")  # the axis tags alone do not say which preset
         self.resume_id = resume_id
         self.run = None
 
@@ -135,12 +157,24 @@ class WandbSink(Sink):
         if mode == "disabled":  # WANDB_MODE=disabled with logger.mode=auto
             return
         started = time.monotonic()
+        forced = self.cfg.mode == "online" or os.environ.get("WANDB_MODE") == "online"
+        failed = None if forced or mode != "online" else recent_online_failure()
+        if failed:
+            mode = "offline"
+            ago = f"{failed['age_s']:.0f} s" if failed["age_s"] < 60 else f"{failed['age_s'] / 60:.0f} min"
+            print(f"warning: W&B online init failed {ago} ago on this host "
+                  f"({failed['error']}); logging offline at once (logger.mode=online tries again)")
         try:
             self.run = self._init(wandb, mode)
+            if mode == "online":
+                forget_online_failure()
         except Exception as e:  # no network, bad key, unreachable host: offline, one line
             first = _first_line(e)
             if mode == "online":
-                print(f"warning: W&B online init failed ({first}); logging offline instead")
+                remember_online_failure(first)
+                print(f"warning: W&B online init failed ({first}); logging offline instead (for "
+                      f"{OFFLINE_MEMORY_S // 60} min, runs on this host start offline; "
+                      "logger.mode=online forces a try)")
                 try:
                     wandb.teardown()  # the failed run still holds its id in the W&B service
                     self.run, mode = self._init(wandb, "offline"), "offline"
@@ -190,6 +224,51 @@ class WandbSink(Sink):
                 run.mark_preempting()  # W&B shows it as preempted; the resumed job continues it
         finally:
             run.finish(exit_code=0 if summary.get("status") in ("completed", "diverged") else 1)
+
+
+def _default_arch() -> Optional[str]:
+    from ablate.axes import defaults
+
+    return defaults().get("arch")
+
+
+def _failure_marker() -> Path:
+    """Per host (a shared home must not send a networked login node offline) and per server."""
+    import hashlib
+    import socket
+
+    server = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    key = hashlib.sha1(f"{socket.gethostname()} {server}".encode()).hexdigest()[:12]
+    root = os.environ.get("ABLATE_CACHE") or Path.home() / ".cache" / "ablate"
+    return Path(root) / "wandb" / f"online_failed_{key}.json"
+
+
+def recent_online_failure() -> Optional[dict]:
+    """{error, age_s} of an online init that failed here less than OFFLINE_MEMORY_S ago."""
+    try:
+        failed = json.loads(_failure_marker().read_text())
+        age = time.time() - float(failed["time"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return {"error": str(failed.get("error")), "age_s": age} if 0 <= age < OFFLINE_MEMORY_S else None
+
+
+def remember_online_failure(error: str) -> None:
+    path = _failure_marker()
+    try:  # best effort: a read-only cache only costs the next run the wait
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"time": time.time(), "error": error}))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def forget_online_failure() -> None:
+    try:
+        _failure_marker().unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _first_line(e: BaseException) -> str:
