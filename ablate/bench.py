@@ -188,6 +188,7 @@ def synthetic_tokens_needed(cfg: Any) -> int:
 def build_trainer(cfg: Any, data=None):
     """The configured model inside the real Trainer (no sinks, no run directory writes)."""
     from ablate.data.tokenizers import TOKENIZERS
+    from ablate.diagnostics import Diagnostics
     from ablate.model.spec import ModelSpec, count_params
     from ablate.model.transformer import build_model
     from ablate.train.launch import seed_everything
@@ -199,8 +200,11 @@ def build_trainer(cfg: Any, data=None):
         data = synthetic_data(tok_vocab, synthetic_tokens_needed(cfg), seed=cfg.data_seed)
     seed_everything(cfg.seed)
     model = build_model(spec)
+    # Diagnostics stay off unless asked for, so `--vs train.diagnostics_every=N` prices them.
+    diagnostics = Diagnostics(model) if cfg.train.diagnostics_every > 0 else None
     trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=Path("."),
-                      byte_lengths=np.ones(spec.vocab_size, dtype=np.int64), data_seed=cfg.data_seed)
+                      byte_lengths=np.ones(spec.vocab_size, dtype=np.int64), data_seed=cfg.data_seed,
+                      on_diagnostics=diagnostics)
     trainer.train_model.train()
     return trainer, spec, count_params(spec)["total"]
 
@@ -209,6 +213,7 @@ def trainer_contender(name: str, trainer, params: int) -> Contender:
     def step(s: int) -> torch.Tensor:
         lm_loss, _, _ = trainer.train_step(s)
         trainer.apply_update()
+        trainer._flush_diagnostics(updated=True)  # as fit does: the update ratios after the step
         return lm_loss
 
     return Contender(name, step, trainer.tokens_per_step, trainer.device, params)

@@ -122,10 +122,10 @@ def register(app: typer.Typer) -> None:
             fail(f"--clock must be wall or cpu, got '{clock}'")
         if only and not axes:
             fail("--only selects rows of --axes")
-        cfg = compose_checked(overrides)
+        cfg = compose_checked(overrides, synthetic_data=True)
         variants = [(v, v.split()) for v in (vs or [])]
         for _, extra in variants:
-            compose_checked(overrides + extra)
+            compose_checked(overrides + extra, synthetic_data=True)
 
         from ablate import bench as b
         from ablate.errors import AblateError

@@ -99,3 +99,37 @@ def test_gpu_peak_table_matches_specific_names_first(name, precision, peak):
     from ablate.bench import gpu_peak
 
     assert gpu_peak(name, precision).flops == peak
+
+
+def test_diagnostics_are_off_in_bench_unless_asked_and_then_timed(monkeypatch):
+    """`ablate bench --vs train.diagnostics_every=N` prices diagnostics: they run inside the
+    timed steps, and a full row (update ratios included) is produced each time."""
+    from ablate import bench
+    from ablate.diagnostics import Diagnostics
+
+    rows = []
+    original = Diagnostics.__call__
+
+    def recorded(self, trainer, step):
+        finish = original(self, trainer, step)
+        trainer.sinks = type("Rows", (), {"log": staticmethod(rows.append)})()
+        return finish
+
+    monkeypatch.setattr(Diagnostics, "__call__", recorded)
+    bench.bench(compose(TINY), steps=4, warmup=1, rounds=1)
+    assert rows == []  # off by default
+    bench.bench(compose([*TINY, "train.diagnostics_every=2"]), steps=4, warmup=1, rounds=1)
+    assert len(rows) >= 2 and all(any(k.startswith("diag/update_ratio/") for k in r) for r in rows)
+
+
+def test_bench_needs_no_corpus_and_no_tokenizer_files(tmp_path):
+    """Synthetic batches: `ablate bench tokenizer=gpt2` works offline without tiktoken's files
+    (only the vocab size matters), and a data source that is not there does not matter."""
+    empty = tmp_path / "tiktoken-cache"
+    empty.mkdir()
+    env = {"TIKTOKEN_CACHE_DIR": str(empty), "HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+           "ABLATE_CACHE": str(tmp_path / "cache")}
+    res = run_ablate("bench", *TINY, *FAST, "--json", "tokenizer=gpt2", "data=fineweb_edu", env=env)
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["tokens_per_s"] > 0 and r["params"] > 50257 * 32  # the GPT-2 vocab's embedding

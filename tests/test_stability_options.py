@@ -132,6 +132,25 @@ def test_mtp_heads_add_their_loss_but_leave_next_token_predictions_alone():
     assert ev[0]["val_loss"] == pytest.approx(ev[1]["val_loss"], rel=1e-6)
 
 
+def test_mtp_head_k_predicts_the_token_k_plus_1_ahead_position_by_position():
+    """Written from the paper's definition on the raw token stream w (no shifted targets): the
+    head k state at position t is scored against w[t + 1 + k], for every t that has one."""
+    k, wt = 2, 1.0
+    m = model(0, mtp_heads=k, mtp_weight=wt)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randint(0, 64, (2, 13), generator=g)  # (B, T + 1)
+    x, T = w[:, :-1], 12
+    out = m(x, w[:, 1:])
+    h = m.hidden_states(x)  # (B, T, d)
+    nll = []
+    for j in range(1, k + 1):
+        terms = [F.cross_entropy(m.unembed(m.mtp[j - 1](h[:, t])), w[:, t + 1 + j], reduction="none")
+                 for t in range(T) if t + 1 + j <= T]
+        assert len(terms) == T - j  # the last j positions have no token that far ahead
+        nll.append(torch.stack(terms).mean())
+    torch.testing.assert_close(out.loss - out.lm_loss, wt * sum(nll))
+
+
 def test_reordered_block_matches_its_formula_on_a_hand_example():
     s = spec(norm="rmsnorm", norm_pos="reordered", bias=False, d_model=4, n_heads=1, n_kv_heads=1,
              d_ff=8)
