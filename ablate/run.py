@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.config import AXES, axis_values, register_configs, validate
 from ablate.errors import AblateError
-from ablate.rundir import CONFIG, METRICS, SUMMARY, RunLock, owner, read_json, write_atomic, write_json
+from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, read_json, write_atomic, write_json
 
 log = logging.getLogger("ablate")
 

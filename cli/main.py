@@ -5,7 +5,6 @@ logging, sweepers and launchers. Heavy imports happen inside the commands."""
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
 import typer
 

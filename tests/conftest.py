@@ -59,3 +59,51 @@ def compose(overrides=(), validate=True):
 @pytest.fixture
 def tiny():
     return list(TINY)
+
+
+def scripted_trainer(run_dir: Path, *overrides: str, losses=None, diagnostics: bool = False):
+    """A tiny in-process Trainer (TINY, 30 steps) on random tokens whose rows are collected in
+    `trainer.sinks.rows` and whose optimizer updates are counted in `trainer.updates`.
+    `losses(step)`: the loss the trainer measures at that step (None: the real one), so tests can
+    script spikes and shifts through the real loop (real gradients and diagnostics)."""
+    import numpy as np
+    import torch
+
+    from ablate.data.cache import TokenData
+    from ablate.diagnostics import Diagnostics
+    from ablate.model.spec import ModelSpec
+    from ablate.model.transformer import build_model
+    from ablate.tracking.sinks import Sink
+    from ablate.train.trainer import Trainer
+
+    class Rows(Sink):
+        def __init__(self):
+            self.rows = []
+
+        def log(self, row):
+            self.rows.append(row)
+
+    cfg = compose([*TINY, "train.steps=30", "train.threads=1", *overrides])
+    spec = ModelSpec.from_config(cfg, tokenizer_vocab=256)
+    torch.set_num_threads(1)  # what train.threads=1 does in a real run: tiny ops, shared cores
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    data = TokenData(train=rng.integers(0, 256, 4000).astype(np.uint16),
+                     val=rng.integers(0, 256, 600).astype(np.uint16), meta={}, path=run_dir)
+    model = build_model(spec)
+    trainer = Trainer(model, cfg.train, data, Rows(), run_dir, np.ones(spec.vocab_size, dtype=np.int64),
+                      on_diagnostics=Diagnostics(model) if diagnostics else None)
+    measure, update = trainer.train_step, trainer.apply_update
+    trainer.updates = 0
+
+    def scripted(step):
+        real, gnorm, lr = measure(step)
+        scripted_loss = losses(step) if losses else None
+        return (real if scripted_loss is None else torch.tensor(scripted_loss)), gnorm, lr
+
+    def counted():
+        trainer.updates += 1
+        update()
+
+    trainer.train_step, trainer.apply_update = scripted, counted
+    return trainer

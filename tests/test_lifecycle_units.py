@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-import torch
 
-from conftest import TINY, compose
+from conftest import TINY, compose, scripted_trainer
 
 from ablate.errors import CheckpointError
 from ablate.rundir import SUMMARY, write_json
@@ -19,37 +17,8 @@ from ablate.train import checkpoint
 
 def make_trainer(run_dir, *overrides, loss_from=None, loss=50.0):
     """A tiny Trainer whose measured loss is `loss` from step `loss_from` on."""
-    from ablate.data.cache import TokenData
-    from ablate.model.spec import ModelSpec
-    from ablate.model.transformer import build_model
-    from ablate.tracking.sinks import Sink
-    from ablate.train.trainer import Trainer
-
-    class Rows(Sink):
-        def __init__(self):
-            self.rows = []
-
-        def log(self, row):
-            self.rows.append(row)
-
-    cfg = compose([*TINY, "train.steps=30", "train.threads=1", *overrides])
-    spec = ModelSpec.from_config(cfg, tokenizer_vocab=256)
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    data = TokenData(train=rng.integers(0, 256, 4000).astype(np.uint16),
-                     val=rng.integers(0, 256, 600).astype(np.uint16), meta={}, path=run_dir)
-    trainer = Trainer(build_model(spec), cfg.train, data, Rows(), run_dir,
-                      np.ones(spec.vocab_size, dtype=np.int64))
-    if loss_from is not None:
-        measure = trainer.train_step
-
-        def scripted(step):
-            real, gnorm, lr = measure(step)
-            return (torch.tensor(loss) if step + 1 >= loss_from else real), gnorm, lr
-
-        trainer.train_step = scripted
-    return trainer
+    shifted = (lambda step: loss if step + 1 >= loss_from else None) if loss_from is not None else None
+    return scripted_trainer(run_dir, *overrides, losses=shifted)
 
 
 def test_skip_spikes_ends_a_lasting_loss_shift_as_diverged(tmp_path):

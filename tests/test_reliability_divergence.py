@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
-import torch
 
-from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate
+from conftest import TINY, find_run_dirs, read_jsonl, run_ablate, scripted_trainer
 
 UNSTABLE = [o for o in TINY if not o.startswith(("train.steps", "train.warmup_steps"))] + [
     "norm_pos=post", "train.warmup_steps=0", "train.grad_clip=0", "train.steps=40", "train.threads=1"]
@@ -35,41 +33,7 @@ def test_a_diverging_run_ends_diverged_with_metrics_intact_and_exit_0(tmp_path):
 
 def make_trainer(tmp_path, *overrides, spike_at=None, spike=50.0):
     """A tiny in-process Trainer whose measured loss is replaced by `spike` at one step."""
-    from ablate.data.cache import TokenData
-    from ablate.model.spec import ModelSpec
-    from ablate.model.transformer import build_model
-    from ablate.tracking.sinks import Sink
-    from ablate.train.trainer import Trainer
-
-    class Rows(Sink):
-        def __init__(self):
-            self.rows = []
-
-        def log(self, row):
-            self.rows.append(row)
-
-    cfg = compose([*TINY, "train.steps=30", "train.threads=1", *overrides])
-    spec = ModelSpec.from_config(cfg, tokenizer_vocab=256)
-    torch.set_num_threads(1)  # what train.threads=1 does in a real run: tiny ops, shared cores
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    data = TokenData(train=rng.integers(0, 256, 4000).astype(np.uint16),
-                     val=rng.integers(0, 256, 600).astype(np.uint16), meta={}, path=tmp_path)
-    trainer = Trainer(build_model(spec), cfg.train, data, Rows(), tmp_path,
-                      np.ones(spec.vocab_size, dtype=np.int64))
-    measure, update = trainer.train_step, trainer.apply_update
-    trainer.updates = 0
-
-    def scripted(step):
-        loss, gnorm, lr = measure(step)
-        return (torch.tensor(spike) if step + 1 == spike_at else loss), gnorm, lr
-
-    def counted():
-        trainer.updates += 1
-        update()
-
-    trainer.train_step, trainer.apply_update = scripted, counted
-    return trainer
+    return scripted_trainer(tmp_path, *overrides, losses=lambda step: spike if step + 1 == spike_at else None)
 
 
 def test_a_spike_stops_the_run_as_diverged(tmp_path):

@@ -7,7 +7,6 @@ can assert analytic == real for every option.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 

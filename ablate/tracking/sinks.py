@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 
 class Sink:
