@@ -90,7 +90,8 @@ def _is_fresh(run_dir: Path) -> bool:
 
 
 # Keys that do not change what is trained: a diverged run re-entered with other values of these
-# (or none changed) returns its recorded outcome instead of diverging again.
+# (or none changed) returns its recorded outcome instead of diverging again. Narrower than
+# NON_VARIANT_PREFIXES: another device or process count can change the outcome.
 NOT_TRAINING_KEYS = ("logger", "out_dir", "study", "train.progress", "train.threads", "train.resume",
                      "train.log_every", "train.ckpt_every", "train.keep_ckpts", "train.diagnostics_every",
                      "data.num_proc", "data.cache_dir")

@@ -237,10 +237,11 @@ def _failure_marker() -> Path:
     import hashlib
     import socket
 
+    from ablate.data.cache import default_cache_root
+
     server = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
     key = hashlib.sha1(f"{socket.gethostname()} {server}".encode()).hexdigest()[:12]
-    root = os.environ.get("ABLATE_CACHE") or Path.home() / ".cache" / "ablate"
-    return Path(root) / "wandb" / f"online_failed_{key}.json"
+    return default_cache_root().parent / "wandb" / f"online_failed_{key}.json"
 
 
 def recent_online_failure() -> Optional[dict]:
@@ -254,12 +255,12 @@ def recent_online_failure() -> Optional[dict]:
 
 
 def remember_online_failure(error: str) -> None:
+    from ablate.rundir import write_json
+
     path = _failure_marker()
     try:  # best effort: a read-only cache only costs the next run the wait
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"time": time.time(), "error": error}))
-        tmp.replace(path)
+        write_json(path, {"time": time.time(), "error": error})
     except OSError:
         pass
 
