@@ -16,6 +16,17 @@ def conf_dir() -> Path:
     return here.parent / "conf" if (here.parent / "conf").is_dir() else here / "conf"
 
 
+CONF_DIR = conf_dir()
+
+
+def default_axes() -> dict[str, str]:
+    """Axis -> the option of the typed schema's default (what a run without overrides trains)."""
+    from ablate.config import AblateConfig
+
+    base = AblateConfig()
+    return {axis: getattr(base, axis).name for axis in AXES}
+
+
 def group_options(group: str) -> list[str]:
     d = conf_dir() / group
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []

@@ -119,10 +119,12 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from ablate.axes import CONF_DIR
+    from ablate.config import register_configs
     from ablate.config import validate as check
-    from ablate.run import CONF_DIR
 
     check_no_secrets(list(overrides))
+    register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -250,7 +252,7 @@ def preflight(cfg: Any, overrides: list[str]) -> None:
         check_writable(Path(os.path.expanduser(str(cfg.out_dir))), "out_dir")
     check_device(str(cfg.train.device))
     check_data(cfg.data)
-    from ablate.data.sources import preflight as data_preflight
+    from ablate.data.cache import preflight as data_preflight
 
     data_preflight(cfg.data, cfg.tokenizer.name)  # e.g. a hub dataset, offline and not cached
 

@@ -247,6 +247,6 @@ def validate(cfg: Any) -> None:
     from ablate.model.spec import ModelSpec
 
     ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants
-    from ablate.data.sources import preflight
+    from ablate.data.cache import preflight
 
     preflight(cfg.data)  # missing data paths fail here, before a run directory exists

@@ -250,29 +250,6 @@ def grad_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[dic
              "ffn": norms.get(f"block{i}.ffn")} for i in range(len(model.blocks))]
 
 
-def grad_profile_for_config(cfg: Any) -> dict:
-    """The profile of the model `ablate run` would build (same seed, same first batch), so it
-    equals the step-0 row of `ablate run train.steps=0 train.diagnostics_every=1`."""
-    import torch
-
-    from ablate.data.batches import Batches
-    from ablate.model.spec import ModelSpec
-    from ablate.model.transformer import build_model
-    from ablate.train.launch import prepare_data, seed_everything
-
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
-    tok, data = prepare_data(cfg, progress=False)
-    spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
-    seed_everything(cfg.seed)
-    model = build_model(spec)
-    model.train()
-    x, y = Batches(data.train, cfg.train.seq_len, cfg.train.batch_size,
-                   data_seed=cfg.data_seed).get(0, 0)
-    layers = grad_profile(model, x, y)
-    return {"layers": layers}
-
-
 def profile_from_row(row: dict) -> dict:
     """The profile from a logged diagnostics row (`diag/grad_norm/block{i}[.attn|.ffn]`)."""
     layers, i = [], 0

@@ -120,3 +120,27 @@ def cross_check(report: dict) -> dict:
     if bad:
         raise ConfigError(f"analytic parameter count disagrees with the built model: {bad}")
     return {**report, "built_params": built}
+
+
+def grad_profile_for_config(cfg: Any) -> dict:
+    """The profile of the model `ablate run` would build (same seed, same first batch), so it
+    equals the step-0 row of `ablate run train.steps=0 train.diagnostics_every=1`."""
+    import torch
+
+    from ablate.data.batches import Batches
+    from ablate.diagnostics import grad_profile
+    from ablate.model.spec import ModelSpec
+    from ablate.model.transformer import build_model
+    from ablate.train.launch import prepare_data, seed_everything
+
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    tok, data = prepare_data(cfg, progress=False)
+    spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
+    seed_everything(cfg.seed)
+    model = build_model(spec)
+    model.train()
+    x, y = Batches(data.train, cfg.train.seq_len, cfg.train.batch_size,
+                   data_seed=cfg.data_seed).get(0, 0)
+    layers = grad_profile(model, x, y)
+    return {"layers": layers}

@@ -20,36 +20,13 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.config import AXES, axis_values, register_configs, validate
+from ablate.axes import CONF_DIR
+from ablate.config import axis_values, register_configs, validate
 from ablate.errors import AblateError
+from ablate.overrides import variant_name, variant_overrides
 from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, read_json, write_atomic, write_json
 
 log = logging.getLogger("ablate")
-
-PACKAGE_DIR = Path(__file__).resolve().parent
-CONF_DIR = PACKAGE_DIR.parent / "conf" if (PACKAGE_DIR.parent / "conf").is_dir() else PACKAGE_DIR / "conf"
-
-# Overrides that do not change what is trained (they never name a variant).
-NON_VARIANT_PREFIXES = ("hydra.", "hydra/", "logger", "out_dir", "launcher", "train.progress",
-                        "train.device", "train.threads", "train.resume", "train.nproc",
-                        "train.log_every", "train.ckpt_every", "train.keep_ckpts", "study",
-                        "train.diagnostics_every")  # diagnostics never change training
-SEED_KEYS = ("seed", "data_seed")
-
-
-def variant_overrides(overrides: list[str]) -> list[str]:
-    out = []
-    for o in overrides:
-        key = o.lstrip("+~").split("=", 1)[0]
-        if key in SEED_KEYS or key.startswith(NON_VARIANT_PREFIXES):
-            continue
-        out.append(o.lstrip("+"))
-    return sorted(out)
-
-
-def variant_name(overrides: list[str]) -> str:
-    return ",".join(variant_overrides(overrides)) or "baseline"
-
 
 def _name_resolver(override_dirname: str) -> str:
     # a path in an override (data.paths=[/a/b.txt]) must not nest the run directory
@@ -64,13 +41,6 @@ def _name_resolver(override_dirname: str) -> str:
 if not OmegaConf.has_resolver("ablate_name"):
     OmegaConf.register_new_resolver("ablate_name", _name_resolver)
 register_configs()
-
-
-def default_axes() -> dict[str, str]:
-    from ablate.config import AblateConfig
-
-    base = AblateConfig()
-    return {axis: getattr(base, axis).name for axis in AXES}
 
 
 def _hydra_info() -> tuple[Path, list[str], bool, Optional[str]]:
@@ -223,7 +193,7 @@ def _run_ranks(cfg, run_dir, overrides, sweep_name, stop) -> tuple[dict, int]:
     from ablate.train.distributed import TORCHRUN_LOG, launch_ranks
 
     before = _read_text(run_dir / SUMMARY)
-    code = launch_ranks(cfg, run_dir, overrides, sweep_name, stop)
+    code = launch_ranks(cfg, run_dir, overrides, sweep_name, stop, entry_module=__spec__.name)
     after = _read_text(run_dir / SUMMARY)
     summary = None
     if after is not None and after != before:  # every write holds its writer's pid or times
@@ -364,3 +334,8 @@ def _stopped_line(summary: dict, run_dir: Path) -> str:
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_entry(cfg: DictConfig) -> dict:
     return run_experiment(cfg)
+
+
+if __name__ == "__main__":  # a torchrun rank (launch_ranks): the same entry point, in run mode
+    sys.argv[0] = "ablate"
+    hydra_entry()

@@ -89,11 +89,6 @@ def parse(arguments: Sequence[str]) -> Parsed:
     return out
 
 
-def quote(value: str) -> str:
-    """A string as a quoted Hydra override value (run dirs and names hold '=' and ',')."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _plain(override: str) -> str:
     """The override without its +/~ prefix, for names ('+x=1' and 'x=1' name the same change)."""
     return override.lstrip("+~")
@@ -116,7 +111,7 @@ def preset_keys(override: str) -> set[str]:
     Empty for an override that is not a preset (norm=rmsnorm, train.lr=0.001)."""
     import yaml
 
-    from ablate.run import CONF_DIR
+    from ablate.axes import CONF_DIR
 
     group, _, option = _plain(override).partition("=")
     path = CONF_DIR / group / f"{option}.yaml"
@@ -228,12 +223,14 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> l
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from ablate.axes import CONF_DIR
     from ablate.compose import check_no_secrets, hydra_message
-    from ablate.run import CONF_DIR
+    from ablate.config import register_configs
 
     check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
     p = parse(arguments)
     first = p.fixed + [values[0] for _, values in p.swept]
+    register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -271,7 +268,7 @@ def check_job(config: Any, local: bool) -> None:
 
     validate(config)
     if local:
-        from ablate.data.sources import preflight as data_preflight
+        from ablate.data.cache import preflight as data_preflight
         from ablate.train.distributed import check_nproc
 
         check_nproc(config)

@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
 
         Examples: `ablate bench arch=llama --reference`, `ablate bench --axes --json`.
         """
-        from cli.main import compose_checked, fail  # here: cli.main imports this module
+        from cli.common import compose_checked, fail
 
         overrides = list(overrides or [])
         for name, value, low in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--rounds", rounds, 1)):

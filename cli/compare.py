@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         t-test on the seeds both completed, else Welch. A study sweep
         (ablate sweep study=...) is shown in ladder order, each rung also
         against the previous rung."""
-        from cli.main import fail
+        from cli.common import fail
         from ablate.errors import AblateError
 
         try:

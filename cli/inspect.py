@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
 
         Example: `ablate inspect model=small tokenizer=gpt2 model.vocab_size=50257 --json`.
         """
-        from cli.main import fail  # here: cli.main imports this module
+        from cli.common import fail
 
         from ablate.compose import compose_config
         from ablate.errors import AblateError
@@ -76,7 +76,8 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = compose_config(list(overrides or []))
             if grad_profile:  # builds the model and reads one batch of the data
-                from ablate.diagnostics import format_profile, grad_profile_for_config, profile_json
+                from ablate.diagnostics import format_profile, profile_json
+                from ablate.inspect import grad_profile_for_config
 
                 profile = grad_profile_for_config(cfg)
                 typer.echo(json.dumps(profile_json(profile)) if json_out else format_profile(profile))

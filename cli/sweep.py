@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         """
         from ablate.errors import AblateError
         from ablate.sweep import MODES, preflight
-        from cli.main import call_hydra, fail
+        from cli.common import call_hydra, fail
 
         if mode not in MODES:
             fail(f"unknown --mode '{mode}'; choose one of {', '.join(MODES)}")

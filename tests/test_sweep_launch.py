@@ -128,7 +128,7 @@ def test_sbatch_preview_is_the_script_the_launcher_submits(tmp_path, monkeypatch
     from omegaconf import OmegaConf
     from submitit.slurm.slurm import SlurmExecutor
 
-    from ablate.run import CONF_DIR
+    from ablate.axes import CONF_DIR
 
     sweep_dir = f"hydra.sweep.dir={tmp_path / 'sweep'}"
     _, preview = slurm_preview(tmp_path, "--seeds", "3", sweep_dir)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ablate.data.sources import get_source
 from ablate.data.tokenizers import Tokenizer
-from ablate.errors import DataError
+from ablate.errors import ConfigError, DataError
 
 FORMAT_VERSION = 2
 _BATCH_DOCS = 1024  # documents handed to the tokenizer's threads at once ...
@@ -346,3 +346,18 @@ def list_cached(root: Path) -> list[dict]:
         size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
         out.append({"path": str(d), "size_bytes": size, **meta})
     return out
+
+
+def preflight(cfg: Any, tokenizer: Optional[str] = None) -> None:
+    """Cheap checks of the `data` group before anything is written (called by config.validate;
+    with `tokenizer`, also whether what tokenizing needs is there: hub, encoding files)."""
+    if cfg.max_tokens is not None and cfg.max_tokens <= 0:
+        raise ConfigError(f"data.max_tokens must be positive or null, got {cfg.max_tokens}")
+    if cfg.num_proc < 0:
+        raise ConfigError(f"data.num_proc must be >= 0 (0: all cores), got {cfg.num_proc}")
+    get_source(cfg).check(cfg)
+    if tokenizer and not is_complete(cache_dir_for(cfg, tokenizer)):  # it will be tokenized
+        from ablate.data.tokenizers import check_available
+
+        get_source(cfg).check(cfg, tokenizer)
+        check_available(tokenizer)

@@ -29,7 +29,8 @@ TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 
 class Source:
     def check(self, cfg: Any, tokenizer: Optional[str] = None) -> None:
-        """Cheap pre-flight checks (no tokenizing); raise DataError."""
+        """Cheap pre-flight checks (no tokenizing); raise DataError. `tokenizer` is given when
+        the text is not cached yet: then also check what reading it for tokenizing needs."""
 
     def fingerprint(self, cfg: Any) -> dict:
         """What, besides the config, identifies the text (part of the cache key)."""
@@ -249,7 +250,7 @@ class HubDataset(Source):
         path, _, _, local = self._target(cfg)  # a builder's data.paths are checked here
         if path.startswith((".", "/", "~")) and not local:
             raise DataError(f"data.hf_path: local dataset directory not found: {path}")
-        if not local and tokenizer and not _is_cached(cfg, tokenizer):
+        if not local and tokenizer:
             why = "HF_HUB_OFFLINE is set" if _hub_offline() else _probe_hub()
             if why:
                 raise DataError(f"cannot stream '{path}' from the Hugging Face hub ({why}) "
@@ -302,25 +303,3 @@ def get_source(cfg: Any) -> Source:
 
 def iter_documents(cfg: Any) -> Iterator[str]:
     return get_source(cfg).documents(cfg)
-
-
-def _is_cached(cfg: Any, tokenizer: str) -> bool:
-    from ablate.data.cache import cache_dir_for, is_complete
-
-    return is_complete(cache_dir_for(cfg, tokenizer))
-
-
-def preflight(cfg: Any, tokenizer: Optional[str] = None) -> None:
-    """Cheap checks of the `data` group before anything is written (called by config.validate;
-    with `tokenizer`, also whether what tokenizing needs is there: hub, encoding files)."""
-    from ablate.errors import ConfigError
-
-    if cfg.max_tokens is not None and cfg.max_tokens <= 0:
-        raise ConfigError(f"data.max_tokens must be positive or null, got {cfg.max_tokens}")
-    if cfg.num_proc < 0:
-        raise ConfigError(f"data.num_proc must be >= 0 (0: all cores), got {cfg.num_proc}")
-    get_source(cfg).check(cfg, tokenizer)
-    if tokenizer and not _is_cached(cfg, tokenizer):
-        from ablate.data.tokenizers import check_available
-
-        check_available(tokenizer)

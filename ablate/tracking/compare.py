@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ablate.errors import AblateError
+from ablate.overrides import NON_VARIANT_PREFIXES, SEED_KEYS
 
 SUMMARY, METRICS, CONFIG = "summary.json", "metrics.jsonl", "config.yaml"
 MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it
-SEED_KEYS = ("seed", "data_seed")
-# Config keys that never change what is trained (besides run.NON_VARIANT_PREFIXES).
+# Config keys that never change what is trained (besides overrides.NON_VARIANT_PREFIXES).
 EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc")
 # W&B names -> metrics.jsonl / summary names, so `--metric val/loss` works too.
 ALIASES = {"val/loss": "val_loss", "val/bpb": "val_bpb", "train/loss": "train_loss",
@@ -106,8 +106,6 @@ def _flatten(d: Any, prefix: str = "") -> dict:
 
 
 def _non_variant(key: str) -> bool:
-    from ablate.run import NON_VARIANT_PREFIXES
-
     return key in SEED_KEYS or key.startswith(NON_VARIANT_PREFIXES + EXTRA_NON_VARIANT)
 
 
@@ -329,7 +327,7 @@ def _pick_baseline(groups: list[Group], baseline: Optional[str], notes: list[str
     named = [g for g in groups if g.label == "baseline"]
     if len(named) == 1:
         return named[0]
-    from ablate.run import default_axes
+    from ablate.axes import default_axes
 
     base_axes = default_axes()
     cands = named or [g for g in groups if g.runs[0].summary.get("axes") == base_axes]

@@ -110,20 +110,21 @@ RANK_HYDRA_OVERRIDES = ["hydra.output_subdir=null", "hydra/job_logging=none", "h
 
 
 def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], sweep_name: Optional[str],
-                 stop: "StopRequest") -> int:
+                 stop: "StopRequest", entry_module: str) -> int:
     """Run this same run under torchrun --standalone with train.nproc processes and wait for it,
     passing on the stop signals `stop` records; returns the exit code of the first rank that
     failed (128 + N for a rank killed by signal N), else 0. The ranks share run_dir
     (hydra.run.dir pinned); they run in Hydra's run mode, so a sweep job's sweep name (its W&B
-    group) is passed on in ABLATE_SWEEP."""
-    from ablate.sweep import quote
+    group) is passed on in ABLATE_SWEEP. Each rank runs `python -m entry_module` (the caller's
+    Hydra entry point) with the same overrides."""
+    from ablate.overrides import quote
 
     run_dir = Path(run_dir).resolve()
     pinned = f"hydra.run.dir={quote(str(run_dir))}"  # names hold '=' and ','
     nproc = int(cfg.train.nproc)
     cmd = [sys.executable, "-m", "ablate.train.distributed", "--agent", str(run_dir / TORCHRUN_LOG),
            "--standalone", f"--nproc_per_node={nproc}", "--signals-to-handle=SIGHUP,SIGQUIT",
-           "-m", "ablate.train.distributed", *overrides, pinned, *RANK_HYDRA_OVERRIDES]
+           "-m", entry_module, *overrides, pinned, *RANK_HYDRA_OVERRIDES]
     env = dict(os.environ)
     if sweep_name:
         env["ABLATE_SWEEP"] = sweep_name
@@ -386,14 +387,10 @@ def request_requeue() -> bool:
 
 
 def _main() -> None:
-    """torchrun (`--agent LOG ...`) or a rank it started: the same Hydra entry point, in run mode."""
-    if sys.argv[1:2] == ["--agent"]:
-        _agent_main(sys.argv[2], sys.argv[3:])
-        return
-    from ablate.run import hydra_entry
-
-    sys.argv = ["ablate"] + sys.argv[1:]
-    hydra_entry()
+    """torchrun itself (`--agent LOG ...`), started by launch_ranks."""
+    if sys.argv[1:2] != ["--agent"]:
+        sys.exit("usage: python -m ablate.train.distributed --agent LOG TORCHRUN_ARGS...")
+    _agent_main(sys.argv[2], sys.argv[3:])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def prepare_data(cfg: Any, progress: bool = True):
 
 def run_tags(cfg: Any) -> list[str]:
     from ablate.config import axis_values
-    from ablate.run import default_axes
+    from ablate.axes import default_axes
 
     base = default_axes()
     tags = [f"{k}={v}" for k, v in axis_values(cfg).items() if v != base[k]]
