@@ -193,7 +193,7 @@ def _run_ranks(cfg, run_dir, overrides, sweep_name, stop) -> tuple[dict, int]:
     from ablate.train.distributed import TORCHRUN_LOG, launch_ranks
 
     before = _read_text(run_dir / SUMMARY)
-    code = launch_ranks(cfg, run_dir, overrides, sweep_name, stop, entry_module=__spec__.name)
+    code = launch_ranks(cfg, run_dir, overrides, sweep_name, stop, __spec__.name)
     after = _read_text(run_dir / SUMMARY)
     summary = None
     if after is not None and after != before:  # every write holds its writer's pid or times

@@ -141,7 +141,8 @@ class AblateSweeper(Sweeper):
 
     @staticmethod
     def _job_overrides(job) -> list[str]:
-        from ablate.sweep import dir_safe, quote
+        from ablate.overrides import quote
+        from ablate.sweep import dir_safe
 
         # env_set is applied around the task function; the sweep subdir reads it too.
         return list(job.overrides) + [
