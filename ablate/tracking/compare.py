@@ -274,7 +274,7 @@ def seed_test(base: dict, other: dict, alpha: float = ALPHA) -> dict:
         half = stats.t.ppf(1 - alpha / 2, n - 1) * sd / math.sqrt(n)
         effect = mean / sd  # Cohen's d_z: the difference in units of its seed-to-seed sd
         return {**out, "t": float(r.statistic), "p_value": float(r.pvalue),
-                "ci_low": mean - half, "ci_high": mean + half, "effect": effect,
+                "ci_low": float(mean - half), "ci_high": float(mean + half), "effect": effect,
                 "seeds_needed": seeds_needed(effect, alpha)}
     a, b = list(other.values()), list(base.values())
     (ma, sa), (mb, sb) = _mean_std(a), _mean_std(b)
@@ -293,7 +293,7 @@ def seed_test(base: dict, other: dict, alpha: float = ALPHA) -> dict:
     pooled = math.sqrt(((len(a) - 1) * sa ** 2 + (len(b) - 1) * sb ** 2) / (len(a) + len(b) - 2))
     effect = diff / pooled  # Cohen's d
     return {**out, "t": float(r.statistic), "p_value": float(r.pvalue), "df": df,
-            "ci_low": diff - half, "ci_high": diff + half, "effect": effect,
+            "ci_low": float(diff - half), "ci_high": float(diff + half), "effect": effect,
             "seeds_needed": seeds_needed(effect, alpha, paired=False)}
 
 
@@ -1000,18 +1000,40 @@ def _rich_table(cmp: Any, per_seed: bool) -> Any:
     return t
 
 
+def _blocks(cmp: Any, console: Any, per_seed: bool) -> None:
+    """The table as one block per row, for a terminal too narrow for its columns: every
+    number is kept and nothing is cut (lines wrap at spaces)."""
+    from rich.markup import escape
+
+    heads, cells = plain_table(cmp, per_seed)
+    console.print(f"ablate compare: final {escape(getattr(cmp, 'metric', heads[3]))}"
+                  + (", one block per run" if per_seed else ", one block per variant"),
+                  style="italic", highlight=False)
+    for row in cells:
+        console.print(f"[bold]{escape(row[0])}[/bold]", soft_wrap=True, highlight=False)
+        fields = [f"{h}: {c}" for h, c in zip(heads[1:], row[1:]) if c not in ("", "-")]
+        console.print(escape("  " + " · ".join(fields)), highlight=False)
+
+
 def print_comparison(rows: Sequence[dict], console: Any = None, per_seed: bool = False) -> None:
     """The rich table: one line per variant, the baseline first (a study: its rungs in ladder
     order, with each rung's step against the one before it); the baseline and why above it,
-    notes below it. `per_seed`: one line per run."""
+    notes below it. `per_seed`: one line per run. A terminal narrower than the table gets one
+    block per variant instead (a squeezed table would fold every number)."""
     from rich.markup import escape
+    from rich.measure import Measurement
 
     console = _console(console)
     for line in header_lines(rows):
-        console.print(escape(line), soft_wrap=True, style="bold yellow" if line.startswith("MIXED") else None)
-    console.print(_rich_table(rows, per_seed))
+        console.print(escape(line), soft_wrap=True, highlight=False,
+                      style="bold yellow" if line.startswith("MIXED") else None)
+    table = _rich_table(rows, per_seed)
+    if Measurement.get(console, console.options.update(max_width=100_000), table).maximum > console.width:
+        _blocks(rows, console, per_seed)
+    else:
+        console.print(table)
     for note in getattr(rows, "notes", []):
-        console.print(f"note: {escape(note)}", soft_wrap=True)
+        console.print(f"note: {escape(note)}", soft_wrap=True, highlight=False)
 
 
 def render(cmp: Any, fmt: str = "table", per_seed: bool = False) -> str:
