@@ -1,5 +1,5 @@
 """`ablate compare`: read run directories, group runs by variant, and say which differences are
-bigger than seed noise.
+bigger than seed noise, without claiming more than the seeds support.
 
 Local files are the source of truth (summary.json, metrics.jsonl, config.yaml); nothing here
 touches the trainer or W&B. Used by the CLI and at the end of `ablate sweep`:
@@ -8,15 +8,23 @@ touches the trainer or W&B. Used by the CLI and at the end of `ablate sweep`:
     print_comparison(rows)
 
 A variant is a config minus its seeds (and minus keys that do not change what is trained);
-its runs are the seeds. The baseline is the variant with no axis change (or `baseline=`).
+its runs are the seeds. Runs that differ in anything but variant keys (is_variant_key: the
+axis groups and the model's stability keys) and keys a sweep among them swept are refused
+(mixed_settings), since their deltas would mix effects. The baseline is the variant with no
+axis change, a study's first rung, or `baseline=`; the reason is kept (baseline_reason).
+
 A variant is tested against the baseline with a paired t-test over the seeds both completed
 when there are at least two (same seed => same init and batches, so pairing removes shared
 noise; a diverged seed leaves the pairing, and the row says how many seeds its mean covers),
-else Welch's t-test; fewer than two seeds on either side gives no test.
+else Welch's t-test; fewer than two seeds on either side gives no test. Every test carries its
+confidence interval, an effect size in units of seed noise and the seeds that would detect the
+observed difference with 80% power; the p-values of all variants are Holm-corrected, and the
+corrected p gives the verdict.
 
 A study sweep (`ablate sweep study=gpt2_to_llama`: its multirun.yaml holds the job list) is a
 cumulative ladder: its rungs are shown in ladder order, each also against the rung before it
-(delta_prev, p_prev, test_prev, verdict_prev), so each step's own gain is visible.
+(delta_prev, p_prev, test_prev, verdict_prev; Holm over the rungs' steps), so each step's own
+gain is visible.
 """
 
 from __future__ import annotations
@@ -735,7 +743,7 @@ def per_seed_rows(cmp: Comparison) -> list[dict]:
     out = []
     for g, row in zip(cmp.groups, cmp):
         for r in sorted(g.runs, key=lambda r: str(r.seed)):
-            v = g.values.get(r.seed) if g.values.get(r.seed) is not None else None
+            v = g.values.get(r.seed) if r.status == "completed" else None
             ref = base.values.get(r.seed) if base is not None and g is not base else None
             out.append({"variant": row["variant"], "baseline": row["baseline"], "seed": r.seed[0],
                         "status": r.status if r.status != "completed" or v is not None else f"no {cmp.metric}",
@@ -814,10 +822,11 @@ def plain_table(cmp: Any, per_seed: bool = False) -> tuple[list[str], list[list[
                   _n(r["tokens_per_s"], ",.0f"), r["dir"]] for r in per_seed_rows(cmp)]
         return heads, cells
     study = any("prev" in r for r in cmp)
-    heads = ["variant", "seeds", "params", f"{metric} (mean ± std)", "Δ vs baseline", "95% CI of Δ",
+    ci = f"{100 * (1 - getattr(cmp, 'alpha', ALPHA)):g}% CI"
+    heads = ["variant", "seeds", "params", f"{metric} (mean ± std)", "Δ vs baseline", f"{ci} of Δ",
              "p (Holm)", "beyond seed noise?", "effect (Δ/σ)", "seeds needed"]
     if study:
-        heads += ["Δ vs previous rung", "95% CI", "p (Holm)", "step beyond seed noise?"]
+        heads += ["Δ vs previous rung", ci, "p (Holm)", "step beyond seed noise?"]
     heads += ["tokens/s", "status"]
     cells = []
     for r in cmp:
@@ -867,12 +876,13 @@ def to_markdown(cmp: Any, per_seed: bool = False) -> str:
     esc = (lambda c: c.replace("|", "\\|"))
     lines = [f"{line}  " for line in header_lines(cmp)] + ([""] if header_lines(cmp) else [])
     lines += ["| " + " | ".join(map(esc, heads)) + " |",
-              "|" + "|".join("---" if i == 0 else "--:" for i in range(len(heads))) + "|"]
+              "|" + "|".join("---" if h in TEXT_COLUMNS else "--:" for h in heads) + "|"]
     lines += ["| " + " | ".join(map(esc, row)) + " |" for row in cells]
     notes = getattr(cmp, "notes", [])
     return "\n".join(lines + ([""] + [f"- note: {n}" for n in notes] if notes else [])) + "\n"
 
 
+TEXT_COLUMNS = {"variant", "status", "run dir", "beyond seed noise?", "step beyond seed noise?"}
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
         "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
         "Δ": r"$\Delta$", "±": r"$\pm$", "σ": r"$\sigma$", "∞": r"$\infty$"}
@@ -886,7 +896,7 @@ def to_latex(cmp: Any, per_seed: bool = False) -> str:
     """A booktabs tabular (\\usepackage{booktabs}); the baseline line and notes as comments."""
     heads, cells = plain_table(cmp, per_seed)
     lines = [f"% {line}" for line in header_lines(cmp)]
-    lines += [r"\begin{tabular}{l" + "r" * (len(heads) - 1) + "}", r"\toprule",
+    lines += [r"\begin{tabular}{" + "".join("l" if h in TEXT_COLUMNS else "r" for h in heads) + "}", r"\toprule",
               " & ".join(map(_tex, heads)) + r" \\", r"\midrule"]
     lines += [" & ".join(map(_tex, row)) + r" \\" for row in cells]
     lines += [r"\bottomrule", r"\end{tabular}"]
@@ -974,11 +984,12 @@ def _rich_table(cmp: Any, per_seed: bool) -> Any:
     columns = [("variant", {"style": "bold", "no_wrap": True,
                             "min_width": max([len(r["variant"]) for r in cmp] + [7])}),
                ("seeds", right), ("params", right), (metric, right),
-               ("Δ vs baseline [95% CI]", right),
+               (f"Δ vs baseline [{100 * (1 - alpha):g}% CI]", right),
                (f"beyond seed noise? (Holm p<{alpha:g})", {"overflow": "fold"}),
                ("effect (Δ/σ)", right), ("seeds needed (80% power)", right)]
     if study:
-        columns += [("Δ vs previous rung [95% CI]", right), ("step beyond seed noise?", {"overflow": "fold"})]
+        columns += [(f"Δ vs previous rung [{100 * (1 - alpha):g}% CI]", right),
+                    ("step beyond seed noise?", {"overflow": "fold"})]
     for name, kw in columns + [("tokens/s", right), ("status", {"overflow": "fold"})]:
         t.add_column(name, **kw)
     for r, label in zip(cmp, names):

@@ -193,14 +193,18 @@ def _draw_delta(ax, cmp, key: str, colors) -> int:
         curves += [(xs, lo), (xs, hi), (xs, mean)]
         drawn += 1
     ax.axhline(0.0, color="0.3", lw=1, ls="--", label=f"baseline: {_legend_label(base_label(cmp))}")
+    zoomed = False
+    if curves:  # the start of training differs most and says least: fit y to the second half (and 0)
+        x_end = max(max(xs) for xs, _ in curves)
+        zoomed = _fit_tail(ax, curves + [([0.5 * x_end, x_end], [0.0, 0.0])], 0.5)
+    how = [f"running mean over {window} points"] if window > 1 else []
+    how += ["band: min-max over paired seeds"] if drawn else []
+    how += ["y fitted to the last 50% of tokens"] if zoomed else []
     ax.set_title(f"Δ {key} vs baseline (below 0: lower than the baseline)"
-                 + (f"\nrunning mean over {window} points; band: min-max over paired seeds" if drawn else ""))
+                 + ("\n" + "; ".join(how) if how else ""))
     ax.set_xlabel("tokens")
     ax.set_ylabel(f"Δ {key}")
     ax.grid(alpha=0.3)
-    if curves:  # the start of training differs most and says least: fit y to the rest (and 0)
-        x_end = max(max(xs) for xs, _ in curves)
-        _fit_tail(ax, curves + [([0.2 * x_end, x_end], [0.0, 0.0])], 0.2)
     return drawn
 
 
