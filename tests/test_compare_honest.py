@@ -296,6 +296,7 @@ def test_plot_grid_delta_panel_and_plain_log_ticks(runs, tmp_path):
     one = plot_comparison(cmp, tmp_path / "one.png", keys=["train_loss"])
     four = plot_comparison(cmp, tmp_path / "four.png", keys=["train_loss", "grad_norm", "lr", "tokens_per_s"])
     (w1, h1), (w4, h4) = png_size(one), png_size(four)
+    assert h1 == pytest.approx(4.6 * 110, abs=2)  # one row
     assert w1 == pytest.approx(2 * 6.0 * 110, abs=2)  # the key + its Δ panel, side by side
     assert w4 == pytest.approx(3 * 6.0 * 110, abs=2) and h4 == pytest.approx(2 * 4.6 * 110, abs=2)  # a grid
 

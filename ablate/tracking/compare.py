@@ -811,13 +811,17 @@ def _skip(r: dict, prev: bool) -> bool:
     return (r.get("prev") is None) if prev else r["baseline"]
 
 
+def _name(r: dict) -> str:
+    return r["variant"] + (" (baseline)" if r["baseline"] and r["variant"] != "baseline" else "")
+
+
 def plain_table(cmp: Any, per_seed: bool = False) -> tuple[list[str], list[list[str]]]:
     """Headers and cells as plain text (markdown and LaTeX are this table)."""
     metric = getattr(cmp, "metric", cmp[0]["metric"] if cmp else "metric")
     if per_seed:
-        heads = ["variant", "seed", "status", metric, "Δ vs baseline (same seed)", "params", "tokens/s", "run dir"]
-        cells = [[r["variant"] + (" (baseline)" if r["baseline"] and r["variant"] != "baseline" else ""),
-                  str(r["seed"]), r["status"], _n(r["value"], ".4f"),
+        heads = ["variant", "seed", "status", metric, "Δ vs baseline (same seed)", "params", "tokens/s",
+                 "run dir"]
+        cells = [[_name(r), str(r["seed"]), r["status"], _n(r["value"], ".4f"),
                   "" if r["baseline"] else _n(r["delta"], "+.4f"), _n(r["params"], ",.0f"),
                   _n(r["tokens_per_s"], ",.0f"), r["dir"]] for r in per_seed_rows(cmp)]
         return heads, cells
@@ -832,15 +836,17 @@ def plain_table(cmp: Any, per_seed: bool = False) -> tuple[list[str], list[list[
     for r in cmp:
         seeds = f"{r['n']}" + (f" of {r['runs']}" if r["runs"] != r["n"] else "")
         params = _n(r["params"], ",") + (f" ({r['params_delta_pct']:+.2f}%)" if r["params_delta"] else "")
-        value = "-" if r["mean"] is None else f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "")
-        row = [r["variant"] + (" (baseline)" if r["baseline"] and r["variant"] != "baseline" else ""), seeds, params, value]
+        value = "-" if r["mean"] is None else \
+            f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "")
+        row = [_name(r), seeds, params, value]
         row += [""] * 6 if r["baseline"] else [
             _n(r["delta"], "+.4f") + _pct(r["delta_pct"]), _ci(r), _p(r), _word(r), _effect(r), _needed(r)]
         if study:
             row += [""] * 4 if _skip(r, True) else [
                 _n(r.get("delta_prev"), "+.4f") + _pct(r.get("delta_pct_prev")), _ci(r, True), _p(r, True),
                 _word(r, True)]
-        status = "ok" if list(r["status"]) == ["completed"] else ", ".join(f"{n} {st}" for st, n in r["status"].items())
+        status = "ok" if list(r["status"]) == ["completed"] else \
+            ", ".join(f"{n} {st}" for st, n in r["status"].items())
         cells.append(row + [_n(r["tokens_per_s"], ",.0f"), status])
     return heads, cells
 
