@@ -119,6 +119,8 @@ def test_the_baseline_is_named_with_its_reason(runs, tmp_path):
     assert res.stdout.splitlines()[0] == "baseline: baseline (no axis changed)"
     res = cli("compare", str(runs), "--baseline", "norm=rmsnorm")
     assert res.stdout.splitlines()[0] == "baseline: norm=rmsnorm (--baseline)"
+    data = json.loads(cli("compare", str(runs), "--json").stdout)
+    assert data[0]["baseline_reason"] == "no axis changed" and data[1]["baseline_reason"] is None
     from tests.test_compare_study import write_study
 
     cmp = compare_dirs([write_study(tmp_path / "study")])

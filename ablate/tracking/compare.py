@@ -716,6 +716,7 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
     cmp.baseline_reason, cmp.mixed = reason, mixed
     for row in rows:
         row["mixed"] = sorted(mixed)  # --allow-mixed: the settings the rows do not share
+        row["baseline_reason"] = reason if row["baseline"] else None
     return cmp
 
 
