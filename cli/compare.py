@@ -17,47 +17,68 @@ def register(app: typer.Typer) -> None:
                                    "val_bpb, train_loss, tokens_per_s or any metrics.jsonl key."),
         baseline: Optional[str] = typer.Option(
             None, "--baseline", help="The baseline: a run directory or a variant name "
-            "(default: the variant with no axis change)."),
+            "(default: the variant with no axis change, or a study's first rung)."),
+        where: Optional[List[str]] = typer.Option(
+            None, "--where", help="Keep only runs with KEY=VALUE (repeatable; KEY=a,b: either): "
+            "an axis (norm=rmsnorm), variant, seed, status or a config key (train.steps=300)."),
+        allow_mixed: bool = typer.Option(
+            False, "--allow-mixed", help="Compare runs that differ in more than axis options and "
+            "seed (steps, data, model size, lr ...); the output says they are mixed."),
+        fmt: str = typer.Option("table", "--format", help="table (rich), csv, markdown or latex "
+                                "(plain text on stdout, to paste into a paper or an issue)."),
+        per_seed: bool = typer.Option(False, "--per-seed", help="One row per run instead of per variant."),
         plot: Optional[Path] = typer.Option(
-            None, "--plot", help="Write loss and grad-norm curves vs tokens to this .png file "
-            "(and FILE_diag.png with the diagnostics, when runs logged them)."),
+            None, "--plot", help="Write curves vs tokens and each variant's difference from the "
+            "baseline to this .png file (and FILE_diag.png with the diagnostics, when runs logged them)."),
         plot_keys: Optional[List[str]] = typer.Option(
-            None, "--plot-key", help="Plot this metrics.jsonl key instead (repeatable), "
+            None, "--plot-key", help="Plot this metrics.jsonl key instead (repeatable; a grid), "
             "e.g. --plot-key train_loss --plot-key diag/max_attn_logit/block0."),
         json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
         alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the seed-noise test."),
     ) -> None:
         """Compare each variant with the baseline: is the difference bigger than seed noise?
 
-        Runs are grouped by variant (config minus seed); the test is a paired
-        t-test on the seeds both completed, else Welch. A study sweep
-        (ablate sweep study=...) is shown in ladder order, each rung also
-        against the previous rung."""
+        Runs are grouped by variant (config minus seed); runs that differ in
+        anything else (steps, data, size, lr ...) are refused unless
+        --allow-mixed. The test is a paired t-test on the seeds both completed,
+        else Welch; each Δ has a 95% CI, a Holm-corrected p over the variants,
+        an effect size in seed-noise units and the seeds 80% power would need.
+        A study sweep (ablate sweep study=...) is shown in ladder order, each
+        rung also against the previous rung."""
         from cli.common import fail
         from ablate.errors import AblateError
 
         try:
-            from ablate.tracking.compare import compare_dirs, print_comparison, to_json
+            from ablate.tracking import compare as C
             from ablate.tracking.plots import DEFAULT_KEYS, check_plot_path, plot_comparison
 
             if not 0 < alpha < 1:
                 raise AblateError(f"--alpha must be between 0 and 1, got {alpha}")
+            if fmt not in C.FORMATS:
+                raise AblateError(f"--format {fmt}: choose one of {', '.join(C.FORMATS)}")
             if plot is not None:
                 check_plot_path(plot)
             if not paths and not Path("runs").is_dir():
                 raise AblateError("give run or sweep directories (there is no ./runs here)")
-            rows = compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha)
+            rows = C.compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha,
+                                  where=where or (), allow_mixed=allow_mixed)
             if json_out:
-                typer.echo(to_json(rows))
+                typer.echo(C.to_json(C.per_seed_rows(rows) if per_seed else rows))
+            elif fmt == "table":
+                C.print_comparison(rows, per_seed=per_seed)
             else:
-                print_comparison(rows)
+                if fmt == "csv":  # stdout stays pure CSV: what to read beside it goes to stderr
+                    for line in C.header_lines(rows) + [f"note: {n}" for n in rows.notes]:
+                        typer.echo(line, err=True)
+                typer.echo(C.render(rows, fmt, per_seed), nl=False)
+            quiet = json_out or fmt != "table"  # machine-readable stdout: messages to stderr
             if plot is not None:
                 plot_comparison(rows, plot, keys=plot_keys or DEFAULT_KEYS)
-                typer.echo(f"plot: {plot}", err=json_out)
+                typer.echo(f"plot: {plot}", err=quiet)
                 from ablate.diagnostics import plot_comparison_diagnostics
 
                 diag_plot = plot_comparison_diagnostics(rows, plot)  # runs with train.diagnostics_every
                 if diag_plot:
-                    typer.echo(f"plot: {diag_plot}", err=json_out)
+                    typer.echo(f"plot: {diag_plot}", err=quiet)
         except AblateError as e:
             fail(str(e), e.exit_code)

@@ -113,9 +113,9 @@ def test_table_names_the_test_the_size_change_and_the_divergence(runs):
     print_comparison(rows, console)
     text = console.export_text()
     assert "paired t, p=0.00" in text and "Welch t, p=" in text
-    assert "1 diverged" in text and "+10.0%" in text
+    assert "1 diverged" in text and "+10.00%" in text
     assert "no test" in text  # one seed
-    assert "act=swiglu (+100 params, +10.0%)" in text  # the note under the table
+    assert "act=swiglu (+100 params, +10.00%)" in text  # the note under the table
     data = json.loads(to_json(rows))
     assert [r["variant"] for r in data] == [r["variant"] for r in rows]
 
@@ -160,7 +160,7 @@ def test_a_diverged_seed_leaves_the_pairing_not_the_paired_test(tmp_path):
     console = Console(width=250, record=True)
     print_comparison(rows, console)
     text = console.export_text()
-    assert "no (paired t, p=0.0792)" in text and "Welch" not in text
+    assert "no (paired t, p=0.0792, Holm p=0.0792)" in text and "Welch" not in text  # one test: Holm = raw
     assert "2 of 3" in text
     assert "note: norm=rmsnorm: 2 of 3 seeds; 1 diverged; its mean is over the completed seeds only" in text
 
@@ -209,9 +209,12 @@ def test_sweep_names_and_two_sweeps_kept_apart(tmp_path):
             (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = compare_dirs([tmp_path / "s1"])
     assert [r["variant"] for r in rows] == ["baseline"] and rows[0]["n"] == 2
-    rows = compare_dirs([tmp_path])
+    # the two sweeps differ in train.lr, which neither swept: refused, unless asked for
+    with pytest.raises(CompareError, match=r"differ in more than axis options and seed.*train\.lr \(0\.0 in 2 runs, 0\.5 in 2 runs\)"):
+        compare_dirs([tmp_path])
+    rows = compare_dirs([tmp_path], allow_mixed=True)
     assert {r["variant"] for r in rows} == {"baseline", "baseline [s2]"}
-    assert rows[0]["variant"] == "baseline"
+    assert rows[0]["variant"] == "baseline" and rows[0]["mixed"] == ["train.lr"]
 
 
 def test_metric_missing_in_some_runs_and_in_all(runs):

@@ -86,7 +86,7 @@ def test_study_rows_follow_the_ladder_with_each_steps_gain(tmp_path):
     text = console.export_text()
     assert "Δ vs previous rung" in text and "step beyond seed noise?" in text
     line = next(ln for ln in text.splitlines() if "+swiglu" in ln)
-    assert f"{swiglu['delta_prev']:+.4f}" in line and f"no (paired t, p={swiglu['p_prev']:.3g})" in line
+    assert f"{swiglu['delta_prev']:+.4f}" in line and f"no (paired t, p={swiglu['p_prev']:.3g}, Holm p=" in line
 
 
 def test_study_step_with_a_diverged_seed_and_a_missing_rung(tmp_path):

@@ -1,5 +1,5 @@
 """`ablate compare`: read run directories, group runs by variant, and say which differences are
-bigger than seed noise.
+bigger than seed noise, without claiming more than the seeds support.
 
 Local files are the source of truth (summary.json, metrics.jsonl, config.yaml); nothing here
 touches the trainer or W&B. Used by the CLI and at the end of `ablate sweep`:
@@ -8,15 +8,23 @@ touches the trainer or W&B. Used by the CLI and at the end of `ablate sweep`:
     print_comparison(rows)
 
 A variant is a config minus its seeds (and minus keys that do not change what is trained);
-its runs are the seeds. The baseline is the variant with no axis change (or `baseline=`).
+its runs are the seeds. Runs that differ in anything but variant keys (is_variant_key: the
+axis groups and the model's stability keys) and keys a sweep among them swept are refused
+(mixed_settings), since their deltas would mix effects. The baseline is the variant with no
+axis change, a study's first rung, or `baseline=`; the reason is kept (baseline_reason).
+
 A variant is tested against the baseline with a paired t-test over the seeds both completed
 when there are at least two (same seed => same init and batches, so pairing removes shared
 noise; a diverged seed leaves the pairing, and the row says how many seeds its mean covers),
-else Welch's t-test; fewer than two seeds on either side gives no test.
+else Welch's t-test; fewer than two seeds on either side gives no test. Every test carries its
+confidence interval, an effect size in units of seed noise and the seeds that would detect the
+observed difference with 80% power; the p-values of all variants are Holm-corrected, and the
+corrected p gives the verdict.
 
 A study sweep (`ablate sweep study=gpt2_to_llama`: its multirun.yaml holds the job list) is a
 cumulative ladder: its rungs are shown in ladder order, each also against the rung before it
-(delta_prev, p_prev, test_prev, verdict_prev), so each step's own gain is visible.
+(delta_prev, p_prev, test_prev, verdict_prev; Holm over the rungs' steps), so each step's own
+gain is visible.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from ablate.config import AXES
 from ablate.errors import AblateError
 from ablate.overrides import NON_VARIANT_PREFIXES, SEED_KEYS
 
@@ -36,11 +45,20 @@ SUMMARY, METRICS, CONFIG = "summary.json", "metrics.jsonl", "config.yaml"
 MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it
 # Config keys that never change what is trained (besides overrides.NON_VARIANT_PREFIXES).
 EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc")
+# Model keys that are variant keys (they change the block, not its size or training), besides
+# every key under an axis group; see is_variant_key.
+VARIANT_MODEL_KEYS = ("model.z_loss", "model.attn_softcap", "model.logit_softcap", "model.emb_scale",
+                      "model.depth_scaled_init", "model.act_clamp", "model.mtp_heads",
+                      "model.mtp_weight", "model.parallel_block", "model.n_kv_heads")
 # W&B names -> metrics.jsonl / summary names, so `--metric val/loss` works too.
 ALIASES = {"val/loss": "val_loss", "val/bpb": "val_bpb", "train/loss": "train_loss",
            "train/grad_norm": "grad_norm", "train/lr": "lr", "train/tokens_per_s": "tokens_per_s"}
 HIGHER_IS_BETTER = {"tokens_per_s", "mfu"}
 ALPHA = 0.05
+POWER = 0.8  # "seeds needed": the seeds that detect the observed difference this often
+SEEDS_NEEDED_LIMIT = 1000  # beyond this, "seeds needed" is reported as more than the limit
+MIN_SEEDS = 3  # fewer seeds in a test: a warning (one or two degrees of freedom say little)
+SIZE_NOTE_PCT = 0.5  # a variant whose parameter count differs by more than this (%) is noted
 
 
 class CompareError(AblateError):
@@ -208,16 +226,42 @@ def _seeds(keys: Iterable) -> list:
     return [k[0] if isinstance(k, tuple) else k for k in keys]
 
 
-NO_TEST = {"test": None, "t": None, "p_value": None, "df": None, "test_seeds": None}
+NO_TEST = {"test": None, "t": None, "p_value": None, "df": None, "test_seeds": None,
+           "test_delta": None, "ci_low": None, "ci_high": None, "effect": None, "seeds_needed": None}
 
 
-def seed_test(base: dict, other: dict) -> dict:
+def seeds_needed(effect: Optional[float], alpha: float = ALPHA, power: float = POWER,
+                 paired: bool = True, limit: int = SEEDS_NEEDED_LIMIT) -> Optional[int]:
+    """Seeds per variant for a two-sided t-test at `alpha` to detect a true difference of
+    `effect` (in units of seed noise: Δ / sd) with probability `power`: the smallest n whose
+    power, from the noncentral t distribution, reaches it. Paired: df = n - 1, noncentrality
+    effect * sqrt(n); two independent samples of n: df = 2n - 2, effect * sqrt(n / 2).
+    None when no n up to `limit` does (a zero effect never does)."""
+    from scipy import stats
+
+    if effect is None or math.isnan(effect) or effect == 0:
+        return None
+    if math.isinf(effect):
+        return 2  # no noise at all: the smallest test there is
+    for n in range(2, limit + 1):
+        df, nc = (n - 1, abs(effect) * math.sqrt(n)) if paired else (2 * n - 2, abs(effect) * math.sqrt(n / 2))
+        crit = stats.t.ppf(1 - alpha / 2, df)
+        if stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc) >= power:
+            return n
+    return None
+
+
+def seed_test(base: dict, other: dict, alpha: float = ALPHA) -> dict:
     """Is mean(other) - mean(base) bigger than seed noise? `base`/`other` map seed -> value.
 
     Paired t-test on per-seed differences over the seeds both have (when >= 2: a diverged seed
     on one side drops out of the pairing instead of turning the test into Welch), else Welch's
-    t-test when both have >= 2 values, else no test. Returns {test, t, p_value, df, test_seeds}
-    (test_seeds: the seeds of `other` that entered the test)."""
+    t-test when both have >= 2 values, else no test. Returns {test, t, p_value, df, test_seeds,
+    test_delta, ci_low, ci_high, effect, seeds_needed}: test_seeds are the seeds of `other` in
+    the test, test_delta the difference it tested (the mean paired difference, or the
+    difference of the means), ci_* its (1 - alpha) confidence interval, effect that difference
+    in units of seed noise (sd of the paired differences; Welch: the pooled sd), seeds_needed
+    the seeds per variant that would detect it with 80% power at alpha."""
     from scipy import stats
 
     if len(base) < 2 or len(other) < 2:
@@ -227,23 +271,50 @@ def seed_test(base: dict, other: dict) -> dict:
         a, b = [other[s] for s in common], [base[s] for s in common]
         diffs = [x - y for x, y in zip(a, b)]
         mean, sd = _mean_std(diffs)
-        out = {"test": "paired t", "df": len(diffs) - 1, "test_seeds": _seeds(common)}
+        n = len(diffs)
+        out = {"test": "paired t", "df": n - 1, "test_seeds": _seeds(common), "test_delta": mean}
         if sd == 0:  # identical differences on every seed: no noise to compare against
+            effect = 0.0 if mean == 0 else math.copysign(math.inf, mean)
             return {**out, "t": 0.0 if mean == 0 else math.copysign(math.inf, mean),
-                    "p_value": 1.0 if mean == 0 else 0.0}
+                    "p_value": 1.0 if mean == 0 else 0.0, "ci_low": mean, "ci_high": mean,
+                    "effect": effect, "seeds_needed": seeds_needed(effect, alpha)}
         r = stats.ttest_rel(a, b)
-        return {**out, "t": float(r.statistic), "p_value": float(r.pvalue)}
+        half = stats.t.ppf(1 - alpha / 2, n - 1) * sd / math.sqrt(n)
+        effect = mean / sd  # Cohen's d_z: the difference in units of its seed-to-seed sd
+        return {**out, "t": float(r.statistic), "p_value": float(r.pvalue),
+                "ci_low": float(mean - half), "ci_high": float(mean + half), "effect": effect,
+                "seeds_needed": seeds_needed(effect, alpha)}
     a, b = list(other.values()), list(base.values())
     (ma, sa), (mb, sb) = _mean_std(a), _mean_std(b)
     seeds = _seeds(sorted(other, key=str))
+    diff = ma - mb
+    out = {"test": "Welch t", "test_seeds": seeds, "test_delta": diff}
     if sa == 0 and sb == 0:
-        return {"test": "Welch t", "t": 0.0 if ma == mb else math.copysign(math.inf, ma - mb),
-                "p_value": 1.0 if ma == mb else 0.0, "df": None, "test_seeds": seeds}
+        effect = 0.0 if diff == 0 else math.copysign(math.inf, diff)
+        return {**out, "t": 0.0 if diff == 0 else math.copysign(math.inf, diff),
+                "p_value": 1.0 if diff == 0 else 0.0, "df": None, "ci_low": diff, "ci_high": diff,
+                "effect": effect, "seeds_needed": seeds_needed(effect, alpha, paired=False)}
     r = stats.ttest_ind(a, b, equal_var=False)
     va, vb = sa ** 2 / len(a), sb ** 2 / len(b)  # Welch-Satterthwaite degrees of freedom
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return {"test": "Welch t", "t": float(r.statistic), "p_value": float(r.pvalue), "df": df,
-            "test_seeds": seeds}
+    half = stats.t.ppf(1 - alpha / 2, df) * math.sqrt(va + vb)
+    pooled = math.sqrt(((len(a) - 1) * sa ** 2 + (len(b) - 1) * sb ** 2) / (len(a) + len(b) - 2))
+    effect = diff / pooled  # Cohen's d
+    return {**out, "t": float(r.statistic), "p_value": float(r.pvalue), "df": df,
+            "ci_low": float(diff - half), "ci_high": float(diff + half), "effect": effect,
+            "seeds_needed": seeds_needed(effect, alpha, paired=False)}
+
+
+def holm(p_values: Sequence[Optional[float]]) -> list[Optional[float]]:
+    """Holm-Bonferroni adjusted p-values (None stays None): the k-th smallest of m is
+    multiplied by m - k + 1, made monotone and capped at 1. Rejecting where the adjusted p is
+    below alpha keeps the chance of any false "better/worse" among the m tests below alpha."""
+    idx = sorted((i for i, p in enumerate(p_values) if p is not None), key=lambda i: p_values[i])
+    m, out, running = len(idx), list(p_values), 0.0
+    for k, i in enumerate(idx):
+        running = max(running, min(1.0, (m - k) * p_values[i]))
+        out[i] = running
+    return out
 
 
 def verdict(direction: Optional[float], p_value: Optional[float], metric: str,
@@ -274,6 +345,11 @@ class Group:
         return None
 
 
+def _key(name: str, prev: bool) -> str:
+    """A row key, or its against-the-previous-rung twin (delta_prev, p_prev, test_prev, ...)."""
+    return name if not prev else ("p_prev" if name == "p_value" else f"{name}_prev")
+
+
 class Comparison(list):
     """The rows (one dict per variant, baseline first) plus what the table needs around them."""
 
@@ -281,6 +357,8 @@ class Comparison(list):
                  notes: list[str], groups: list[Group], alpha: float):
         super().__init__(rows)
         self.metric, self.baseline, self.notes, self.groups, self.alpha = metric, baseline, notes, groups, alpha
+        self.baseline_reason: Optional[str] = None  # why `baseline` was chosen
+        self.mixed: dict[str, dict[str, int]] = {}  # settings the runs do not share (--allow-mixed)
 
 
 def _labels(groups: list[Group]) -> None:
@@ -306,7 +384,9 @@ def _labels(groups: list[Group]) -> None:
             g.label = f"{g.label} [{sweep}]" if sweep else f"{g.label} ({n})"
 
 
-def _pick_baseline(groups: list[Group], baseline: Optional[str], notes: list[str]) -> Optional[Group]:
+def _pick_baseline(groups: list[Group], baseline: Optional[str],
+                   notes: list[str]) -> tuple[Optional[Group], Optional[str]]:
+    """The baseline group and why it was chosen (shown as "baseline: X (why)")."""
     if baseline:
         path = Path(baseline)
         if path.exists():
@@ -316,30 +396,145 @@ def _pick_baseline(groups: list[Group], baseline: Optional[str], notes: list[str
                 what = "no compared run" if not hits else f"runs of {len(hits)} variants"
                 raise CompareError(f"--baseline {baseline}: that directory holds {what}; "
                                    "give one run directory or a variant name")
-            return hits[0]
+            return hits[0], "--baseline"
         hits = [g for g in groups if g.label == baseline] or \
                [g for g in groups if any(r.summary.get("variant") == baseline for r in g.runs)]
         if len(hits) != 1:
             names = ", ".join(g.label for g in groups)
             why = "matches no variant" if not hits else "matches several variants"
             raise CompareError(f"--baseline {baseline}: {why}; variants: {names}")
-        return hits[0]
-    named = [g for g in groups if g.label == "baseline"]
-    if len(named) == 1:
-        return named[0]
+        return hits[0], "--baseline"
     from ablate.axes import default_axes
 
     base_axes = default_axes()
+    named = [g for g in groups if g.label == "baseline"]
+    if len(named) == 1:
+        g = named[0]
+        if g.runs[0].summary.get("axes") == base_axes:
+            return g, "no axis changed"
+        if g.runs[0].summary.get("sweep"):
+            return g, "the sweep's baseline job: every swept key at its first value"
+        return g, "no override beyond those every run shares"
     cands = named or [g for g in groups if g.runs[0].summary.get("axes") == base_axes]
+    reason = "no axis changed"
     if len(cands) > 1:  # the one with the fewest extra overrides, if that is unique
         fewest = min(len(g.runs[0].summary.get("overrides") or []) for g in cands)
         cands = [g for g in cands if len(g.runs[0].summary.get("overrides") or []) == fewest]
+        reason = "no axis changed; fewest other overrides"
     if len(cands) == 1:
-        return cands[0]
+        return cands[0], reason
     if len(groups) > 1:
         notes.append("no baseline: " + ("several variants have no axis change" if cands else
                      "every variant changes an axis") + "; pick one with --baseline DIR_OR_VARIANT")
-    return None
+    return None, None
+
+
+# ---- which runs may share a table -------------------------------------------------------------
+ABSENT = "(absent)"
+
+
+def is_variant_key(key: str) -> bool:
+    """May this config key differ between the runs of one table? Keys under an axis group
+    (norm.*, act.*, pos.base, attn.kv_group, dropout.rate, ...) and the model keys that change
+    the block rather than its size or its training (VARIANT_MODEL_KEYS: the stability options,
+    swept like axes; presets such as arch=vaswani set some of them). Everything else (model
+    size, train.*, data.*, tokenizer.*) must be equal, unless a sweep in the table swept it."""
+    return key.split(".", 1)[0] in AXES or key in VARIANT_MODEL_KEYS
+
+
+def _setting(config: dict, key: str) -> str:
+    return json.dumps(config[key], sort_keys=True) if key in config else ABSENT
+
+
+def _shown(value: str) -> str:
+    return value if value == ABSENT else str(json.loads(value))
+
+
+def mixed_settings(runs: Sequence[Run]) -> dict[str, dict[str, int]]:
+    """Settings that differ between runs but are neither a variant key nor swept by a sweep
+    among them (a key that differs between the jobs of one sweep directory is what that sweep
+    swept, e.g. train.lr=1e-3,3e-3): key -> {value shown: runs}. Empty when the runs compare."""
+    swept: set[str] = set()
+    by_sweep: dict[Path, list[Run]] = {}
+    for r in runs:
+        if r.config and r.summary.get("sweep"):
+            by_sweep.setdefault(r.dir.parent, []).append(r)
+    for rs in by_sweep.values():
+        keys = set().union(*(r.config for r in rs))
+        swept |= {k for k in keys if len({_setting(r.config, k) for r in rs}) > 1}
+    configs = [r.config for r in runs if r.config]
+    out: dict[str, dict[str, int]] = {}
+    for key in sorted(set().union(*configs) if configs else ()):
+        if _non_variant(key) or is_variant_key(key) or key in swept:
+            continue
+        counts: dict[str, int] = {}
+        for c in configs:
+            v = _shown(_setting(c, key))
+            counts[v] = counts.get(v, 0) + 1
+        if len(counts) > 1:
+            out[key] = counts
+    return out
+
+
+def describe_mixed(mixed: dict[str, dict[str, int]]) -> str:
+    """train.steps (10 in 1 run, 20 in 6 runs); model.d_model (...)"""
+    def one(key, counts):
+        parts = [f"{v} in {n} run{'s' if n != 1 else ''}" for v, n in counts.items()]
+        return f"{key} ({', '.join(parts)})"
+
+    return "; ".join(one(k, c) for k, c in mixed.items())
+
+
+# ---- --where filters --------------------------------------------------------------------------
+def _same(actual: Any, wanted: str) -> bool:
+    if actual is None:
+        return wanted.lower() in ("null", "none")
+    if str(actual).lower() == wanted.lower():
+        return True
+    a, w = _number(actual), _number(wanted)
+    return a is not None and w is not None and not isinstance(actual, bool) and a == w
+
+
+def _lookup(run: Run, key: str) -> tuple[bool, Any]:
+    """(found, value) of `key` for a run: an axis name (its option), `variant`, `seed`, `status`,
+    or any config key (train.steps)."""
+    if key in AXES:
+        axes = run.summary.get("axes") or {}
+        if key in axes:
+            return True, axes[key]
+        if f"{key}.name" in run.config:
+            return True, run.config[f"{key}.name"]
+        return False, None
+    if key in ("variant", "status"):
+        return True, run.status if key == "status" else run.summary.get("variant")
+    if key in run.config:
+        return True, run.config[key]
+    if key in run.summary and not isinstance(run.summary[key], (dict, list)):
+        return True, run.summary[key]
+    return False, None
+
+
+def filter_runs(runs: list[Run], where: Sequence[str]) -> list[Run]:
+    """The runs that match every `KEY=VALUE` (the same key given twice, or `KEY=a,b`: any of
+    them). KEY: an axis (norm=rmsnorm), variant, seed, status, or a config key (train.steps=300)."""
+    wanted: dict[str, list[str]] = {}
+    for w in where:
+        key, sep, value = w.partition("=")
+        key = key.strip()
+        if not sep or not key or not value.strip():
+            raise CompareError(f"--where {w}: expected KEY=VALUE, e.g. --where norm=rmsnorm "
+                               "or --where train.steps=300")
+        wanted.setdefault(key, []).extend(v.strip() for v in value.split(","))
+    for key in wanted:
+        if not any(_lookup(r, key)[0] for r in runs):
+            raise CompareError(f"--where {key}=...: no run has '{key}'; use an axis "
+                               f"({', '.join(AXES)}), variant, seed, status or a config key such as train.steps")
+    kept = [r for r in runs if all(any(_same(_lookup(r, k)[1], v) for v in vs) and _lookup(r, k)[0]
+                                   for k, vs in wanted.items())]
+    if not kept:
+        raise CompareError(f"no run matches --where {' --where '.join(where)} "
+                           f"(of {len(runs)} runs found)")
+    return kept
 
 
 def _resolve_metric(metric: str, runs: list[Run]) -> str:
@@ -393,21 +588,43 @@ def _study(groups: list[Group], notes: list[str]) -> list[Group]:
 
 
 def _versus(ref: Optional[Group], g: Group, metric: str, alpha: float) -> dict:
-    """`g` against `ref`: delta of the means, the seed test and its verdict."""
+    """`g` against `ref`: delta of the means and the seed test (the verdict comes after the
+    Holm correction, over every variant compared with the same reference)."""
     mean = _mean_std(list(g.values.values()))[0]
     ref_mean = _mean_std(list(ref.values.values()))[0] if ref is not None and ref is not g else None
     delta = None if mean is None or ref_mean is None else mean - ref_mean
-    test = seed_test(ref.values, g.values) if delta is not None else dict(NO_TEST)
+    test = seed_test(ref.values, g.values, alpha) if delta is not None else dict(NO_TEST)
     return {"delta": delta, "delta_pct": (100 * delta / ref_mean) if delta is not None and ref_mean else None,
-            **test, "verdict": verdict(test["t"], test["p_value"], metric, alpha)}
+            **test, "few_seeds": test["test"] is not None and len(test["test_seeds"]) < MIN_SEEDS}
+
+
+def _correct(rows: list[dict], metric: str, alpha: float, prev: bool) -> None:
+    """Holm over the tests of one family (every variant vs the baseline; or every rung vs the
+    rung before it); the corrected p decides the verdict."""
+    k = (lambda n: _key(n, prev))
+    family = [r for r in rows if k("p_value") in r]
+    for r, p in zip(family, holm([r[k("p_value")] for r in family])):
+        r[k("p_holm")] = p
+        r[k("verdict")] = verdict(r[k("t")], p, metric, alpha)
 
 
 def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
                  baseline: Optional[str] = None, alpha: float = ALPHA,
-                 warn: Callable[[str], None] = _warn) -> Comparison:
+                 warn: Callable[[str], None] = _warn, where: Sequence[str] = (),
+                 allow_mixed: bool = False) -> Comparison:
     """Compare every run under `paths`; one dict per variant, the baseline first (a study's
-    rungs in ladder order, each also against the rung before it: delta_prev, p_prev, ...)."""
+    rungs in ladder order, each also against the rung before it: delta_prev, p_prev, ...).
+    Runs that differ in more than variant keys and seed are refused (CompareError naming the
+    keys) unless `allow_mixed`; `where` keeps only the runs that match (see filter_runs)."""
     runs = find_runs(paths, warn)
+    if where:
+        runs = filter_runs(runs, where)
+    mixed = mixed_settings(runs)
+    if mixed and not allow_mixed:
+        raise CompareError(
+            f"these runs differ in more than axis options and seed, so their deltas would mix "
+            f"effects: {describe_mixed(mixed)}; compare like with like (e.g. --where "
+            f"{next(iter(mixed))}=VALUE) or pass --allow-mixed")
     metric = _resolve_metric(metric, runs)
     by_key: dict[tuple, Group] = {}
     for r in runs:
@@ -415,11 +632,14 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
     groups = list(by_key.values())
     _labels(groups)
     notes: list[str] = []
+    unchecked = sum(1 for r in runs if not r.config)
+    if unchecked and len(runs) > 1:
+        notes.append(f"{unchecked} run(s) have no {CONFIG}: not checked for settings that differ")
     ladder = _study(groups, notes)
     if ladder and baseline is None and not any(g.label == "baseline" for g in groups):
-        base = ladder[0]  # a study's first rung is its starting point
+        base, reason = ladder[0], "the study's first rung"  # a study's starting point
     else:
-        base = _pick_baseline(groups, baseline, notes)
+        base, reason = _pick_baseline(groups, baseline, notes)
     in_ladder = {id(g) for g in ladder}
     head = [] if base is None or id(base) in in_ladder else [base]
     groups = head + ladder + [g for g in groups if id(g) not in in_ladder and g is not base]
@@ -458,6 +678,7 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
         is_base = g is base
         params = g.first("params")
         p_delta = (params - base_params) if (params is not None and base_params and not is_base) else None
+        p_pct = (100 * p_delta / base_params) if p_delta is not None else None
         tps = [_number(r.summary.get("tokens_per_s")) for r in g.runs if r.status == "completed"]
         tps = [t for t in tps if t]
         row = {
@@ -468,8 +689,8 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
             "values": [g.values[s] for s in sorted(g.values, key=str)],
             **_versus(base, g, metric, alpha),
             "status": counts,
-            "params": params, "params_delta": p_delta,
-            "params_delta_pct": (100 * p_delta / base_params) if p_delta is not None else None,
+            "params": params, "params_delta": p_delta, "params_delta_pct": p_pct,
+            "size_differs": p_pct is not None and abs(p_pct) > SIZE_NOTE_PCT,
             "flops_per_token": g.first("flops_per_token"),
             "tokens_per_s": (sum(tps) / len(tps)) if tps else None,
             "axes": g.runs[0].summary.get("axes"),
@@ -477,18 +698,32 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
         }
         if id(g) in in_ladder:  # the step this rung adds: against the rung before it
             row["prev"] = g.prev.label if g.prev else None
-            row.update({("p_prev" if k == "p_value" else f"{k}_prev"): v
-                        for k, v in _versus(g.prev, g, metric, alpha).items()})
+            row.update({_key(k, True): v for k, v in _versus(g.prev, g, metric, alpha).items()})
         rows.append(row)
-    sized = [f"{r['variant']} ({r['params_delta']:+,} params, {r['params_delta_pct']:+.1f}%)"
-             for r in rows if r["params_delta"]]
+    _correct(rows, metric, alpha, prev=False)
+    _correct([r for r in rows if "prev" in r], metric, alpha, prev=True)
+    few = [f"{r['variant']} ({len(r['test_seeds'])})" for r in rows if r["few_seeds"]]
+    if few:
+        notes.append(f"fewer than {MIN_SEEDS} seeds in the test: " + ", ".join(few) + "; with one or "
+                     "two degrees of freedom the noise estimate is rough, so read the interval, "
+                     "not the verdict (run --seeds 3 or more)")
+    sized = [f"{r['variant']} ({r['params_delta']:+,} params, {r['params_delta_pct']:+.2f}%)"
+             for r in rows if r["size_differs"]]
     if sized:
-        notes.append("differs in size from the baseline, so part of its delta may be capacity: "
-                      + "; ".join(sized))
-    return Comparison(rows, metric, base.label if base else None, notes, groups, alpha)
+        notes.append(f"differs in size from the baseline by more than {SIZE_NOTE_PCT:g}%, so part of "
+                     "its delta may be capacity: " + "; ".join(sized))
+    cmp = Comparison(rows, metric, base.label if base else None, notes, groups, alpha)
+    cmp.baseline_reason, cmp.mixed = reason, mixed
+    for row in rows:
+        row["mixed"] = sorted(mixed)  # --allow-mixed: the settings the rows do not share
+        row["baseline_reason"] = reason if row["baseline"] else None
+    return cmp
 
 
 # ---- output --------------------------------------------------------------------------------------
+FORMATS = ("table", "csv", "markdown", "latex")
+
+
 def to_json(rows: Sequence[dict]) -> str:
     def clean(v):
         if isinstance(v, float) and not math.isfinite(v):
@@ -500,6 +735,180 @@ def to_json(rows: Sequence[dict]) -> str:
         return v
 
     return json.dumps([clean(dict(r)) for r in rows], indent=2)
+
+
+def per_seed_rows(cmp: Comparison) -> list[dict]:
+    """One dict per run (--per-seed): its variant, seed, status, final value, and its difference
+    from the baseline's run with the same seed (what the paired test averages)."""
+    base = next((g for g, r in zip(cmp.groups, cmp) if r["baseline"]), None)
+    out = []
+    for g, row in zip(cmp.groups, cmp):
+        for r in sorted(g.runs, key=lambda r: str(r.seed)):
+            v = g.values.get(r.seed) if r.status == "completed" else None
+            ref = base.values.get(r.seed) if base is not None and g is not base else None
+            out.append({"variant": row["variant"], "baseline": row["baseline"], "seed": r.seed[0],
+                        "status": r.status if r.status != "completed" or v is not None else f"no {cmp.metric}",
+                        "metric": cmp.metric, "value": v,
+                        "delta": (v - ref) if v is not None and ref is not None else None,
+                        "params": _number(r.summary.get("params")),
+                        "tokens_per_s": _number(r.summary.get("tokens_per_s")), "dir": str(r.dir)})
+    return out
+
+
+def header_lines(cmp: Any) -> list[str]:
+    """What to read before the table: the baseline and why; the settings the runs do not share."""
+    lines = []
+    if getattr(cmp, "mixed", None):
+        lines.append(f"MIXED (--allow-mixed): the runs also differ in {describe_mixed(cmp.mixed)}; "
+                     "a delta here is not the effect of the variant alone")
+    if getattr(cmp, "baseline", None):
+        lines.append(f"baseline: {cmp.baseline} ({cmp.baseline_reason})")
+    return lines
+
+
+def _n(v: Optional[float], spec: str, default: str = "-") -> str:
+    return default if v is None else format(v, spec)
+
+
+def _pct(v: Optional[float]) -> str:
+    return "" if v is None else f" ({v:+.2f}%)"
+
+
+def _needed(r: dict, prev: bool = False) -> str:
+    n = r.get(_key("seeds_needed", prev))
+    if n is not None:
+        return str(n)
+    if r.get(_key("test", prev)) is None:
+        return "-"
+    return "∞" if r.get(_key("effect", prev)) == 0 else f">{SEEDS_NEEDED_LIMIT}"
+
+
+def _effect(r: dict, prev: bool = False) -> str:
+    e = r.get(_key("effect", prev))
+    if e is None:
+        return "-"
+    return f"{'+' if e > 0 else '-'}inf σ" if math.isinf(e) else f"{e:+.2f}σ"
+
+
+def _ci(r: dict, prev: bool = False) -> str:
+    lo, hi = r.get(_key("ci_low", prev)), r.get(_key("ci_high", prev))
+    return "-" if lo is None else f"[{lo:+.4f}, {hi:+.4f}]"
+
+
+def _p(r: dict, prev: bool = False) -> str:
+    p, ph = r.get(_key("p_value", prev)), r.get(_key("p_holm", prev))
+    return "-" if p is None else f"{p:.3g} ({ph:.3g})"
+
+
+def _word(r: dict, prev: bool = False) -> str:
+    v = r.get(_key("verdict", prev))
+    if v is None:
+        return "no test" if r.get(_key("delta", prev)) is not None else "-"
+    return {"better": "yes, better", "worse": "yes, worse", "noise": "no"}[v] + \
+        (f" ({len(r[_key('test_seeds', prev)])} seeds)" if r.get(_key("few_seeds", prev)) else "")
+
+
+def _skip(r: dict, prev: bool) -> bool:
+    return (r.get("prev") is None) if prev else r["baseline"]
+
+
+def _name(r: dict) -> str:
+    return r["variant"] + (" (baseline)" if r["baseline"] and r["variant"] != "baseline" else "")
+
+
+def plain_table(cmp: Any, per_seed: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells as plain text (markdown and LaTeX are this table)."""
+    metric = getattr(cmp, "metric", cmp[0]["metric"] if cmp else "metric")
+    if per_seed:
+        heads = ["variant", "seed", "status", metric, "Δ vs baseline (same seed)", "params", "tokens/s",
+                 "run dir"]
+        cells = [[_name(r), str(r["seed"]), r["status"], _n(r["value"], ".4f"),
+                  "" if r["baseline"] else _n(r["delta"], "+.4f"), _n(r["params"], ",.0f"),
+                  _n(r["tokens_per_s"], ",.0f"), r["dir"]] for r in per_seed_rows(cmp)]
+        return heads, cells
+    study = any("prev" in r for r in cmp)
+    ci = f"{100 * (1 - getattr(cmp, 'alpha', ALPHA)):g}% CI"
+    heads = ["variant", "seeds", "params", f"{metric} (mean ± std)", "Δ vs baseline", f"{ci} of Δ",
+             "p (Holm)", "beyond seed noise?", "effect (Δ/σ)", "seeds needed"]
+    if study:
+        heads += ["Δ vs previous rung", ci, "p (Holm)", "step beyond seed noise?"]
+    heads += ["tokens/s", "status"]
+    cells = []
+    for r in cmp:
+        seeds = f"{r['n']}" + (f" of {r['runs']}" if r["runs"] != r["n"] else "")
+        params = _n(r["params"], ",") + (f" ({r['params_delta_pct']:+.2f}%)" if r["params_delta"] else "")
+        value = "-" if r["mean"] is None else \
+            f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "")
+        row = [_name(r), seeds, params, value]
+        row += [""] * 6 if r["baseline"] else [
+            _n(r["delta"], "+.4f") + _pct(r["delta_pct"]), _ci(r), _p(r), _word(r), _effect(r), _needed(r)]
+        if study:
+            row += [""] * 4 if _skip(r, True) else [
+                _n(r.get("delta_prev"), "+.4f") + _pct(r.get("delta_pct_prev")), _ci(r, True), _p(r, True),
+                _word(r, True)]
+        status = "ok" if list(r["status"]) == ["completed"] else \
+            ", ".join(f"{n} {st}" for st, n in r["status"].items())
+        cells.append(row + [_n(r["tokens_per_s"], ",.0f"), status])
+    return heads, cells
+
+
+def to_csv(cmp: Any, per_seed: bool = False) -> str:
+    """Machine-readable: raw numbers, one line per variant (or per run)."""
+    import csv
+    import io
+
+    if per_seed:
+        data = per_seed_rows(cmp)
+        fields = list(data[0]) if data else []
+    else:
+        fields = ["variant", "baseline", "metric", "n", "runs", "mean", "std", "delta", "delta_pct",
+                  "test", "test_delta", "ci_low", "ci_high", "t", "df", "p_value", "p_holm", "verdict",
+                  "effect", "seeds_needed", "few_seeds", "params", "params_delta", "params_delta_pct",
+                  "size_differs", "flops_per_token", "tokens_per_s", "status"]
+        if any("prev" in r for r in cmp):
+            fields += ["prev", "delta_prev", "ci_low_prev", "ci_high_prev", "p_prev", "p_holm_prev",
+                       "verdict_prev", "seeds_needed_prev"]
+        data = [{**r, "status": ";".join(f"{n} {st}" for st, n in r["status"].items())} for r in cmp]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in data:
+        w.writerow({k: ("" if r.get(k) is None else repr(r[k]) if isinstance(r.get(k), float) else r.get(k))
+                    for k in fields})
+    return buf.getvalue()
+
+
+def to_markdown(cmp: Any, per_seed: bool = False) -> str:
+    heads, cells = plain_table(cmp, per_seed)
+    esc = (lambda c: c.replace("|", "\\|"))
+    lines = [f"{line}  " for line in header_lines(cmp)] + ([""] if header_lines(cmp) else [])
+    lines += ["| " + " | ".join(map(esc, heads)) + " |",
+              "|" + "|".join("---" if h in TEXT_COLUMNS else "--:" for h in heads) + "|"]
+    lines += ["| " + " | ".join(map(esc, row)) + " |" for row in cells]
+    notes = getattr(cmp, "notes", [])
+    return "\n".join(lines + ([""] + [f"- note: {n}" for n in notes] if notes else [])) + "\n"
+
+
+TEXT_COLUMNS = {"variant", "status", "run dir", "beyond seed noise?", "step beyond seed noise?"}
+_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+        "Δ": r"$\Delta$", "±": r"$\pm$", "σ": r"$\sigma$", "∞": r"$\infty$"}
+
+
+def _tex(text: str) -> str:
+    return "".join(_TEX.get(c, c) for c in text)
+
+
+def to_latex(cmp: Any, per_seed: bool = False) -> str:
+    """A booktabs tabular (\\usepackage{booktabs}); the baseline line and notes as comments."""
+    heads, cells = plain_table(cmp, per_seed)
+    lines = [f"% {line}" for line in header_lines(cmp)]
+    lines += [r"\begin{tabular}{" + "".join("l" if h in TEXT_COLUMNS else "r" for h in heads) + "}", r"\toprule",
+              " & ".join(map(_tex, heads)) + r" \\", r"\midrule"]
+    lines += [" & ".join(map(_tex, row)) + r" \\" for row in cells]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [f"% note: {n}" for n in getattr(cmp, "notes", [])]
+    return "\n".join(lines) + "\n"
 
 
 STATUS_COLOR = {"completed": "green", "diverged": "yellow", "failed": "red", "killed": "red",
@@ -518,20 +927,18 @@ def _status_cell(counts: dict) -> str:
     return ", ".join(parts)
 
 
-def _key(name: str, prev: bool) -> str:
-    """A row key, or its against-the-previous-rung twin (delta_prev, p_prev, test_prev, ...)."""
-    return name if not prev else ("p_prev" if name == "p_value" else f"{name}_prev")
-
-
 def _delta_cell(r: dict, prev: bool = False) -> str:
-    if (r["prev"] is None) if prev else r["baseline"]:
+    if _skip(r, prev):
         return ""
     delta, pct = r[_key("delta", prev)], r[_key("delta_pct", prev)]
-    return "-" if delta is None else f"{delta:+.4f}" + (f" ({pct:+.2f}%)" if pct is not None else "")
+    if delta is None:
+        return "-"
+    ci = f"\n[dim]{_ci(r, prev)}[/dim]" if r.get(_key("ci_low", prev)) is not None else ""
+    return f"{delta:+.4f}" + _pct(pct) + ci
 
 
 def _test_cell(r: dict, prev: bool = False) -> str:
-    if (r["prev"] is None) if prev else r["baseline"]:
+    if _skip(r, prev):
         return ""
     test, seeds = r[_key("test", prev)], r[_key("test_seeds", prev)]
     if test is None:
@@ -541,50 +948,114 @@ def _test_cell(r: dict, prev: bool = False) -> str:
     word = {"better": "yes, better", "worse": "yes, worse", "noise": "no"}[v]
     if test == "paired t" and len(seeds) < r["n"]:  # a seed missing on the other side
         test += " on seeds " + ",".join(map(str, seeds))
-    return f"[{color}]{word}[/{color}] ({test}, p={r[_key('p_value', prev)]:.3g})"
+    few = f" [yellow]only {len(seeds)} seeds[/yellow]" if r.get(_key("few_seeds", prev)) else ""
+    return (f"[{color}]{word}[/{color}] ({test}, p={r[_key('p_value', prev)]:.3g}, "
+            f"Holm p={r[_key('p_holm', prev)]:.3g})" + few)
 
 
-def print_comparison(rows: Sequence[dict], console: Any = None) -> None:
-    """The rich table: one line per variant, the baseline first (a study: its rungs in ladder
-    order, with each rung's step against the one before it); notes below it."""
+def _console(console: Any) -> Any:
+    """A TTY: its own width (the variant column is never shrunk; other cells fold). Piped or
+    redirected: wide enough that nothing folds, whatever COLUMNS says."""
+    if console is not None:
+        return console
     from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=1000, soft_wrap=False)
+
+
+def _rich_table(cmp: Any, per_seed: bool) -> Any:
     from rich.markup import escape
     from rich.table import Table
 
-    if console is None:
-        import os
-
-        console = Console()
-        if not console.is_terminal and "COLUMNS" not in os.environ:
-            console = Console(width=200)  # piped to a file: don't squeeze the table into 80
-    metric = getattr(rows, "metric", rows[0]["metric"] if rows else "metric")
-    alpha = getattr(rows, "alpha", ALPHA)
-    study = any("prev" in r for r in rows)
+    metric = getattr(cmp, "metric", cmp[0]["metric"] if cmp else "metric")
+    alpha = getattr(cmp, "alpha", ALPHA)
+    if per_seed:
+        heads, cells = plain_table(cmp, per_seed=True)
+        t = Table(title=f"ablate compare: final {metric}, one row per run", title_justify="left")
+        for i, h in enumerate(heads):
+            t.add_column(h, **({"style": "bold", "no_wrap": True} if i == 0 else
+                               {"justify": "right", "overflow": "fold"} if 0 < i < len(heads) - 1 else
+                               {"overflow": "fold"}))
+        for row in cells:
+            t.add_row(*map(escape, row))
+        return t
+    study = any("prev" in r for r in cmp)
     t = Table(title=f"ablate compare: final {metric} (mean ± std over seeds)"
               + ("; study: rungs in ladder order, each step vs the previous rung" if study else ""),
               title_justify="left")
-    columns = [("variant", {"style": "bold"}), ("seeds", {"justify": "right"}),
-               ("params", {"justify": "right"}), (metric, {"justify": "right"}),
-               ("Δ vs baseline", {"justify": "right"}), (f"beyond seed noise? (p<{alpha:g})", {})]
+    names = [escape(r["variant"]) + (" [dim](baseline)[/dim]" if r["baseline"] and r["variant"] != "baseline" else "")
+             for r in cmp]
+    right = {"justify": "right", "overflow": "fold"}
+    # the variant is never cut: it keeps its full width; every other cell may fold
+    columns = [("variant", {"style": "bold", "no_wrap": True,
+                            "min_width": max([len(r["variant"]) for r in cmp] + [7])}),
+               ("seeds", right), ("params", right), (metric, right),
+               (f"Δ vs baseline [{100 * (1 - alpha):g}% CI]", right),
+               (f"beyond seed noise? (Holm p<{alpha:g})", {"overflow": "fold"}),
+               ("effect (Δ/σ)", right), ("seeds needed (80% power)", right)]
     if study:
-        columns += [("Δ vs previous rung", {"justify": "right"}), ("step beyond seed noise?", {})]
-    for name, kw in columns + [("tokens/s", {"justify": "right"}), ("status", {})]:
+        columns += [(f"Δ vs previous rung [{100 * (1 - alpha):g}% CI]", right),
+                    ("step beyond seed noise?", {"overflow": "fold"})]
+    for name, kw in columns + [("tokens/s", right), ("status", {"overflow": "fold"})]:
         t.add_column(name, **kw)
-    for r in rows:
-        label = escape(r["variant"]) + (" [dim](baseline)[/dim]" if r["baseline"] and r["variant"] != "baseline" else "")
+    for r, label in zip(cmp, names):
         seeds = f"{r['n']}" + (f" of {r['runs']}" if r["runs"] != r["n"] else "")
         params = "-" if r["params"] is None else f"{r['params']:,}"
         if r["params_delta"]:
-            params += f" [yellow]({r['params_delta_pct']:+.1f}%)[/yellow]"
+            color = "yellow" if r["size_differs"] else "dim"
+            params += f" [{color}]({r['params_delta_pct']:+.2f}%)[/{color}]"
         if r["mean"] is None:
             value = "-"
         else:
             value = f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "")
-        cells = [label, seeds, params, value, _delta_cell(r), _test_cell(r)]
+        cells = [label, seeds, params, value, _delta_cell(r), _test_cell(r),
+                 "" if r["baseline"] else _effect(r), "" if r["baseline"] else _needed(r)]
         if study:
             cells += ["", ""] if "prev" not in r else [_delta_cell(r, True), _test_cell(r, True)]
         tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
         t.add_row(*cells, tps, _status_cell(r["status"]))
-    console.print(t)
+    return t
+
+
+def _blocks(cmp: Any, console: Any, per_seed: bool) -> None:
+    """The table as one block per row, for a terminal too narrow for its columns: every
+    number is kept and nothing is cut (lines wrap at spaces)."""
+    from rich.markup import escape
+
+    heads, cells = plain_table(cmp, per_seed)
+    console.print(f"ablate compare: final {escape(getattr(cmp, 'metric', heads[3]))}"
+                  + (", one block per run" if per_seed else ", one block per variant"),
+                  style="italic", highlight=False)
+    for row in cells:
+        console.print(f"[bold]{escape(row[0])}[/bold]", soft_wrap=True, highlight=False)
+        fields = [f"{h}: {c}" for h, c in zip(heads[1:], row[1:]) if c not in ("", "-")]
+        console.print(escape("  " + " · ".join(fields)), highlight=False)
+
+
+def print_comparison(rows: Sequence[dict], console: Any = None, per_seed: bool = False) -> None:
+    """The rich table: one line per variant, the baseline first (a study: its rungs in ladder
+    order, with each rung's step against the one before it); the baseline and why above it,
+    notes below it. `per_seed`: one line per run. A terminal narrower than the table gets one
+    block per variant instead (a squeezed table would fold every number)."""
+    from rich.markup import escape
+    from rich.measure import Measurement
+
+    console = _console(console)
+    for line in header_lines(rows):
+        console.print(escape(line), soft_wrap=True, highlight=False,
+                      style="bold yellow" if line.startswith("MIXED") else None)
+    table = _rich_table(rows, per_seed)
+    if Measurement.get(console, console.options.update(max_width=100_000), table).maximum > console.width:
+        _blocks(rows, console, per_seed)
+    else:
+        console.print(table)
     for note in getattr(rows, "notes", []):
-        console.print(f"note: {escape(note)}", soft_wrap=True)
+        console.print(f"note: {escape(note)}", soft_wrap=True, highlight=False)
+
+
+def render(cmp: Any, fmt: str = "table", per_seed: bool = False) -> str:
+    """csv / markdown / latex as text (the table format prints through rich instead)."""
+    if fmt not in FORMATS or fmt == "table":
+        raise CompareError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
+    return {"csv": to_csv, "markdown": to_markdown, "latex": to_latex}[fmt](cmp, per_seed)

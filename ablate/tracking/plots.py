@@ -1,6 +1,9 @@
 """Curves for `ablate compare --plot FILE.png`: one panel per metrics.jsonl key, x-axis tokens,
 per variant a mean line over its completed seeds with a min-max band; runs that diverged or
 failed are drawn as thin dotted lines ending in an x, so they are visible, not averaged in.
+One more panel shows each variant's difference from the baseline (its mean curve minus the
+baseline's, on the first key), where a gain of 1% is visible that the loss panel squeezes into
+a pixel. Panels are laid out in a grid (at most GRID_COLUMNS wide), log-y ticks as plain decimals.
 
 Panels are data (`Panel`), so more keys (the `diag/...` diagnostics) are one entry away:
 `plot_comparison(cmp, path, keys=["train_loss", "grad_norm", "diag/max_logit"])`.
@@ -41,8 +44,50 @@ def panel_for(key: str) -> Panel:
     return PANELS.get(key) or Panel(key, key)
 
 
-def _short(label: str, limit: int = 40) -> str:
-    return label if len(label) <= limit else label[:limit - 1] + "~"
+GRID_COLUMNS = 3
+
+
+def _legend_label(label: str, width: int = 38) -> str:
+    """A long variant name on several lines, never cut (it is the only way to tell the lines apart)."""
+    parts, line = [], ""
+    for piece in label.split(","):
+        piece = piece if not line else "," + piece
+        if line and len(line) + len(piece) > width:
+            parts.append(line + ",")
+            piece = piece[1:]
+            line = ""
+        line += piece
+    return "\n".join(parts + [line])
+
+
+def _tokens(v: float, _=None) -> str:
+    """400k, 1.2M: token counts a reader can take in at a glance."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.4g}{unit}"
+    return f"{v:.4g}"
+
+
+def plain_ticks(ax, axis: str = "y") -> None:
+    """Log-scale ticks as plain decimals (2.4, not 2.4x10^0). Under a decade of range only
+    minor ticks fall inside, so those are labelled too (at 1-9 x 10^k), fewer on wider ranges."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 10.0
+    fmt = FuncFormatter(lambda v, _: f"{v:.4g}")
+    a.set_major_locator(LogLocator(base=10))
+    a.set_major_formatter(fmt)
+    if decades < 1.5:
+        a.set_minor_locator(LogLocator(base=10, subs=(1, 2, 3, 4, 5, 6, 7, 8, 9) if decades > 0.3 else
+                                       [i / 10 for i in range(10, 100)]))
+        a.set_minor_formatter(fmt)
+    elif decades < 4:
+        a.set_minor_locator(LogLocator(base=10, subs=(2, 5)))
+        a.set_minor_formatter(fmt)
+    else:
+        a.set_minor_formatter(NullFormatter())
 
 
 def _series(run, key: str) -> dict[int, tuple[float, float]]:
@@ -87,8 +132,89 @@ def _fit_tail(ax, curves: list[tuple[list, list]], tail: float) -> bool:
     return True
 
 
+def _delta_series(group, base, key: str):
+    """x, mean difference, min and max of the per-seed differences from the baseline, at the
+    steps both logged; per-seed differences over the seeds both completed (paired), else only
+    the difference of the mean curves (min = max = mean)."""
+    ok = [r for r in group.runs if r.status == "completed"]
+    base_ok = [r for r in base.runs if r.status == "completed"]
+    gx, gm, _, _ = _band(ok, key)
+    bx, bm, _, _ = _band(base_ok, key)
+    steps_g = sorted(set().union(*[_series(r, key) for r in ok])) if ok else []
+    steps_b = sorted(set().union(*[_series(r, key) for r in base_ok])) if base_ok else []
+    mine, theirs = dict(zip(steps_g, zip(gx, gm))), dict(zip(steps_b, bm))
+    pairs = [(r, b) for r in ok for b in base_ok if b.seed == r.seed]
+    xs, mean, lo, hi = [], [], [], []
+    for s in sorted(set(mine) & set(theirs)):
+        d = [_series(r, key).get(s) for r, _ in pairs]
+        e = [_series(b, key).get(s) for _, b in pairs]
+        per_seed = [x[1] - y[1] for x, y in zip(d, e) if x is not None and y is not None]
+        xs.append(mine[s][0])
+        mean.append(mine[s][1] - theirs[s])
+        lo.append(min(per_seed) if len(per_seed) > 1 else mean[-1])
+        hi.append(max(per_seed) if len(per_seed) > 1 else mean[-1])
+    return xs, mean, lo, hi
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    """A centred running mean: per-step training losses are noisy; the trend is what matters."""
+    if window <= 1:
+        return values
+    half = window // 2
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - half):i + half + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def _draw_delta(ax, cmp, key: str, colors) -> int:
+    """Each variant's mean curve minus the baseline's (band: min-max of the per-seed paired
+    differences); returns the number of curves drawn."""
+    base = next((g for g, r in zip(cmp.groups, cmp) if r["baseline"]), None)
+    if base is None:
+        ax.text(0.5, 0.5, "no baseline (pick one with --baseline)", ha="center", va="center",
+                transform=ax.transAxes, color="0.5")
+        ax.set_title(f"Δ {key} vs baseline")
+        return 0
+    drawn, window, curves = 0, 1, []
+    for i, (group, row) in enumerate(zip(cmp.groups, cmp)):
+        if group is base:
+            continue
+        xs, mean, lo, hi = _delta_series(group, base, key)
+        if not xs:
+            continue
+        window = max(1, len(xs) // 20)  # ~5% of the curve
+        color = colors[i % len(colors)]
+        mean, lo, hi = _smooth(mean, window), _smooth(lo, window), _smooth(hi, window)
+        ax.plot(xs, mean, color=color, lw=1.6, label=_legend_label(row["variant"]))
+        if any(a != b for a, b in zip(lo, hi)):
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
+        curves += [(xs, lo), (xs, hi), (xs, mean)]
+        drawn += 1
+    ax.axhline(0.0, color="0.3", lw=1, ls="--", label=f"baseline: {_legend_label(base_label(cmp))}")
+    zoomed = False
+    if curves:  # the start of training differs most and says least: fit y to the second half (and 0)
+        x_end = max(max(xs) for xs, _ in curves)
+        zoomed = _fit_tail(ax, curves + [([0.5 * x_end, x_end], [0.0, 0.0])], 0.5)
+    how = [f"running mean over {window} points"] if window > 1 else []
+    how += ["band: min-max over paired seeds"] if drawn else []
+    how += ["y fitted to the last 50% of tokens"] if zoomed else []
+    ax.set_title(f"Δ {key} vs baseline (below 0: lower than the baseline)"
+                 + ("\n" + "; ".join(how) if how else ""))
+    ax.set_xlabel("tokens")
+    ax.set_ylabel(f"Δ {key}")
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def base_label(cmp) -> str:
+    return getattr(cmp, "baseline", None) or "-"
+
+
 def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path:
-    """Write the figure for a `compare_dirs` result; returns the path."""
+    """Write the figure for a `compare_dirs` result; returns the path. One panel per key plus
+    the Δ-vs-baseline panel of the first key, in a grid at most GRID_COLUMNS wide."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed (and none on a cluster node)
@@ -96,17 +222,21 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
 
     path = Path(path)
     panels = [panel_for(k) for k in dict.fromkeys(keys)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.5), squeeze=False,
+    n = len(panels) + 1  # + the difference from the baseline
+    ncols = min(n, GRID_COLUMNS if n > 4 else 2)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.0 * ncols, 4.6 * nrows), squeeze=False,
                              layout="constrained")
+    flat = list(axes.flat)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn = 0
-    for ax, panel in zip(axes[0], panels):
+    for ax, panel in zip(flat, panels):
         curves = []  # (xs, ys) of everything drawn: the y-range of a tail panel fits them
         for i, (group, row) in enumerate(zip(cmp.groups, cmp)):
             color = colors[i % len(colors)]
             ok = [r for r in group.runs if r.status == "completed"]
             xs, mean, lo, hi = _band(ok, panel.key)
-            label = _short(row["variant"]) + (f" (n={len(ok)})" if ok else "")
+            label = _legend_label(row["variant"]) + (f" (n={len(ok)})" if ok else "")
             if xs:
                 ax.plot(xs, mean, color=color, lw=1.6, label=label)
                 if len(ok) > 1:
@@ -128,21 +258,35 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
                 if ser:
                     pts = [ser[s] for s in sorted(ser)]
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", lw=1, color=color,
-                            label=f"{_short(row['variant'])} seed {r.seed[0]}: {r.status}")
+                            label=f"{_legend_label(row['variant'])} seed {r.seed[0]}: {r.status}")
                     ax.plot(pts[-1][0], pts[-1][1], "x", color=color, ms=7)
                     drawn += 1
         zoomed = panel.tail > 0 and _fit_tail(ax, curves, panel.tail)
         ax.set_title(panel.title + (f"\ny fitted to the last {1 - panel.tail:.0%} of tokens" if zoomed else ""))
         ax.set_xlabel("tokens")
         ax.set_ylabel("loss" if panel.points == "val_loss" else panel.key)
-        if panel.log_y:
+        if panel.log_y and ax.lines:
             ax.set_yscale("log")
+            plain_ticks(ax)
+        if not ax.lines:
+            ax.text(0.5, 0.5, f"no run logged {panel.key}", ha="center", va="center",
+                    transform=ax.transAxes, color="0.5")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     if not drawn:
         plt.close(fig)
         raise AblateError(f"nothing to plot: no run logged {', '.join(p.key for p in panels)}")
+    delta_ax = flat[len(panels)]
+    _draw_delta(delta_ax, cmp, panels[0].key, colors)
+    if delta_ax.get_legend_handles_labels()[0]:
+        delta_ax.legend(fontsize=8)
+    from matplotlib.ticker import FuncFormatter
+
+    for ax in flat[:n]:
+        ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
+    for ax in flat[n:]:
+        ax.set_visible(False)
     fig.suptitle(f"ablate compare ({len(cmp)} variants; band = min-max over seeds)")
     try:
         fig.savefig(path, dpi=110)
