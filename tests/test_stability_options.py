@@ -121,7 +121,7 @@ def test_mtp_heads_add_their_loss_but_leave_next_token_predictions_alone():
     h = mtp.hidden_states(x)
     extra = sum(F.cross_entropy(mtp.unembed(mtp.mtp[j - 1](h[:, :-j])).reshape(-1, 64),
                                 y[:, j:].reshape(-1)) for j in range(1, k + 1))
-    torch.testing.assert_close(out.loss, out.lm_loss + w * extra)
+    torch.testing.assert_close(out.loss, out.lm_loss + w * extra / k)  # lambda * mean over depths
     # Evaluation reads next-token logits only: the same val_loss as the plain model.
     import numpy as np
 
@@ -148,7 +148,23 @@ def test_mtp_head_k_predicts_the_token_k_plus_1_ahead_position_by_position():
                  for t in range(T) if t + 1 + j <= T]
         assert len(terms) == T - j  # the last j positions have no token that far ahead
         nll.append(torch.stack(terms).mean())
-    torch.testing.assert_close(out.loss - out.lm_loss, wt * sum(nll))
+    torch.testing.assert_close(out.loss - out.lm_loss, wt * sum(nll) / k)
+
+
+def test_mtp_total_weight_does_not_grow_with_the_head_count():
+    """DeepSeek-V3: L = L_main + lambda * mean_k L_k. Force every head to the same loss (all its
+    weights zero: uniform logits, loss log V) and the auxiliary term is lambda * log V for any k."""
+    w = 0.3
+    x, y = batch()
+    extras = []
+    for k in (1, 2, 4):
+        m = model(0, mtp_heads=k, mtp_weight=w)
+        with torch.no_grad():
+            for head in m.mtp:
+                head[1].weight.zero_()
+        out = m(x, y)
+        extras.append((out.loss - out.lm_loss).item())
+    assert extras == pytest.approx([w * math.log(64)] * 3, rel=1e-5)
 
 
 def test_reordered_block_matches_its_formula_on_a_hand_example():
