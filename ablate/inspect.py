@@ -53,6 +53,32 @@ def ffn_sizes(cfg: Any) -> dict:
             "ffn_params_per_layer": per_layer, "gated_minus_plain_per_layer": delta, "why": why}
 
 
+def baseline_spec(cfg: Any) -> ModelSpec:
+    """The same config with every axis at its default option (what `ablate run` trains without
+    axis overrides): sizes, tokenizer and the other model keys unchanged."""
+    import copy
+
+    from ablate.axes import default_axes
+
+    base = copy.deepcopy(cfg)
+    for axis, option in default_axes().items():
+        if str(base[axis].name) != option:
+            base[axis].name = option
+            if axis == "attn":  # an explicit KV head count belongs to the variant's attn option
+                base.model.n_kv_heads = None
+    return ModelSpec.from_config(base)
+
+
+def param_delta(cfg: Any, spec: ModelSpec) -> dict:
+    """Parameters of this variant minus the default-axes baseline's (the size change to state)."""
+    from ablate.axes import default_axes
+
+    base = count_params(baseline_spec(cfg))["total"]
+    total = count_params(spec)["total"]
+    return {"baseline_axes": default_axes(), "baseline_params": base, "delta": total - base,
+            "delta_pct": 100.0 * (total - base) / base}
+
+
 def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int] = None,
                    dtype: str = "bf16") -> dict:
     """Everything `ablate inspect` prints, as a JSON-able dict."""
@@ -91,6 +117,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
         "vocab": {"tokenizer": spec.tokenizer_vocab, "model": spec.vocab_size, "padded": padded,
                   "note": vocab_note},
         "ffn": ffn_sizes(cfg),
+        "vs_baseline": param_delta(cfg, spec),
         "axes": axis_values(cfg),
         "spec": spec.to_dict(),
         "head_dim": spec.head_dim,
