@@ -11,8 +11,9 @@ from typing import Any, Optional
 
 from ablate.errors import ConfigError
 from ablate.model import options
-from ablate.model.spec import (VOCAB_MULTIPLE, ModelSpec, count_params, flops_per_token,
-                               kv_cache_bytes_per_token, non_embedding_params, round_up)
+from ablate.model.spec import (VOCAB_MULTIPLE, ModelSpec, count_params, ffn_layer_params,
+                               flops_per_token, gated_d_ff, kv_cache_bytes_per_token,
+                               non_embedding_params)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FLOPS_FORMULA = ("6*N + 12*L*d_attn*T (PaLM appendix B, training = forward + backward): N = attention "
@@ -26,28 +27,56 @@ def ffn_sizes(cfg: Any) -> dict:
     m = cfg.model
     act = str(cfg.act.name)
     gated = act in options.GATED_ACTS
-    plain_d_ff = int(m.ffn_ratio * m.d_model)
-    gated_d_ff = round_up(int(2 * plain_d_ff / 3), m.ffn_multiple_of)
-    d, b = m.d_model, 1 if options.BIAS.get(cfg.bias.name) else 0
-    per_layer = {"plain": 2 * d * plain_d_ff + b * (plain_d_ff + d),
-                 "gated": 3 * d * gated_d_ff + b * (2 * gated_d_ff + d)}
+    bias = options.BIAS.get(cfg.bias.name)
+    d = m.d_model
+    plain_d_ff = int(m.ffn_ratio * d)
+    matched = gated_d_ff(plain_d_ff, d, m.ffn_multiple_of, bias)
+    per_layer = {"plain": ffn_layer_params(d, plain_d_ff, False, bias),
+                 "gated": ffn_layer_params(d, matched, True, bias)}
+    delta = per_layer["gated"] - per_layer["plain"]
+    match = (f"FFN params per layer {per_layer['gated']:,} gated vs {per_layer['plain']:,} plain "
+             f"({delta:+,}, {100 * delta / per_layer['plain']:+.2f}%)")
     if m.d_ff is not None:
         why = (f"model.d_ff={m.d_ff} is set explicitly, so it is used as is ({'3' if gated else '2'} "
                f"matrices of width {m.d_ff}); gated and plain options are not size-matched")
     elif gated:
-        why = (f"act={act} is gated (three matrices: gate, up, down), so d_ff = 2/3 * ffn_ratio "
-               f"{m.ffn_ratio:g} * d_model {d} = {2 * plain_d_ff / 3:g}, rounded up to a multiple of "
-               f"model.ffn_multiple_of={m.ffn_multiple_of}: {gated_d_ff}; a plain act (two matrices) "
-               f"would use d_ff {plain_d_ff}; matrix params per layer {3 * d * gated_d_ff:,} vs "
-               f"{2 * d * plain_d_ff:,}")
+        why = (f"act={act} is gated (three matrices: gate, up, down), so d_ff is the multiple of "
+               f"model.ffn_multiple_of={m.ffn_multiple_of} nearest in parameters to a plain FFN of "
+               f"ffn_ratio {m.ffn_ratio:g} * d_model {d} = {plain_d_ff} (2/3 of it is "
+               f"{2 * plain_d_ff / 3:g}): {matched}; {match}")
     else:
         why = (f"act={act} is plain (two matrices: up, down), so d_ff = ffn_ratio {m.ffn_ratio:g} * "
-               f"d_model {d} = {plain_d_ff}; a gated act (three matrices) would use 2/3 of it, rounded "
-               f"up to a multiple of {m.ffn_multiple_of}: {gated_d_ff}; matrix params per layer "
-               f"{2 * d * plain_d_ff:,} vs {3 * d * gated_d_ff:,}")
+               f"d_model {d} = {plain_d_ff}; a gated act (three matrices) would use {matched}, the "
+               f"multiple of {m.ffn_multiple_of} nearest in parameters; {match}")
     return {"act": act, "gated": gated, "d_ff_explicit": m.d_ff is not None,
-            "plain_d_ff": plain_d_ff, "gated_d_ff": gated_d_ff,
-            "ffn_params_per_layer": per_layer, "why": why}
+            "plain_d_ff": plain_d_ff, "gated_d_ff": matched,
+            "ffn_params_per_layer": per_layer, "gated_minus_plain_per_layer": delta, "why": why}
+
+
+def baseline_spec(cfg: Any) -> ModelSpec:
+    """The same config with every axis at its default option (what `ablate run` trains without
+    axis overrides): sizes, tokenizer and the other model keys unchanged."""
+    import copy
+
+    from ablate.axes import default_axes
+
+    base = copy.deepcopy(cfg)
+    for axis, option in default_axes().items():
+        if str(base[axis].name) != option:
+            base[axis].name = option
+            if axis == "attn":  # an explicit KV head count belongs to the variant's attn option
+                base.model.n_kv_heads = None
+    return ModelSpec.from_config(base)
+
+
+def param_delta(cfg: Any, spec: ModelSpec) -> dict:
+    """Parameters of this variant minus the default-axes baseline's (the size change to state)."""
+    from ablate.axes import default_axes
+
+    base = count_params(baseline_spec(cfg))["total"]
+    total = count_params(spec)["total"]
+    return {"baseline_axes": default_axes(), "baseline_params": base, "delta": total - base,
+            "delta_pct": 100.0 * (total - base) / base}
 
 
 def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int] = None,
@@ -88,6 +117,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
         "vocab": {"tokenizer": spec.tokenizer_vocab, "model": spec.vocab_size, "padded": padded,
                   "note": vocab_note},
         "ffn": ffn_sizes(cfg),
+        "vs_baseline": param_delta(cfg, spec),
         "axes": axis_values(cfg),
         "spec": spec.to_dict(),
         "head_dim": spec.head_dim,

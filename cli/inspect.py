@@ -38,6 +38,10 @@ def _print_report(r: dict) -> None:
     t.add_row("[bold]total[/bold]", f"[bold]{total:,}[/bold]", "100%")
     t.add_row("non-embedding", f"{r['non_embedding_params']:,}", f"{100 * r['non_embedding_params'] / total:.1f}%")
     con.print(t)
+    vb = r["vs_baseline"]
+    changed = [f"{k}={v}" for k, v in r["axes"].items() if vb["baseline_axes"].get(k) != v]
+    con.print(f"vs baseline (every axis at its default{'' if not changed else '; this variant: ' + ', '.join(changed)}): "
+              f"[bold]{vb['delta']:+,}[/bold] params ({vb['delta_pct']:+.2f}%)")
     if "built_params" in r:
         con.print(f"--build: a model built on the meta device has {r['built_params']['total']:,} "
                   "parameters, equal to the analytic count in every component")

@@ -116,7 +116,9 @@ def test_sinusoidal_is_added_to_embeddings_and_has_no_parameters():
     spec = make_spec(pos="sinusoidal")
     pos = POSITIONS.get("sinusoidal")(spec)
     x = torch.zeros(2, 5, 32)
-    torch.testing.assert_close(pos.add_to_embeddings(x), sinusoidal_table(5, 32).expand(2, 5, 32))
+    # scaled by the token embeddings' init RMS (init_std): the paper's token:position proportion
+    scaled = spec.init_std * sinusoidal_table(5, 32)
+    torch.testing.assert_close(pos.add_to_embeddings(x), scaled.expand(2, 5, 32))
     assert sum(p.numel() for p in pos.parameters()) == 0
 
 

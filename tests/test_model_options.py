@@ -88,6 +88,23 @@ def test_gated_ffn_is_size_matched_by_default():
     assert explicit.d_ff == 100
 
 
+@pytest.mark.parametrize("d_model, multiple, bias", [(128, 16, True), (128, 16, False), (96, 8, True),
+                                                     (768, 64, True), (200, 32, False), (64, 256, True)])
+def test_gated_width_is_the_nearest_in_parameters(d_model, multiple, bias):
+    """Among all multiples of model.ffn_multiple_of, the gated d_ff minimises |params - plain|."""
+    from ablate.model.spec import ffn_layer_params
+    from tests.conftest import compose
+
+    cfg = compose(["act=swiglu", f"model.d_model={d_model}", "model.n_heads=4",
+                   f"model.ffn_multiple_of={multiple}", f"bias={'on' if bias else 'off'}"])
+    width = ModelSpec.from_config(cfg).d_ff
+    assert width % multiple == 0
+    plain = ffn_layer_params(d_model, 4 * d_model, False, bias)
+    best = min(abs(ffn_layer_params(d_model, w, True, bias) - plain)
+               for w in range(multiple, 8 * d_model + multiple, multiple))  # brute force
+    assert abs(ffn_layer_params(d_model, width, True, bias) - plain) == best
+
+
 @pytest.mark.parametrize("pos", list(POSITIONS))
 def test_causal_mask_holds(pos):
     """Changing a future token never changes earlier logits (and does change its own)."""

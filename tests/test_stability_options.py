@@ -121,7 +121,7 @@ def test_mtp_heads_add_their_loss_but_leave_next_token_predictions_alone():
     h = mtp.hidden_states(x)
     extra = sum(F.cross_entropy(mtp.unembed(mtp.mtp[j - 1](h[:, :-j])).reshape(-1, 64),
                                 y[:, j:].reshape(-1)) for j in range(1, k + 1))
-    torch.testing.assert_close(out.loss, out.lm_loss + w * extra)
+    torch.testing.assert_close(out.loss, out.lm_loss + w * extra / k)  # lambda * mean over depths
     # Evaluation reads next-token logits only: the same val_loss as the plain model.
     import numpy as np
 
@@ -148,7 +148,23 @@ def test_mtp_head_k_predicts_the_token_k_plus_1_ahead_position_by_position():
                  for t in range(T) if t + 1 + j <= T]
         assert len(terms) == T - j  # the last j positions have no token that far ahead
         nll.append(torch.stack(terms).mean())
-    torch.testing.assert_close(out.loss - out.lm_loss, wt * sum(nll))
+    torch.testing.assert_close(out.loss - out.lm_loss, wt * sum(nll) / k)
+
+
+def test_mtp_total_weight_does_not_grow_with_the_head_count():
+    """DeepSeek-V3: L = L_main + lambda * mean_k L_k. Force every head to the same loss (all its
+    weights zero: uniform logits, loss log V) and the auxiliary term is lambda * log V for any k."""
+    w = 0.3
+    x, y = batch()
+    extras = []
+    for k in (1, 2, 4):
+        m = model(0, mtp_heads=k, mtp_weight=w)
+        with torch.no_grad():
+            for head in m.mtp:
+                head[1].weight.zero_()
+        out = m(x, y)
+        extras.append((out.loss - out.lm_loss).item())
+    assert extras == pytest.approx([w * math.log(64)] * 3, rel=1e-5)
 
 
 def test_reordered_block_matches_its_formula_on_a_hand_example():
@@ -162,14 +178,36 @@ def test_reordered_block_matches_its_formula_on_a_hand_example():
     x = torch.tensor([[[1.0, -2.0, 0.5, 3.0], [0.0, 1.0, -1.0, 2.0], [4.0, 0.0, 1.0, -1.0]]])
     ctx = AttnContext()
 
+    eps = 1e-6 * 0.02 ** 2  # min(norm.eps, OLMo 2's 1e-6) * init_std^2 (blocks.output_norm_eps)
+
     def rms(v, g):  # written out: v / sqrt(mean(v^2) + eps) * g
-        return v / torch.sqrt((v ** 2).mean(-1, keepdim=True) + 1e-5) * g
+        return v / torch.sqrt((v ** 2).mean(-1, keepdim=True) + eps) * g
 
     h = x + rms(block.attn(x, ctx), block.norm1.weight)  # norm on the sublayer output, then add
     want = h + rms(block.ffn(h), block.norm2.weight)
     torch.testing.assert_close(block(x, ctx), want)
     # and the sublayers read the raw residual stream (no norm in front of them)
     assert not torch.allclose(block(x, ctx), x + block.norm1(block.attn(block.norm1(x), ctx)))
+
+
+@pytest.mark.parametrize("d_model", [128, 384])
+def test_reordered_block0_output_norms_are_not_eps_limited_at_init(d_model):
+    """Block 0's sublayers read the raw embeddings (RMS 0.02), so their outputs are tiny at init
+    (attention mean square ~1e-8 at d=128). With eps 1e-5 the norm returned RMS 0.03 instead of
+    ~1 (measured), so block 0 started nearly off; now both normed outputs are near unit RMS."""
+    torch.manual_seed(0)
+    m = build_model(spec(norm="rmsnorm", norm_pos="reordered", bias=False, d_model=d_model,
+                         n_heads=4, n_kv_heads=4, d_ff=4 * d_model, n_layers=4, vocab_size=256,
+                         max_seq_len=128)).eval()
+    idx = torch.randint(0, 256, (4, 128))
+    with torch.no_grad():
+        x = m.pos.add_to_embeddings(m.tok_emb(idx))
+        blk = m.blocks[0]
+        a = blk.attn(x, m.pos.context(128, x.device, x.dtype))
+        f = blk.ffn(x + blk.norm1(a))
+        assert a.pow(2).mean() < 1e-5  # the regime: raw output far below norm.eps
+        for raw, norm in ((a, blk.norm1), (f, blk.norm2)):
+            assert norm(raw).pow(2).mean().sqrt() > 0.8
 
 
 def test_reordered_model_has_a_final_norm_and_trains_a_step():

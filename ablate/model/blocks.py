@@ -8,7 +8,7 @@ from torch import nn
 
 from ablate.model.attention import CausalSelfAttention
 from ablate.model.ffn import build_ffn
-from ablate.model.norms import NormFactory
+from ablate.model.norms import NormFactory, norm_factory
 from ablate.model.positions import AttnContext
 from ablate.model.spec import ModelSpec
 from ablate.registry import Registry
@@ -84,17 +84,35 @@ class SandwichBlock(Block):
         return x + self.post_ffn_norm(self.ffn(self.pre_ffn_norm(x)))
 
 
+OLMO2_EPS = 1e-6  # OLMo 2's RMSNorm eps
+
+
+def output_norm_eps(spec: ModelSpec) -> float:
+    """eps for a norm that reads a sublayer's output (reordered): min(norm.eps, OLMo 2's 1e-6)
+    times init_std^2. norm.eps is sized for inputs of mean square ~1 (or the embeddings'
+    init_std^2); a sublayer output at init is smaller still (block 0's attention: mean square
+    ~1e-8 at d=128, less at late positions), so with eps 1e-5 the norm returned eps-limited
+    values (output RMS 0.03, not 1) and block 0 started nearly off. Scaled, eps stays below
+    those outputs, as OLMo 2's 1e-6 is below most of them at its d=4096."""
+    return min(spec.norm_eps, OLMO2_EPS) * spec.init_std ** 2
+
+
 class ReorderedBlock(Block):
     """Reordered norm (OLMo 2): norm on the sublayer output only, before the residual add.
 
         x ─┬─ attn ─ norm1 ─(+)─┬─ ffn ─ norm2 ─(+)─>
            └────────────────┘   └───────────────┘
+
+    Differs from OLMo 2 in: eps (see output_norm_eps; OLMo 2 uses RMSNorm eps 1e-6), qk_norm
+    (OLMo 2 norms the whole q and k projections, qk_norm=on here norms each head like Qwen 3),
+    and init (OLMo 2: N(0, 0.02) everywhere, no depth scaling; here the shared role-based init).
     """
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
-        self.norm1 = make_norm(spec.d_model)
-        self.norm2 = make_norm(spec.d_model)
+        make_out_norm = norm_factory(spec.norm, output_norm_eps(spec), spec.bias)
+        self.norm1 = make_out_norm(spec.d_model)
+        self.norm2 = make_out_norm(spec.d_model)
 
     def forward(self, x, ctx):
         x = x + self.norm1(self.attn(x, ctx))

@@ -61,17 +61,32 @@ def sinusoidal_table(T: int, d: int) -> torch.Tensor:
     return table.float()
 
 
+def token_embedding_rms(spec: ModelSpec) -> float:
+    """RMS of the token embeddings at init, as the blocks see them (after emb_scale)."""
+    return spec.init_std * (math.sqrt(spec.d_model) if spec.emb_scale else 1.0)
+
+
 class Sinusoidal(Positional):
-    """Fixed sin/cos table added to the embeddings; no parameters."""
+    """Fixed sin/cos table added to the embeddings; no parameters.
+
+    The paper adds the raw table (RMS 1/sqrt(2)) to unit-RMS token embeddings (tensor2tensor and
+    fairseq: N(0, d^-1/2) embeddings times sqrt(d)). Our embeddings start at RMS init_std (0.02),
+    so the raw table would outweigh them 35:1 and two tokens at one position would look alike
+    (cosine ~0.999). The table is multiplied by the token embeddings' init RMS instead: the
+    paper's token:position proportion (1 : 0.71) at any init, and exactly the paper's table when
+    that RMS is 1. The scale is a constant, fixed at build time (it does not follow training).
+    """
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.register_buffer("table", sinusoidal_table(spec.max_seq_len, spec.d_model), persistent=False)
+        self.scale = token_embedding_rms(spec)
+        self.register_buffer("table", self.scale * sinusoidal_table(spec.max_seq_len, spec.d_model),
+                             persistent=False)
 
     def add_to_embeddings(self, x):
         T = x.shape[1]
         if T > self.table.shape[0]:
-            self.table = sinusoidal_table(T, self.spec.d_model).to(self.table.device)
+            self.table = self.scale * sinusoidal_table(T, self.spec.d_model).to(self.table.device)
         return x + self.table[:T].to(x.dtype)
 
 

@@ -7,8 +7,10 @@ untied head) changes only the parameters that axis owns.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from enum import Enum
+from typing import Optional
 
 import torch
 from torch import nn
@@ -51,20 +53,40 @@ def linear(d_in: int, d_out: int, bias: bool, role: Role) -> nn.Linear:
     return layer
 
 
+def param_seed(seed: int, name: str) -> int:
+    """A 63-bit seed for one parameter, a function of (seed, its name) only (stable across
+    processes and Python versions, unlike hash())."""
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2 ** 63 - 1)
+
+
 @torch.no_grad()
-def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled: bool) -> None:
-    """Normal(0, init_std) for matrices; residual outputs scaled by 1/sqrt(2 * n_layers)."""
+def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled: bool,
+                 seed: Optional[int] = None) -> None:
+    """Normal(0, init_std) for matrices; residual outputs scaled by 1/sqrt(2 * n_layers).
+
+    Each matrix is drawn from its own generator keyed by (seed, parameter name), not from one
+    shared stream: toggling an option that adds or removes tensors (bias, an untied head, MTP
+    heads) would otherwise shift every later draw. So two variants built with the same seed
+    start with identical values in every tensor they share (same name and shape). Values are
+    drawn on the CPU, so a model built on another device gets the same numbers. seed=None:
+    torch.initial_seed(), i.e. the seed of the last torch.manual_seed (seed_everything).
+    """
+    base = torch.initial_seed() if seed is None else int(seed)
     out_std = init_std / math.sqrt(2 * n_layers) if depth_scaled else init_std
-    for p in unique_parameters(model):
+    for name, p in model.named_parameters():  # a tied weight is listed once, under its first name
         r = role_of(p)
         if r is Role.GAIN:
             p.fill_(1.0)
         elif r is Role.BIAS:
             p.zero_()
-        elif r is Role.OUTPUT:
-            p.normal_(0.0, out_std)
-        else:
-            p.normal_(0.0, init_std)
+        elif p.device.type != "meta":  # meta: shapes only (inspect --build)
+            g = torch.Generator().manual_seed(param_seed(base, name))
+            std = out_std if r is Role.OUTPUT else init_std
+            if p.device.type == "cpu" and p.dtype == torch.float32:
+                p.normal_(0.0, std, generator=g)
+            else:
+                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=g))
 
 
 def unique_parameters(model: nn.Module):

@@ -20,6 +20,24 @@ def round_up(x: int, multiple: int) -> int:
     return ((x + multiple - 1) // multiple) * multiple
 
 
+def ffn_layer_params(d_model: int, d_ff: int, gated: bool, bias: bool) -> int:
+    """One FFN's parameters: 2 (plain) or 3 (gated) matrices, plus biases with bias=on."""
+    n_in = 2 if gated else 1
+    b = 1 if bias else 0
+    return n_in * (d_model * d_ff + b * d_ff) + d_ff * d_model + b * d_model
+
+
+def gated_d_ff(plain_d_ff: int, d_model: int, multiple: int, bias: bool) -> int:
+    """The gated width, a multiple of `multiple`, whose FFN parameter count is closest to the
+    plain FFN's (Shazeer 2020 shrinks d_ff by 2/3 to keep params equal). Both multiples around
+    2/3 * plain_d_ff are tried, so the width is rounded to the nearer count, not always up; a
+    tie goes to the smaller width (never more capacity than the baseline for free)."""
+    target = ffn_layer_params(d_model, plain_d_ff, False, bias)
+    low = max(multiple, (2 * plain_d_ff // 3) // multiple * multiple)
+    candidates = [w for w in (low - multiple, low, low + multiple) if w >= multiple]
+    return min(candidates, key=lambda w: (abs(ffn_layer_params(d_model, w, True, bias) - target), w))
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     vocab_size: int
@@ -133,8 +151,8 @@ class ModelSpec:
             d_ff = int(m.d_ff)
         else:
             d_ff = int(m.ffn_ratio * m.d_model)
-            if act in options.GATED_ACTS:  # three matrices: 2/3 of the width keeps params equal
-                d_ff = round_up(int(2 * d_ff / 3), m.ffn_multiple_of)
+            if act in options.GATED_ACTS:  # three matrices: ~2/3 of the width keeps params equal
+                d_ff = gated_d_ff(d_ff, m.d_model, m.ffn_multiple_of, options.BIAS.get(cfg.bias.name))
         dropout_on = options.DROPOUT.get(cfg.dropout.name)
         return cls(
             vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
@@ -173,8 +191,7 @@ def count_params(spec: ModelSpec) -> dict[str, int]:
     attn = d * (q_out + 2 * kv_out) + b * (q_out + 2 * kv_out) + q_out * d + b * d
     if spec.qk_norm:
         attn += 2 * hd  # RMSNorm gains shared across heads
-    n_in = 2 if spec.gated else 1
-    ffn = n_in * (d * spec.d_ff + b * spec.d_ff) + spec.d_ff * d + b * d
+    ffn = ffn_layer_params(d, spec.d_ff, spec.gated, spec.bias)
     norm_block = norms_per_block(spec) * norm_params(spec, d)
     final_norm = 0 if spec.norm_pos == "post" else norm_params(spec, d)
     embedding = spec.vocab_size * d

@@ -25,7 +25,8 @@ class LMOutput:
 
 
 class Transformer(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, seed: Optional[int] = None):
+        """seed: keys every parameter's init (None: the current torch seed, see init_weights)."""
         super().__init__()
         self.spec = spec
         make_norm = norm_factory(spec.norm, spec.norm_eps, spec.bias)
@@ -38,14 +39,14 @@ class Transformer(nn.Module):
         self.final_norm = make_norm(spec.d_model) if block_cls.needs_final_norm else nn.Identity()
         self.lm_head = None if spec.tied else linear(spec.d_model, spec.vocab_size, False, Role.HEAD)
         # Multi-token prediction: head k maps h_t to a state predicting token t+1+k through the
-        # shared unembedding. Built on a forked RNG (init_weights re-draws them, after the trunk)
-        # so adding heads leaves the trunk's initialization exactly that of the plain model.
-        with torch.random.fork_rng(devices=[]):
-            self.mtp = nn.ModuleList(
-                nn.Sequential(make_norm(spec.d_model), linear(spec.d_model, spec.d_model, False, Role.INPUT))
-                for _ in range(spec.mtp_heads))
+        # shared unembedding. Each head is a norm plus one d x d linear map: far lighter than the
+        # transformer-layer MTP modules of Gloeckle et al. 2024 and DeepSeek-V3. The trunk's init is
+        # that of the plain model (init is keyed by parameter name, see roles.init_weights).
+        self.mtp = nn.ModuleList(
+            nn.Sequential(make_norm(spec.d_model), linear(spec.d_model, spec.d_model, False, Role.INPUT))
+            for _ in range(spec.mtp_heads))
         self.emb_multiplier = math.sqrt(spec.d_model) if spec.emb_scale else 1.0
-        init_weights(self, spec.init_std, spec.n_layers, spec.depth_scaled_init)
+        init_weights(self, spec.init_std, spec.n_layers, spec.depth_scaled_init, seed)
 
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
         w = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
@@ -77,12 +78,13 @@ class Transformer(nn.Module):
         if self.spec.z_loss > 0:  # PaLM: penalise log Z drifting from 0
             log_z = torch.logsumexp(logits.float(), dim=-1)  # (B, T)
             loss = loss + self.spec.z_loss * log_z.pow(2).mean()
-        for k, head in enumerate(self.mtp, start=1):  # head k predicts targets shifted by k
-            lk = self.unembed(head(h[:, :-k]))  # (B, T-k, V)
-            loss = loss + self.spec.mtp_weight * F.cross_entropy(
-                lk.float().reshape(-1, V), targets[:, k:].reshape(-1))
+        if len(self.mtp):  # DeepSeek-V3: lambda * mean over depths, one total weight for any k
+            mtp_losses = [F.cross_entropy(self.unembed(head(h[:, :-k])).float().reshape(-1, V),
+                                          targets[:, k:].reshape(-1))  # head k: targets shifted by k
+                          for k, head in enumerate(self.mtp, start=1)]
+            loss = loss + self.spec.mtp_weight * torch.stack(mtp_losses).mean()
         return LMOutput(logits, loss, lm_loss)
 
 
-def build_model(spec: ModelSpec) -> Transformer:
-    return Transformer(spec)
+def build_model(spec: ModelSpec, seed: Optional[int] = None) -> Transformer:
+    return Transformer(spec, seed)
