@@ -87,7 +87,7 @@ class ModelConfig:
     logit_softcap: Optional[float] = None  # Gemma 2 tanh capping of output logits
     act_clamp: Optional[float] = None  # clamp the gated FFN's activations to [-c, c]
     mtp_heads: int = 0  # extra heads predicting tokens t+2 .. t+k+1
-    mtp_weight: float = 0.3  # loss weight of each extra head
+    mtp_weight: float = 0.3  # total auxiliary weight: lambda x the mean over the heads (DeepSeek-V3)
 
 
 @dataclass
