@@ -229,6 +229,9 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> l
     from ablate.config import register_configs
 
     check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
+    from ablate.compose import load_plugins
+
+    load_plugins(list(arguments))  # their options are swept like built-in ones
     p = parse(arguments)
     first = p.fixed + [values[0] for _, values in p.swept]
     register_configs()
