@@ -532,10 +532,10 @@ def export(run_dir, out_dir, family: Optional[str] = None, check: bool = True) -
     test of the saved folder. Raises AblateError (nothing is left in out_dir then)."""
     import shutil
 
-    _transformers().utils.logging.disable_progress_bar()  # one line per step, not bars
     model = load_run_model(run_dir)
     name = run_tokenizer_name(run_dir)
     eos = eot_id(name)
+    _transformers().utils.logging.disable_progress_bar()  # our lines, not loading bars
     hf = to_hf_model(model, family)  # refuses an architecture no family represents
     for target in (hf.config, hf.generation_config):
         target.bos_token_id = target.eos_token_id = target.pad_token_id = eos

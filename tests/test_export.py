@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import TINY, run_ablate  # noqa: E402
 
 
+@pytest.mark.slow  # tokenizes the corpus with cl100k and converts its 100k ranks
 def test_gpt2_block_with_cl100k_exports_cl100k_tokens_and_tokenizer(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "hf"
     r = run_ablate("run", *TINY, "arch=gpt2", "tokenizer=cl100k", "train.steps=2",
@@ -45,12 +46,18 @@ def test_byte_tokenizer_is_written_exactly_and_special_ids_are_the_tokenizers():
     assert (eot_id("byte"), eot_id("gpt2"), eot_id("cl100k")) == (256, 50256, 100257)
 
 
-def test_an_architecture_no_family_represents_is_one_line_and_nothing_written(tmp_path):
+def test_llama_run_exports_with_byte_tokens_and_a_wrong_family_is_one_line(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "hf"
-    r = run_ablate("run", *TINY, "norm=rmsnorm", "train.steps=1", f"hydra.run.dir={run_dir}")
+    r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", "train.steps=2",
+                   f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr
     res = run_ablate("export", str(run_dir), str(out))
-    assert res.returncode == 2 and res.stderr.startswith("error: no Hugging Face family matches")
-    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
-    missing = run_ablate("export", str(tmp_path / "nope"), str(out))
-    assert missing.returncode != 0 and missing.stderr.startswith("error: ") and not out.exists()
+    assert res.returncode == 0, res.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["bos_token_id"] == config["eos_token_id"] == config["pad_token_id"] == 256
+    assert (out / "tokenizer.json").is_file() and "generation check:" in res.stdout
+    # the architecture is not GPT-2's: refused in one line, nothing written
+    bad = run_ablate("export", str(run_dir), str(tmp_path / "g"), "--family", "gpt2")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: cannot export as HF gpt2")
+    assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()
