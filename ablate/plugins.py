@@ -75,9 +75,8 @@ def register_option(axis: str, name: str, obj: Any, *, gated: bool = False) -> A
         registries = {"attn": options.ATTENTION, "tie": options.TIE, "bias": options.BIAS,
                       "dropout": options.DROPOUT, "qk_norm": options.QK_NORM}
         if axis not in registries:
-            from ablate.config import AXES
-
-            raise ValueError(f"register_option: unknown axis '{axis}'; axes: {', '.join(AXES)}")
+            axes = ["norm", "norm_pos", "act", "pos", *registries]
+            raise ValueError(f"register_option: unknown axis '{axis}'; axes: {', '.join(axes)}")
         registries[axis].add(name, obj)
     return obj
 

@@ -87,3 +87,16 @@ def test_an_installed_entry_point_plugin_is_loaded_without_naming_it(tmp_path):
     res = run_ablate("inspect", "norm=crmsnorm", "--json", env=env)
     assert res.returncode == 0, res.stderr
     assert "crmsnorm" in res.stdout
+
+
+def test_a_plugin_option_runs_in_launcher_subprocesses(tmp_path):
+    """submitit_local starts each job in a fresh process (as SLURM does): the job imports the
+    plugins its config lists before it builds the model."""
+    env = make_plugin(tmp_path / "src")
+    sweep_dir = tmp_path / "sweep"
+    res = run_ablate("sweep", *TINY, "train.threads=1", "launcher=submitit_local",
+                     "plugins=[my_pkg.my_norm]", "norm=layernorm,crmsnorm",
+                     f"hydra.sweep.dir={sweep_dir}", env=env)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((sweep_dir / "1_norm=crmsnorm" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["axes"]["norm"] == "crmsnorm"
