@@ -140,7 +140,8 @@ def names_in(overrides: Sequence[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    wanted = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].strip() == KEY]
+    # "=" required: a bare `plugins` is a value (`--info plugins`), not this key
+    wanted = [o for o in overrides if "=" in o and o.lstrip("+~").split("=", 1)[0].strip() == KEY]
     if not wanted:
         return []
     try:
