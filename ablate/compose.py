@@ -113,6 +113,15 @@ def check_resolvable(cfg: Any) -> None:
                                       f"{SECRET_MESSAGE}")
 
 
+def load_plugins(overrides: list[str]) -> None:
+    """Import the plugin modules that `plugins=[...]` names (and entry points) before composing:
+    their options join the axis registries and their conf dirs Hydra's search path (through
+    hydra_plugins/ablate_sweeper/ablate_searchpath.py, which reads ablate.plugins)."""
+    from ablate.plugins import load_from_overrides
+
+    load_from_overrides(overrides)
+
+
 def compose_config(overrides: list[str], validate: bool = True) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -124,6 +133,7 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
     from ablate.config import validate as check
 
     check_no_secrets(list(overrides))
+    load_plugins(list(overrides))
     register_configs()
     GlobalHydra.instance().clear()
     try:

@@ -174,6 +174,8 @@ class AblateConfig:
     seed: int = 0  # model init
     data_seed: int = 0  # batch order
     out_dir: str = "runs"
+    # Modules that register options of their own (ablate/plugins.py), imported before composing.
+    plugins: list[str] = field(default_factory=list)
 
 
 def register_configs() -> None:
@@ -242,6 +244,14 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"model.mtp_heads={m.mtp_heads} must be below train.seq_len={t.seq_len}")
     if t.diagnostics_every < 0:
         raise ConfigError(f"train.diagnostics_every must be >= 0 (0 = off), got {t.diagnostics_every}")
+    plugins = [str(name) for name in cfg.get("plugins") or []]
+    for name in plugins:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigError(f"plugins: '{name}' is not a module name; write plugins=[my_pkg.my_module]")
+    if plugins:  # they import (once): a job a launcher starts in a fresh process builds their options
+        from ablate.plugins import load
+
+        load(plugins)
     if not 0.0 < cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
     from ablate.model.spec import ModelSpec

@@ -4,8 +4,10 @@ with HF tooling and HF models can be loaded into the ablation trainer.
     to_hf(model)          -> (hf_config, state_dict)   our Transformer as an HF family
     to_hf_model(model)    -> an HF *ForCausalLM with our weights
     from_hf(hf_model)     -> Transformer                ModelSpec derived from the HF config
-    export_run(run_dir, out_dir)                        a run's checkpoint -> save_pretrained folder
-                                                        (also `python -m ablate.hf RUN_DIR OUT_DIR`)
+    export(run_dir, out_dir)                            a run's checkpoint -> save_pretrained folder,
+                                                        special tokens and tokenizer files of the
+                                                        run's tokenizer, a generation smoke test
+                                                        (`ablate export RUN_DIR OUT_DIR`)
 
 Families (keyed by the HF config's `model_type`): `gpt2` (GPT2LMHeadModel: arch=gpt2, MHA only),
 `llama` (LlamaForCausalLM: arch=llama, any n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama
@@ -374,12 +376,15 @@ def load_run_model(run_dir) -> Any:
     from omegaconf import OmegaConf
 
     from ablate.model.transformer import Transformer
+    from ablate.plugins import load as load_plugins
     from ablate.train import checkpoint
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"{run_dir}: no config.yaml (not an ablate run directory)")
-    spec = ModelSpec.from_config(OmegaConf.load(run_dir / "config.yaml"))
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    load_plugins(cfg.get("plugins") or [])  # a plugin's option builds as it did in the run
+    spec = ModelSpec.from_config(cfg)
     state = checkpoint.latest_valid(run_dir)
     if state is None:
         raise CheckpointError(f"{run_dir}: no checkpoint to export")
@@ -388,12 +393,175 @@ def load_run_model(run_dir) -> Any:
     return model.eval()
 
 
-def export_run(run_dir, out_dir, family: Optional[str] = None) -> Path:
-    """Write a run's model as a Hugging Face folder (config.json + safetensors)."""
+def run_tokenizer_name(run_dir) -> str:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    return str(OmegaConf.select(cfg, "tokenizer.name", default="byte"))
+
+
+# The end-of-text id of each tokenizer (ablate/data/tokenizers.py), for when its encoding files
+# are not here: the exported bos/eos/pad ids are the tokenizer's, never Llama's 1/2.
+EOT_IDS = {"byte": 256, "gpt2": 50256, "cl100k": 100257}
+EOT_TEXT = "<|endoftext|>"
+
+
+def eot_id(tokenizer_name: str) -> int:
+    from ablate.data.tokenizers import build_tokenizer
+
+    try:
+        return int(build_tokenizer(tokenizer_name).eot_id)
+    except AblateError:
+        if tokenizer_name in EOT_IDS:
+            return EOT_IDS[tokenizer_name]
+        raise
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (the ByteLevel alphabet of `tokenizers`)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def _tokenizer_from_ranks(ranks: dict, pattern: Optional[str], specials: dict) -> Any:
+    """A byte-level BPE `tokenizers` tokenizer equal to tiktoken's ranks: vocab = the ranks, merges
+    = for each multi-byte token the splits into two tokens, ordered by rank (how transformers'
+    TikTokenConverter converts them). `pattern`: the pre-tokenizing regex (None: whole text)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    table = _bytes_to_unicode()
+
+    def text(b: bytes) -> str:
+        return "".join(table[x] for x in b)
+
+    vocab, merges = {}, []
+    for token, rank in ranks.items():
+        vocab[text(token)] = rank
+        if len(token) == 1:
+            continue
+        local = [(token[:i], token[i:], rank) for i in range(1, len(token))
+                 if token[:i] in ranks and token[i:] in ranks]
+        local.sort(key=lambda m: (ranks[m[0]], ranks[m[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda m: m[2])
+    vocab.update(specials)  # at tiktoken's ids (cl100k has holes below them): added tokens find them
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[(text(a), text(b)) for a, b, _ in merges],
+                               fuse_unk=False, byte_fallback=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.pre_tokenizer = byte_level if pattern is None else pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False), byte_level])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, _ in sorted(specials.items(), key=lambda kv: kv[1])])
+    assert all(tok.token_to_id(t) == i for t, i in specials.items())  # ids as tiktoken's
+    return tok
+
+
+def hf_tokenizer(tokenizer_name: str) -> tuple[Any, str]:
+    """(a transformers PreTrainedTokenizerFast equal to the run's tokenizer, or None; a note)."""
+    if tokenizer_name == "byte":  # 256 bytes, no merges, end-of-text 256: exactly byte-level BPE
+        tok = _tokenizer_from_ranks({bytes([b]): b for b in range(256)}, None, {EOT_TEXT: 256})
+    else:
+        from ablate.data.tokenizers import TiktokenTokenizer, build_tokenizer
+
+        ours = build_tokenizer(tokenizer_name)
+        if not isinstance(ours, TiktokenTokenizer):
+            return None, f"no Hugging Face tokenizer file: tokenizer={tokenizer_name} has no HF equivalent"
+        try:
+            enc = ours.enc
+        except AblateError as e:
+            return None, f"no Hugging Face tokenizer file written: {e}"
+        # Oniguruma (tokenizers) reads `{1,3}+` as "one or more runs of 1-3", not possessive:
+        # "2026" would be one piece; tiktoken's regex splits it "202" + "6".
+        pattern = enc._pat_str.replace("{1,3}+", "{1,3}")
+        tok = _tokenizer_from_ranks(enc._mergeable_ranks, pattern, enc._special_tokens)
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT_TEXT, eos_token=EOT_TEXT,
+                                   pad_token=EOT_TEXT)
+    return fast, f"tokenizer: {tokenizer_name} as a byte-level BPE tokenizer.json (same ids as ablate's)"
+
+
+def _greedy_ours(model, prompt: list, n: int) -> list:
+    import torch
+
+    idx = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = model(idx[:, -model.spec.max_seq_len:]).logits[:, -1].argmax(-1, keepdim=True)
+            idx = torch.cat([idx, nxt], dim=1)
+    return idx[0, len(prompt):].tolist()
+
+
+def generation_check(model, out_dir, prompt: list, eos: int, n: int = 8) -> list:
+    """Load the saved folder with AutoModelForCausalLM, generate `n` tokens greedily and compare
+    them with our model's greedy tokens (HF stops at eos: ours are cut there too)."""
+    import torch
+
+    transformers = _transformers()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out_dir).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
+    theirs = out[0, len(prompt):].tolist()
+    ours = _greedy_ours(model, prompt, n)
+    if eos in ours:
+        ours = ours[:ours.index(eos) + 1]
+    if theirs != ours:
+        raise CheckpointError(f"generation smoke test failed: the exported model generates {theirs}, "
+                              f"the run's model {ours} (greedy, from {prompt})")
+    return theirs
+
+
+@dataclass
+class Export:
+    path: Path
+    notes: list  # one line each: special tokens, tokenizer, generation check
+
+
+def export(run_dir, out_dir, family: Optional[str] = None, check: bool = True) -> Export:
+    """A run's model as a Hugging Face folder: config.json + safetensors, special tokens from the
+    run's tokenizer, its tokenizer files where HF represents it, and (check) a generation smoke
+    test of the saved folder. Raises AblateError (nothing is left in out_dir then)."""
+    import shutil
+
     model = load_run_model(run_dir)
+    name = run_tokenizer_name(run_dir)
+    eos = eot_id(name)
+    _transformers().utils.logging.disable_progress_bar()  # our lines, not loading bars
+    hf = to_hf_model(model, family)  # refuses an architecture no family represents
+    for target in (hf.config, hf.generation_config):
+        target.bos_token_id = target.eos_token_id = target.pad_token_id = eos
+    tok, tok_note = hf_tokenizer(name)
     out = Path(out_dir)
-    to_hf_model(model, family).save_pretrained(out)
-    return out
+    existed = out.exists()
+    notes = [f"special tokens: bos = eos = pad = {eos} ({name}'s end-of-text)", tok_note]
+    try:
+        hf.save_pretrained(out)
+        if tok is not None:
+            tok.save_pretrained(out)
+        if check:
+            prompt = tok.encode("The") if tok is not None else [eos]
+            tokens = generation_check(model, out, prompt, eos)
+            notes.append(f"generation check: AutoModelForCausalLM from {out} generates the run's "
+                         f"greedy tokens ({len(tokens)} from {prompt})")
+    except BaseException:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)  # nothing half-written
+        raise
+    return Export(out, notes)
+
+
+def export_run(run_dir, out_dir, family: Optional[str] = None) -> Path:
+    """Write a run's model as a Hugging Face folder (see `export`); returns the folder."""
+    return export(run_dir, out_dir, family, check=False).path
 
 
 if __name__ == "__main__":

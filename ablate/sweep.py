@@ -14,6 +14,7 @@ the seeds of different variants are paired (same batches in the same order).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -228,6 +229,9 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> l
     from ablate.config import register_configs
 
     check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
+    from ablate.compose import load_plugins
+
+    load_plugins(list(arguments))  # their options are swept like built-in ones
     p = parse(arguments)
     first = p.fixed + [values[0] for _, values in p.swept]
     register_configs()
@@ -376,9 +380,71 @@ FINISHED = ("completed", "diverged")
 STOPPED = ("interrupted", "preempted")  # by a signal, with a checkpoint: rerun to resume
 
 
-def finish(results: list[JobResult], sweep_dir: Path) -> int:
+def _duration(seconds: float) -> str:
+    seconds = int(round(max(seconds, 0)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+    """One line per job as it ends: `[3/12] name  status  val_loss 4.1234  12s  9 left  ETA 1m48s`.
+    The ETA is the sweep's mean time per finished job so far times the jobs left (for parallel
+    launchers a chunk of jobs ends at once, so it is a bound, not a schedule)."""
+
+    def __init__(self, total: int, out=None, clock=None):
+        import time
+
+        self.total, self.done, self.out = total, 0, out
+        self.clock = clock or time.monotonic
+        self.start = self.clock()
+
+    def line(self, r: JobResult, seconds: Optional[float]) -> str:
+        self.done += 1
+        left = self.total - self.done
+        elapsed = self.clock() - self.start
+        eta = f"ETA {_duration(elapsed / self.done * left)}" if left else "done"
+        took = _duration(seconds) if seconds is not None else "-"
+        return (f"[{self.done}/{self.total}] {r.job.name}  {r.status}  val_loss {_val_loss(r.run_dir)}"
+                f"  {took}  {left} left  {eta}")
+
+    def report(self, r: JobResult, seconds: Optional[float] = None) -> None:
+        """Print the job's line; `seconds`: how long it took (None: its summary's wall time)."""
+        if seconds is None:
+            seconds = _summary_value(r.run_dir, "wall_time_s")
+        print(self.line(r, seconds), file=self.out or sys.stdout, flush=True)
+
+
+# Hydra's launchers log each launch ("Launching 1 jobs locally", "#0 : <overrides>") through
+# python logging; the per-job lines above say what a user needs, so these are hidden unless
+# hydra.verbose is set.
+LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher", "hydra_plugins")
+
+
+@contextlib.contextmanager
+def quiet_launcher_logs(verbose: Any):
+    import logging
+
+    if verbose:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in LAUNCHER_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False) -> int:
     """Print the comparison (or a status list) and the jobs that did not finish; the sweep's
-    exit code: non-zero only when no job finished (130 when it was stopped by a signal)."""
+    exit code: non-zero when no job finished (130 when it was stopped by a signal), and with
+    `strict` also when any job failed, diverged or did not finish."""
     write_record(results, sweep_dir)
     done = [r for r in results if r.status in FINISHED]
     printed = _print_compare(sweep_dir) if done else False
@@ -398,7 +464,14 @@ def finish(results: list[JobResult], sweep_dir: Path) -> int:
               file=sys.stderr)
         if not done or results[-1].status == "not run":
             return 130
-    return 1 if results and not done else 0
+    if results and not done:
+        return 1
+    bad = [r for r in results if r.status != "completed"]
+    if strict and bad:
+        print(f"--strict: {len(bad)} of {len(results)} jobs did not complete "
+              f"({', '.join(f'{r.job.name}: {r.status}' for r in bad)})", file=sys.stderr)
+        return 1
+    return 0
 
 
 def write_record(results: list[JobResult], sweep_dir: Path) -> None:
@@ -416,12 +489,17 @@ def write_record(results: list[JobResult], sweep_dir: Path) -> None:
         print(f"warning: could not write {Path(sweep_dir) / 'sweep.json'}: {e.strerror}", file=sys.stderr)
 
 
-def _val_loss(run_dir: Optional[str]) -> str:
+def _summary_value(run_dir: Optional[str], key: str) -> Optional[float]:
     try:
-        v = json.loads((Path(run_dir) / "summary.json").read_text()).get("val_loss")
-        return f"{v:.4f}" if isinstance(v, (int, float)) else "-"
-    except (OSError, ValueError, TypeError):
-        return "-"
+        v = json.loads((Path(run_dir) / "summary.json").read_text()).get(key)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return v if isinstance(v, (int, float)) else None
+
+
+def _val_loss(run_dir: Optional[str]) -> str:
+    v = _summary_value(run_dir, "val_loss")
+    return f"{v:.4f}" if v is not None else "-"
 
 
 def _print_compare(sweep_dir: Path) -> bool:

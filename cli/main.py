@@ -54,10 +54,11 @@ def axes(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 from cli import bench as _bench  # noqa: E402
 from cli import compare as _compare  # noqa: E402
 from cli import data as _data  # noqa: E402
+from cli import export as _export  # noqa: E402
 from cli import inspect as _inspect  # noqa: E402
 from cli import sweep as _sweep  # noqa: E402
 
-for _module in (_sweep, _compare, _inspect, _bench, _data):
+for _module in (_sweep, _compare, _inspect, _bench, _data, _export):
     _module.register(app)
 
 

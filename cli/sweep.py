@@ -19,13 +19,16 @@ def register(app: typer.Typer) -> None:
         seeds: int = typer.Option(0, "--seeds", help="Run every variant with seed=0..N-1 (same data_seed: paired)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs (overrides per job; with launcher=slurm, the sbatch script); run nothing."),
         json_out: bool = typer.Option(False, "--json", help="With --dry-run: a JSON list of the jobs' override lists."),
+        strict: bool = typer.Option(False, "--strict", help="Exit non-zero if any job failed, diverged or did not finish."),
     ) -> None:
         """Run many variants, e.g. `ablate sweep norm=layernorm,rmsnorm act=gelu,swiglu --seeds 3`.
 
         Launchers: launcher=basic|joblib|submitit_local|slurm (e.g. `launcher=slurm
         hydra.launcher.partition=gpu`). Presets: study=gpt2_to_llama. Hydra flags pass through.
-        At the end the runs are compared; the exit code is non-zero only if every job failed.
-        Each job's outcome (status, run dir, error) is written to <sweep dir>/sweep.json.
+        One line per job as it ends; at the end the runs are compared. The exit code is non-zero
+        if every job failed (with --strict: if any job failed or diverged). Each job's outcome
+        (status, run dir, error) is written to <sweep dir>/sweep.json. Another installed Hydra
+        sweeper is chosen with hydra/sweeper=NAME (e.g. basic, optuna); it plans its own jobs.
         """
         from ablate.errors import AblateError
         from ablate.sweep import MODES, preflight
@@ -36,12 +39,22 @@ def register(app: typer.Typer) -> None:
         if seeds < 0:
             fail(f"--seeds must be >= 0, got {seeds}")
         args = list(ctx.args)
+        other = other_sweeper(args)
+        if other:  # its own options are hydra.sweeper.* overrides; ablate's do not exist there
+            given = [flag for flag, on in (("--mode", mode != "ofat"), ("--seeds", seeds != 0),
+                                           ("--dry-run", dry_run), ("--json", json_out),
+                                           ("--strict", strict)) if on]
+            if given:
+                fail(f"{', '.join(given)} apply to ablate's sweeper; hydra/sweeper={other} plans and "
+                     f"runs its own jobs (set its options as hydra.sweeper.* overrides)")
         if not any(a.startswith("-") for a in args):
             try:
                 preflight(args, mode, seeds)
             except AblateError as e:
                 fail(str(e), e.exit_code)
-        sweeper = [f"hydra.sweeper.mode={mode}", f"hydra.sweeper.seeds={seeds}"]
+        sweeper = [] if other else [f"hydra.sweeper.mode={mode}", f"hydra.sweeper.seeds={seeds}"]
+        if strict:
+            sweeper.append("hydra.sweeper.strict=true")
         if dry_run:
             sweeper.append("hydra.sweeper.dry_run=true")
         if json_out:
@@ -52,3 +65,14 @@ def register(app: typer.Typer) -> None:
         inspecting = any(a in ("--cfg", "-c", "--info", "-i") or a.startswith(("--cfg=", "--info="))
                          for a in args)
         call_hydra(args + sweeper, multirun=not inspecting)
+
+
+def other_sweeper(args: list[str]) -> str:
+    """The Hydra sweeper chosen on the command line (`hydra/sweeper=basic`) when it is not
+    ablate's, else ''."""
+    chosen = ""
+    for a in args:
+        key, _, value = a.lstrip("+~").partition("=")
+        if key.removeprefix("override ").strip() == "hydra/sweeper":
+            chosen = value.strip()
+    return "" if chosen in ("", "ablate") else chosen

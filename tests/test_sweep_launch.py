@@ -129,9 +129,11 @@ def test_sbatch_preview_is_the_script_the_launcher_submits(tmp_path, monkeypatch
     from submitit.slurm.slurm import SlurmExecutor
 
     from ablate.axes import CONF_DIR
+    from ablate.config import register_configs
 
     sweep_dir = f"hydra.sweep.dir={tmp_path / 'sweep'}"
     _, preview = slurm_preview(tmp_path, "--seeds", "3", sweep_dir)
+    register_configs()  # the schema the primary config starts from (not stored by any import)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*SLURM, sweep_dir], return_hydra_config=True)

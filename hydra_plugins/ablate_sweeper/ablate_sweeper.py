@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
@@ -35,6 +36,7 @@ class AblateSweeperConf:
     dry_run: bool = False  # list the jobs, launch nothing
     json: bool = False  # with dry_run: a JSON list of the jobs' override lists
     max_batch_size: Optional[int] = None  # jobs handed to the launcher at once (null: all)
+    strict: bool = False  # exit non-zero if any job failed, diverged or did not finish
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="ablate", node=AblateSweeperConf,
@@ -43,8 +45,10 @@ ConfigStore.instance().store(group="hydra/sweeper", name="ablate", node=AblateSw
 
 class AblateSweeper(Sweeper):
     def __init__(self, mode: str = "ofat", seeds: int = 0, jobs: Optional[List[Any]] = None,
-                 dry_run: bool = False, json: bool = False, max_batch_size: Optional[int] = None):
+                 dry_run: bool = False, json: bool = False, max_batch_size: Optional[int] = None,
+                 strict: bool = False):
         self.mode, self.seeds, self.dry_run, self.as_json = mode, seeds, dry_run, json
+        self.strict = strict
         self.jobs = OmegaConf.to_container(jobs, resolve=True) if OmegaConf.is_config(jobs) else jobs
         self.max_batch_size = max_batch_size
         self.config: Optional[DictConfig] = None
@@ -101,6 +105,8 @@ class AblateSweeper(Sweeper):
         sequential = target.endswith("BasicLauncher")
         size = self.max_batch_size or (1 if sequential else len(batches))
         results = []
+        progress = S.Progress(len(jobs))
+        print(f"sweep: {len(jobs)} jobs -> {sweep_dir}", flush=True)
         for start in range(0, len(batches), size):
             end = start + size
             if sequential and any(r.status in S.STOPPED for r in results):
@@ -109,17 +115,22 @@ class AblateSweeper(Sweeper):
             chunk = batches[start:end]
             stamps = [S.summary_stamp(d) for d in run_dirs[start:end]]
             submitted: list = []
+            began = time.monotonic()
             try:
-                with _keep_submitit_jobs(submitted, "submitit" in target):
+                with _keep_submitit_jobs(submitted, "submitit" in target), \
+                        S.quiet_launcher_logs(self.config.hydra.get("verbose")):
                     returns = [(ret, "") for ret in self.launcher.launch(chunk, initial_job_idx=start)]
             except Exception as e:  # noqa: BLE001 - e.g. a job that died: read each job's own outcome
                 print(f"warning: the launcher failed ({_one_line(e)}); reading each job's outcome "
                       "from its directory", file=sys.stderr)
                 returns = _collect(submitted, len(chunk), _one_line(e))
+            # one job per launch: the launch's wall time is the job's (setup included)
+            took = time.monotonic() - began if len(chunk) == 1 else None
             for job, (ret, why), run_dir, stamp in zip(jobs[start:end], returns, run_dirs[start:end], stamps):
                 results.append(S.result_of(job, ret) if ret is not None else
                                S.recover(job, run_dir, stamp, f"the launcher lost the job: {why}"))
-        code = S.finish(results, sweep_dir)
+                progress.report(results[-1], took)
+        code = S.finish(results, sweep_dir, self.strict)
         if code:
             raise SystemExit(code)
         return results

@@ -1,0 +1,167 @@
+"""Your own variant without forking: plugin modules that register options for any axis.
+
+A plugin is an importable module (on PYTHONPATH or installed) that calls `register_option` at
+import time, with the option's config file in a `conf/<axis>/<name>.yaml` next to it:
+
+    my_pkg/my_norm.py             register_option("norm", "crmsnorm", CRMSNorm)
+    my_pkg/conf/norm/crmsnorm.yaml    name: crmsnorm
+
+It is loaded by `plugins=[my_pkg.my_norm]` on the command line (recorded in the run's config, so
+torchrun ranks, SLURM jobs and `ablate resume` load it too) or, for an installed package, by an
+entry point in the group `ablate.plugins` (loaded always). Loading happens before Hydra composes
+(ablate.compose, and the search-path plugin in hydra_plugins/ablate_sweeper for `@hydra.main`),
+and each plugin's conf dir is put on Hydra's search path, so `norm=crmsnorm` is an ordinary
+option of `run`, `sweep`, `inspect`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from ablate.errors import ConfigError
+
+ENTRY_POINT_GROUP = "ablate.plugins"
+KEY = "plugins"  # the config key (top level) that lists plugin modules
+
+_loaded: dict[str, Optional[Path]] = {}  # module name -> its conf dir (None: it has none)
+_entry_points_loaded = False
+
+
+def _add_name(attr: str, name: str) -> None:
+    """Add to a torch-free tuple of option names (ModelSpec checks names against it)."""
+    from ablate.model import options
+
+    names = getattr(options, attr)
+    if name not in names:
+        setattr(options, attr, names + (name,))
+
+
+def register_option(axis: str, name: str, obj: Any, *, gated: bool = False) -> Any:
+    """Register `obj` as option `name` of `axis`, beside the built-in options:
+    norm: an nn.Module class `cls(d, eps=, bias=)`; norm_pos: a Block class (ablate.model.blocks);
+    act: an ablate.model.ffn.Activation, or a function of a tensor (`gated=True`: a GLU);
+    pos: a Positional class; attn: `fn(n_heads, kv_group) -> n_kv_heads`; tie, bias, dropout,
+    qk_norm: a bool. Parameters a module creates must be tagged with a role (ablate.model.roles).
+    Returns `obj`, so it can be used as a class decorator's body."""
+    if axis == "norm":
+        from ablate.model.norms import NORMS
+
+        NORMS.add(name, obj)
+        _add_name("NORM_NAMES", name)
+    elif axis == "norm_pos":
+        from ablate.model.blocks import BLOCKS
+
+        BLOCKS.add(name, obj)
+        _add_name("NORM_POS_NAMES", name)
+    elif axis == "act":
+        from ablate.model.ffn import ACTIVATIONS, Activation
+
+        act = obj if isinstance(obj, Activation) else Activation(obj, gated=gated)
+        ACTIVATIONS.add(name, act)
+        _add_name("ACT_NAMES", name)
+        if act.gated:
+            _add_name("GATED_ACTS", name)
+    elif axis == "pos":
+        from ablate.model.positions import POSITIONS
+
+        POSITIONS.add(name, obj)
+        _add_name("POS_NAMES", name)
+    else:
+        from ablate.model import options
+
+        registries = {"attn": options.ATTENTION, "tie": options.TIE, "bias": options.BIAS,
+                      "dropout": options.DROPOUT, "qk_norm": options.QK_NORM}
+        if axis not in registries:
+            axes = ["norm", "norm_pos", "act", "pos", *registries]
+            raise ValueError(f"register_option: unknown axis '{axis}'; axes: {', '.join(axes)}")
+        registries[axis].add(name, obj)
+    return obj
+
+
+def _conf_dir(module: Any) -> Optional[Path]:
+    """`conf/` beside the module's file (for a package's __init__, inside the package)."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    conf = Path(file).resolve().parent / "conf"
+    return conf if conf.is_dir() else None
+
+
+def load(names: Iterable[str]) -> list[Path]:
+    """Import each plugin module once (entry points too); returns every loaded conf dir.
+    Raises ConfigError naming a module that cannot be imported."""
+    load_entry_points()
+    for name in names:
+        name = str(name).strip()
+        if not name or name in _loaded:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name and name.startswith(e.name):  # the plugin itself, not one of its imports
+                raise ConfigError(
+                    f"plugin module '{name}' not found; put its directory on PYTHONPATH or install "
+                    "its package (plugins=[a.module] names modules, as in `import a.module`)") from None
+            raise ConfigError(f"plugin module '{name}' failed to import: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a broken plugin is bad input, in one line
+            raise ConfigError(f"plugin module '{name}' failed to import: {type(e).__name__}: {e}") from None
+        _loaded[name] = _conf_dir(module)
+    return conf_dirs()
+
+
+def load_entry_points() -> None:
+    """Plugins an installed package declares: [project.entry-points."ablate.plugins"]."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.module in _loaded:
+            continue
+        try:
+            module = importlib.import_module(ep.module)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"plugin '{ep.name}' (entry point {ep.value} in group "
+                              f"{ENTRY_POINT_GROUP}) failed to import: {type(e).__name__}: {e}") from None
+        _loaded[ep.module] = _conf_dir(module)
+
+
+def conf_dirs() -> list[Path]:
+    return list(dict.fromkeys(d for d in _loaded.values() if d is not None))
+
+
+def names_in(overrides: Sequence[str]) -> list[str]:
+    """The modules a `plugins=[a.b,c]` (or +plugins / ++plugins) override names, else []."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    # "=" required: a bare `plugins` is a value (`--info plugins`), not this key
+    wanted = [o for o in overrides if "=" in o and o.lstrip("+~").split("=", 1)[0].strip() == KEY]
+    if not wanted:
+        return []
+    try:
+        parsed = OverridesParser.create().parse_overrides(wanted)
+    except HydraException as e:
+        raise ConfigError(f"{KEY}: {str(e).splitlines()[0]}; write plugins=[my_pkg.my_module]") from None
+    out: list[str] = []
+    for o in parsed:
+        value = o.value()
+        if o.is_delete():
+            continue
+        out = [str(v) for v in value] if isinstance(value, list) else [str(value)]  # last wins
+    return out
+
+
+def load_from_overrides(overrides: Sequence[str]) -> list[Path]:
+    return load(names_in(overrides))
+
+
+def load_from_argv(argv: Optional[Sequence[str]] = None) -> list[Path]:
+    """For `@hydra.main` processes (a run, a sweep, a torchrun rank): the overrides are argv."""
+    args = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    return load_from_overrides(args)

@@ -1,0 +1,63 @@
+"""Issue 16: `ablate export RUN_DIR OUT_DIR`. Special tokens are the run tokenizer's end-of-text
+id, the tokenizer is written where a byte-level BPE represents it exactly, and the saved folder
+is smoke-tested by generating from it; architectures no HF family represents are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import TINY, run_ablate  # noqa: E402
+
+
+@pytest.mark.slow  # tokenizes the corpus with cl100k and converts its 100k ranks
+def test_gpt2_block_with_cl100k_exports_cl100k_tokens_and_tokenizer(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "hf"
+    r = run_ablate("run", *TINY, "arch=gpt2", "tokenizer=cl100k", "train.steps=2",
+                   f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr
+    res = run_ablate("export", str(run_dir), str(out))
+    assert res.returncode == 0, res.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gpt2"
+    # cl100k's end-of-text, not GPT-2's 50256 (an ordinary cl100k token) nor Llama's 1/2
+    assert config["bos_token_id"] == config["eos_token_id"] == config["pad_token_id"] == 100257
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 100257
+    assert "generation check:" in res.stdout and "Loading weights" not in res.stdout + res.stderr
+    from ablate.data.tokenizers import build_tokenizer
+
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "Ablations, 2026: naïve café — x² = 12345 tokens.\n\n  indented\tline"
+    assert tok.encode(text, add_special_tokens=False) == build_tokenizer("cl100k").encode(text)
+    assert tok.eos_token_id == 100257 and tok.decode(tok.encode(text)) == text
+
+
+def test_byte_tokenizer_is_written_exactly_and_special_ids_are_the_tokenizers():
+    from ablate.data.tokenizers import build_tokenizer
+    from ablate.hf import eot_id, hf_tokenizer
+
+    tok, note = hf_tokenizer("byte")
+    text = "héllo\x00 wörld ✓"
+    assert tok.encode(text, add_special_tokens=False) == build_tokenizer("byte").encode(text)
+    assert tok.eos_token_id == 256 and "byte" in note
+    assert (eot_id("byte"), eot_id("gpt2"), eot_id("cl100k")) == (256, 50256, 100257)
+
+
+def test_llama_run_exports_with_byte_tokens_and_a_wrong_family_is_one_line(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "hf"
+    r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", "train.steps=2",
+                   f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr
+    res = run_ablate("export", str(run_dir), str(out))
+    assert res.returncode == 0, res.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["bos_token_id"] == config["eos_token_id"] == config["pad_token_id"] == 256
+    assert (out / "tokenizer.json").is_file() and "generation check:" in res.stdout
+    # the architecture is not GPT-2's: refused in one line, nothing written
+    bad = run_ablate("export", str(run_dir), str(tmp_path / "g"), "--family", "gpt2")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: cannot export as HF gpt2")
+    assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()

@@ -1,0 +1,102 @@
+"""Issue 16: your own variant without forking. A norm defined in a directory outside the package
+(on PYTHONPATH) is loaded by `plugins=[...]` or an `ablate.plugins` entry point, its conf file is
+found on Hydra's search path, and it is run and swept against the built-ins."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import TINY, find_run_dirs, run_ablate
+
+# The README's example, as written there.
+MY_NORM = '''\
+"""CRMSNorm: center, then RMS-normalize, with a gain (LayerNorm without its bias)."""
+import torch
+from torch import nn
+
+from ablate.model.roles import Role, tag
+from ablate.plugins import register_option
+
+
+class CRMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+        tag(self.weight, Role.GAIN)  # every parameter has a role (init, weight decay)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, T, d)
+        x = x - x.mean(-1, keepdim=True)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+register_option("norm", "crmsnorm", CRMSNorm)
+'''
+
+
+def make_plugin(root: Path) -> dict:
+    pkg = root / "my_pkg"
+    (pkg / "conf" / "norm").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "my_norm.py").write_text(MY_NORM)
+    (pkg / "conf" / "norm" / "crmsnorm.yaml").write_text("name: crmsnorm\n")
+    return {"PYTHONPATH": str(root)}
+
+
+def test_a_norm_from_outside_the_package_is_swept_against_the_builtins(tmp_path):
+    env = make_plugin(tmp_path / "src")
+    sweep_dir = tmp_path / "sweep"
+    res = run_ablate("sweep", *TINY, "train.threads=1", "plugins=[my_pkg.my_norm]",
+                     "norm=layernorm,rmsnorm,crmsnorm", f"hydra.sweep.dir={sweep_dir}", env=env)
+    assert res.returncode == 0, res.stderr
+    runs = {d.name: json.loads((d / "summary.json").read_text()) for d in find_run_dirs(sweep_dir)}
+    assert sorted(runs) == ["0_baseline", "1_norm=rmsnorm", "2_norm=crmsnorm"]
+    assert runs["2_norm=crmsnorm"]["status"] == "completed"
+    assert runs["2_norm=crmsnorm"]["axes"]["norm"] == "crmsnorm"
+    # one gain per norm, no bias: fewer parameters than LayerNorm's, as the model really built it
+    assert runs["2_norm=crmsnorm"]["params"] < runs["0_baseline"]["params"]
+    from ablate.tracking.compare import compare_dirs
+
+    assert [r["variant"] for r in compare_dirs([sweep_dir])] == ["baseline", "norm=rmsnorm", "norm=crmsnorm"]
+    assert "norm=crmsnorm" in res.stdout  # the comparison printed at the end
+
+
+def test_a_missing_plugin_module_is_one_line_and_nothing_is_written(tmp_path):
+    for command in ("run", "sweep", "inspect"):
+        res = run_ablate(command, *TINY, "plugins=[no_such_pkg.norms]", "norm=layernorm,rmsnorm"
+                         if command == "sweep" else "norm=layernorm", f"out_dir={tmp_path}")
+        assert res.returncode == 2, (command, res.stderr)
+        assert res.stderr.startswith("error: plugin module 'no_such_pkg.norms' not found")
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_option_without_its_plugin_names_the_valid_options(tmp_path):
+    res = run_ablate("run", *TINY, "norm=crmsnorm", f"out_dir={tmp_path}")
+    assert res.returncode == 2 and "Available options in 'norm': layernorm, rmsnorm" in res.stderr
+
+
+def test_an_installed_entry_point_plugin_is_loaded_without_naming_it(tmp_path):
+    src = tmp_path / "src"
+    env = make_plugin(src)
+    dist = src / "my_pkg-0.1.dist-info"  # what `pip install` of a package declaring it writes
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pkg\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[ablate.plugins]\ncrmsnorm = my_pkg.my_norm\n")
+    res = run_ablate("inspect", "norm=crmsnorm", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    assert "crmsnorm" in res.stdout
+
+
+def test_a_plugin_option_runs_in_launcher_subprocesses(tmp_path):
+    """submitit_local starts each job in a fresh process (as SLURM does): the job imports the
+    plugins its config lists before it builds the model."""
+    env = make_plugin(tmp_path / "src")
+    sweep_dir = tmp_path / "sweep"
+    res = run_ablate("sweep", *TINY, "train.threads=1", "launcher=submitit_local",
+                     "plugins=[my_pkg.my_norm]", "norm=layernorm,crmsnorm",
+                     f"hydra.sweep.dir={sweep_dir}", env=env)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((sweep_dir / "1_norm=crmsnorm" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["axes"]["norm"] == "crmsnorm"
