@@ -9,7 +9,8 @@ from __future__ import annotations
 NON_VARIANT_PREFIXES = ("hydra.", "hydra/", "logger", "out_dir", "launcher", "train.progress",
                         "train.device", "train.threads", "train.resume", "train.nproc",
                         "train.log_every", "train.ckpt_every", "train.keep_ckpts", "study",
-                        "train.diagnostics_every")  # diagnostics never change training
+                        "train.diagnostics_every",  # diagnostics never change training
+                        "plugins")  # what the option is named by, not what it is
 SEED_KEYS = ("seed", "data_seed")
 
 
