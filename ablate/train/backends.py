@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any, Optional
 
 import torch
@@ -60,7 +61,8 @@ def compile_model(model: torch.nn.Module, backend: str) -> torch.nn.Module:
 
 
 def reset_compile_state() -> None:
-    torch._dynamo.reset()
+    if "torch._dynamo" in sys.modules:  # else nothing was compiled yet (and its import costs ~1 s)
+        torch._dynamo.reset()
 
 
 def graphs_compiled() -> int:
