@@ -45,8 +45,8 @@ def test_without_the_reset_a_later_model_falls_back_and_the_run_says_so(tmp_path
     """The same loop without the reset (and a limit of 3 instead of 8, to be quick): the run
     that meets the limit and every later one record the fallback and print one line each."""
     monkeypatch.setattr("ablate.train.backends.reset_compile_state", lambda: None)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 3)
-    outcomes = fit_each(tmp_path, VARIANTS[:5])
+    with torch._dynamo.config.patch(recompile_limit=3):  # monkeypatch's undo breaks dynamo's config
+        outcomes = fit_each(tmp_path, VARIANTS[:5])
     flags = [o.extra["compile_fallback"] for o in outcomes.values()]
     assert flags[:2] == [False, False] and flags[-1] is True, flags
     first = next(o for o in outcomes.values() if o.extra["compile_fallback"])
