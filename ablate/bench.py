@@ -391,7 +391,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
     compile_fallback: true if dynamo gave up on a function anyway while it was timed."""
     from ablate.compose import compose_config
     from ablate.errors import ConfigError
-    from ablate.train.backends import RecompileWatch
+    from ablate.train.backends import RecompileWatch, graphs_compiled
 
     base_cfg = compose_config(base_overrides)
     if base_cfg.train.threads > 0:
@@ -415,7 +415,10 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
             v_trainer, _, v_params = build_trainer(cfg, data=trainer.data)  # resets compile state
             variant = trainer_contender(label, v_trainer, v_params)
             variant.clock = base.clock
+            graphs = graphs_compiled()
             variant.run(0, max(warmup, 1))
+            if v_trainer.compiled:  # dynamo skips code it gave up on before, without a warning
+                watch.check_compiled(graphs)
             base.run(0, max(warmup, 1))  # the baseline's compiled code went with the reset
             base.times, base.steps_timed = [], 0
             alternate([base, variant], rounds, steps_per_round, warmup)
