@@ -28,68 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# ---- device peak FLOP/s --------------------------------------------------------------------
-
-# Dense (no sparsity) peaks in FLOP/s: (name fragment, bf16 tensor core, fp32 non-tensor-core).
-# Matched in order against torch.cuda.get_device_name(), so specific names come first.
-GPU_PEAKS: list[tuple[str, float, float]] = [
-    ("H100 PCIe", 756e12, 51e12),
-    ("H100 NVL", 835e12, 60e12),
-    ("H100", 989e12, 67e12),  # SXM ("NVIDIA H100 80GB HBM3")
-    ("H200", 989e12, 67e12),
-    ("H20", 148e12, 44e12),
-    ("GH200", 989e12, 67e12),
-    ("B200", 2250e12, 80e12),
-    ("A100", 312e12, 19.5e12),
-    ("A800", 312e12, 19.5e12),
-    ("A6000", 155e12, 38.7e12),
-    ("L40S", 362e12, 91.6e12),
-    ("L40", 181e12, 90.5e12),
-    ("L4", 121e12, 30.3e12),
-    ("A10G", 70e12, 31.2e12),
-    ("A10", 125e12, 31.2e12),
-    ("RTX 4090", 165e12, 82.6e12),
-    ("RTX 3090", 71e12, 35.6e12),
-    ("V100", 125e12, 15.7e12),  # fp16 tensor cores (no bf16)
-    ("T4", 65e12, 8.1e12),  # fp16 tensor cores (no bf16)
-]
-
-
-@dataclass
-class Peak:
-    flops: Optional[float]  # FLOP/s; None when unknown
-    source: str  # how it was obtained, printed beside the MFU
-
-
-def gpu_peak(device_name: str, precision: str) -> Peak:
-    for fragment, bf16, fp32 in GPU_PEAKS:
-        if fragment.lower() in device_name.lower():
-            value = bf16 if precision == "bf16" else fp32
-            return Peak(value, f"{fragment} {precision} spec sheet ({value / 1e12:.0f} TFLOP/s)")
-    return Peak(None, f"unknown GPU '{device_name}': no MFU")
-
-
-def measure_cpu_peak(n: int = 1024, reps: int = 8, clock: Callable[[], float] = time.perf_counter) -> Peak:
-    """The best of `reps` timed (n x n) @ (n x n) fp32 matmuls on this machine, with the
-    threads torch uses for training: the practical ceiling of a dense fp32 model here."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(2):
-        a @ b
-    best = math.inf
-    for _ in range(reps):
-        t0 = clock()
-        a @ b
-        best = min(best, clock() - t0)
-    flops = 2 * n ** 3 / best
-    return Peak(flops, f"measured: {n}x{n} fp32 matmul on this CPU, {torch.get_num_threads()} "
-                       f"threads ({flops / 1e9:.1f} GFLOP/s)")
-
-
-def device_peak(device: torch.device, precision: str,
-                clock: Callable[[], float] = time.perf_counter) -> Peak:
-    if device.type == "cuda":
-        return gpu_peak(torch.cuda.get_device_name(device), precision)
-    return measure_cpu_peak(clock=clock)  # the same clock as the steps, so MFU is consistent
+# ---- device peak FLOP/s: ablate/train/peak.py (the trainer's MFU uses it too) ---------------
+from ablate.train.peak import GPU_PEAKS, Peak, device_peak, gpu_peak, measure_cpu_peak  # noqa: F401,E402
 
 
 def sync(device: torch.device) -> None:
@@ -379,7 +319,7 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     rounds = min(rounds, steps)
     alternate(contenders, rounds, max(1, steps // rounds), warmup)
     fpt = flops_per_token(spec, cfg.train.seq_len)
-    peak = device_peak(device, trainer.precision, ours.clock)
+    peak = device_peak(device, trainer.precision, ours.clock, n=1024, reps=8)
     tps = ours.tokens_per_s
     result = {
         "tokens_per_s": tps, "step_ms": ours.step_s * 1e3,
@@ -443,9 +383,15 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
                    warmup: int = 2, rounds: int = 5, progress: Optional[Callable[[str], None]] = None,
                    clock: str = "wall") -> dict:
     """Each variant (extra overrides on top of the baseline's) alternating with the baseline,
-    one variant at a time; ratio = variant tokens/s / baseline tokens/s (median of rounds)."""
+    one variant at a time; ratio = variant tokens/s / baseline tokens/s (median of rounds).
+
+    Building a variant's Trainer resets torch.compile's state (every model compiles afresh,
+    so the 9th variant does not run eagerly past dynamo's recompile limit); the baseline
+    recompiles and is warmed up again before each pair is timed. A row says
+    compile_fallback: true if dynamo gave up on a function anyway while it was timed."""
     from ablate.compose import compose_config
     from ablate.errors import ConfigError
+    from ablate.train.backends import RecompileWatch, graphs_compiled
 
     base_cfg = compose_config(base_overrides)
     if base_cfg.train.threads > 0:
@@ -465,16 +411,23 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
         except ConfigError as e:  # an option that cannot combine with these dims
             rows.append({"variant": label, "error": str(e)})
             continue
-        v_trainer, _, v_params = build_trainer(cfg, data=trainer.data)
-        variant = trainer_contender(label, v_trainer, v_params)
-        variant.clock = base.clock
-        variant.run(0, max(warmup, 1))
-        base.times, base.steps_timed = [], 0
-        alternate([base, variant], rounds, steps_per_round, warmup)
+        with RecompileWatch() as watch:
+            v_trainer, _, v_params = build_trainer(cfg, data=trainer.data)  # resets compile state
+            variant = trainer_contender(label, v_trainer, v_params)
+            variant.clock = base.clock
+            graphs = graphs_compiled()
+            variant.run(0, max(warmup, 1))
+            if v_trainer.compiled:  # dynamo skips code it gave up on before, without a warning
+                watch.check_compiled(graphs)
+            base.run(0, max(warmup, 1))  # the baseline's compiled code went with the reset
+            base.times, base.steps_timed = [], 0
+            alternate([base, variant], rounds, steps_per_round, warmup)
         rows.append({"variant": label, "overrides": extra, "params": v_params,
                      "tokens_per_s": variant.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s,
-                     **_ratios(variant, base)})
+                     **_ratios(variant, base), "compile_fallback": bool(watch.hits),
+                     **({"compile_fallback_reason": watch.reason} if watch.hits else {})})
         del v_trainer, variant
     return {"baseline": {"overrides": base_overrides, "params": params}, "rows": rows,
+            "compile_fallbacks": sum(bool(r.get("compile_fallback")) for r in rows),
             "device": _device_name(trainer.device), "tokens_per_step": base.tokens_per_step,
             "steps_per_round": steps_per_round, "rounds": rounds, "clock": clock}

@@ -15,6 +15,7 @@ AXES = ("norm", "norm_pos", "act", "pos", "attn", "tie", "bias", "dropout", "qk_
 # Other config groups that `ablate axes` lists (they are not part of a variant's identity).
 OTHER_GROUPS = ("arch", "model", "data", "tokenizer", "logger", "train", "launcher")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
+COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch._dynamo.list_backends()
 
 
 @dataclass
@@ -108,6 +109,13 @@ class TrainConfig:
     # null: on for CUDA, off for CPU (`ablate bench --vs train.compile=true`: +2% tokens/s on the
     # tiny model, after ~60 s of compiling on 2 cores)
     compile: Optional[bool] = None
+    # torch.compile backend: inductor (generated kernels), or eager / aot_eager (dynamo only;
+    # tests and debugging). Every Trainer compiles from a clean dynamo state (ablate/train/backends.py).
+    compile_backend: str = "inductor"
+    # torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, deterministic attention
+    # kernels: two runs on the same CUDA device give bit-identical results (CPU already does).
+    deterministic: bool = False
+    tf32: bool = True  # CUDA: fp32 matmuls and cuDNN convolutions on TF32 tensor cores
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     eval_every: int = 200
     eval_tokens: int = 32768
@@ -215,6 +223,9 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"train.precision must be auto, fp32 or bf16, got '{t.precision}'")
     if t.strategy not in ("ddp", "fsdp"):
         raise ConfigError(f"train.strategy must be ddp or fsdp, got '{t.strategy}'")
+    if t.compile_backend not in COMPILE_BACKENDS:
+        raise ConfigError(f"train.compile_backend must be {', '.join(COMPILE_BACKENDS[:-1])} or "
+                          f"{COMPILE_BACKENDS[-1]}, got '{t.compile_backend}'")
     if t.resume not in ("auto", "never"):
         raise ConfigError(f"train.resume must be auto or never, got '{t.resume}'")
     if t.seq_len > m.max_seq_len and cfg.pos.name in ("learned", "sinusoidal"):

@@ -87,7 +87,12 @@ def _print_variants(r: dict) -> None:
             t.add_row(row["variant"], f"{row['params']:,}", f"{row['tokens_per_s']:,.0f}",
                       f"{row['baseline_tokens_per_s']:,.0f}", f"{row['ratio']:.3f}",
                       f"{row['ratio_best']:.3f}")
-    Console().print(t)
+    con = Console()
+    con.print(t)
+    fell = [row["variant"] for row in r["rows"] if row.get("compile_fallback")]
+    if fell:  # dynamo gave up compiling while these were timed: their ratios compare eager code
+        con.print(f"[red]warning: torch.compile fell back to eager while timing {', '.join(fell)} "
+                  f"({next(row['compile_fallback_reason'] for row in r['rows'] if row.get('compile_fallback'))})[/red]")
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,7 @@ if sys.argv[1] == "off":
 from ablate.bench import build_trainer, trainer_contender
 from ablate.compose import compose_config
 torch.set_num_threads(1)
-trainer, _, params = build_trainer(compose_config(["train.threads=1", "logger=none"]))
+trainer, _, params = build_trainer(compose_config(["train.threads=1", "logger=none", "train.device=cpu"]))
 c = trainer_contender("x", trainer, params)
 c.run(0, 3)
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -22,12 +22,14 @@ def test_a_diverging_run_ends_diverged_with_metrics_intact_and_exit_0(tmp_path):
     assert "Traceback" not in res.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "diverged"
-    assert "loss" in summary["reason"] and 0 < summary["step"] < 40
+    # which blows up first (the loss or the gradient norm) depends on the device's kernels
+    assert summary["reason"].startswith(("non-finite loss", "non-finite grad norm", "spike")), summary["reason"]
+    assert 0 < summary["step"] < 40
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "train_loss" in r]
     # every step up to the divergence is kept, and the step that diverged is recorded too
     assert [r["step"] for r in rows] == list(range(1, summary["step"] + 2))
     last = rows[-1]["train_loss"]  # "nan"/"inf" (JSON has no NaN) or a huge loss
-    assert isinstance(last, str) or last > 10 * math.log(256)
+    assert isinstance(last, str) or last > 10 * math.log(256) or isinstance(rows[-1]["grad_norm"], str)
     assert summary["train_loss"] == rows[-1]["train_loss"]
 
 

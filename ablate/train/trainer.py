@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 from collections import deque
 from contextlib import nullcontext
@@ -19,12 +20,16 @@ from ablate.data.batches import Batches, val_windows
 from ablate.data.cache import TokenData
 from ablate.diagnostics import is_loss_spike
 from ablate.model.roles import param_groups, unique_parameters
+from ablate.model.spec import flops_per_token
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
 from ablate.train.allocator import keep_freed_memory
+from ablate.train.backends import (RecompileWatch, compile_model, configure_backends, graphs_compiled,
+                                   reset_compile_state)
 from ablate.train.distributed import (StopRequest, all_ranks_mean, any_rank,
                                       load_model_and_optimizer_state, model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
+from ablate.train.peak import Peak, device_peak
 from ablate.train.schedule import lr_at
 
 
@@ -69,7 +74,76 @@ class Outcome:
     skipped_steps: int = 0
     resumed_from: Optional[int] = None
     first_step_s: Optional[float] = None  # seconds from the job's start to the first finished step
+    # compile_s, mfu, peak_flops(_source), compile_fallback(_reason), deterministic, tf32:
+    # summary.json keys beside tokens_per_s
     extra: dict = field(default_factory=dict)
+
+
+class Throughput:
+    """Training speed of one fit segment. Rows get tokens/s per log window; the summary gets the
+    steady state: from the end of the segment's WARM_STEPS-th step to the last log row. The
+    first step holds torch.compile and the optimizer state's allocation; the second still ran
+    at ~40% of the steady speed on CPU (allocator, caches), with or without compile. Evaluation
+    time is excluded from both (checkpoints and diagnostics are part of training and stay in)."""
+
+    WARM_STEPS = 2
+
+    def __init__(self, tokens_per_step: int, sync: Callable[[], None]):
+        self.tokens_per_step, self.sync = tokens_per_step, sync
+        self.steps_done = 0
+        self.t_log, self.tokens_log = time.perf_counter(), 0
+        self.t_first: Optional[float] = None  # when the segment's first step began
+        self.warm_s: Optional[float] = None  # how long the warm-up steps took
+        self.steady_from: Optional[float] = None
+        self.steady_step0 = 0
+        self.steady_steps, self.steady_time, self.eval_s = 0, 0.0, 0.0
+        self.total_tokens, self.total_time = 0, 0.0
+
+    def start(self) -> None:
+        """The clock of the first row's window starts here (after the evaluation at init)."""
+        self.t_log = time.perf_counter()
+
+    def step_started(self) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+
+    def step_done(self, step: int) -> None:
+        self.tokens_log += self.tokens_per_step
+        self.steps_done += 1
+        if self.steps_done == self.WARM_STEPS:  # wait for the device: warm-up is all counted
+            self.sync()
+            self.steady_from = time.perf_counter()
+            self.warm_s = self.steady_from - self.t_first
+            self.steady_step0 = step
+
+    def log(self, step: int) -> float:
+        """A row at `step`: this window's tokens/s; the steady state is measured up to here."""
+        now = time.perf_counter()
+        tps = self.tokens_log / max(now - self.t_log, 1e-9)
+        self.total_tokens += self.tokens_log
+        self.total_time += now - self.t_log
+        self.t_log, self.tokens_log = now, 0
+        if self.steady_from is not None and step > self.steady_step0:
+            self.steady_steps = step - self.steady_step0
+            self.steady_time = now - self.steady_from - self.eval_s
+        return tps
+
+    def exclude(self, seconds: float) -> None:
+        """Time that is not training (evaluation)."""
+        self.t_log += seconds
+        if self.steady_from is not None:
+            self.eval_s += seconds
+
+    @property
+    def step_s(self) -> Optional[float]:
+        return self.steady_time / self.steady_steps if self.steady_steps and self.steady_time > 0 else None
+
+    @property
+    def tokens_per_s(self) -> Optional[float]:
+        """Steady state; a segment of WARM_STEPS or fewer has none: its whole time instead."""
+        if self.step_s:
+            return self.tokens_per_step / self.step_s
+        return self.total_tokens / self.total_time if self.total_time > 0 else None
 
 
 # With train.skip_spikes, this many skipped updates in a row end the run as diverged: a spike is
@@ -91,12 +165,22 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults for each step's activations (ablate/train/allocator.py)
+        # train.deterministic, train.tf32: before the model reaches the device (cuBLAS workspace)
+        self.backend_settings = configure_backends(cfg, self.device.type)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.model = model.to(self.device)  # unwrapped: checkpoints, eval
         self.train_model = wrap(self.model) if wrap else self.model
-        use_compile = cfg.compile if cfg.compile is not None else self.device.type == "cuda"
-        if use_compile:
-            self.train_model = torch.compile(self.train_model)
+        self.compiled = cfg.compile if cfg.compile is not None else self.device.type == "cuda"
+        if self.compiled:  # from a clean dynamo state: every job and bench variant compiles afresh
+            self.train_model = compile_model(self.train_model, cfg.compile_backend)
+        else:  # compiled helpers (FlexAttention on CUDA) start clean too
+            reset_compile_state()
+        self._graphs_at_build: Optional[int] = graphs_compiled() if self.compiled else None
+        self.recompiles = RecompileWatch()  # installed during fit: did dynamo give up on a function?
+        spec = getattr(model, "spec", None)
+        self.flops_per_token = flops_per_token(spec, cfg.seq_len) if spec is not None else None
+        self._peak: Optional[Peak] = None
+        self._announced = False  # the compile fallback was reported
         self.sinks = sinks
         self.data = data
         self.byte_lengths = byte_lengths
@@ -242,19 +326,25 @@ class Trainer:
             self._resume_rng = None
         sync_every = 1 if (self.device.type == "cpu" or cfg.skip_spikes) else cfg.log_every
         t_start = time.perf_counter()
-        t_log, tokens_log = t_start, 0
         first_step_s = None
         last = self.last
-        total_tokens_s, total_time = 0, 0.0
+        speed = Throughput(self.tokens_per_step, self._sync)
+        self.recompiles.hits.clear()
+        self._announced = False
+        self.recompiles.__enter__()
         try:
             if start_step == 0 and cfg.eval_every and cfg.steps > 0:
                 self._eval_and_log(last)  # the loss at initialization: the curve's starting point
+            if self.is_main:
+                self.peak()  # a CPU's is measured (~0.1 s): not inside a timed window
+            speed.start()
             if start_step == 0 and cfg.steps == 0 and self._diagnostics_due(0):
                 self.train_step(0)  # train.steps=0: the gradient profile at initialization, no update
                 self._flush_diagnostics(updated=False)
                 self.optimizer.zero_grad(set_to_none=True)
             while self.step < cfg.steps:
                 step = self.step
+                speed.step_started()
                 lm_loss, grad_norm, lr = self.train_step(step)
                 check = (step + 1) % sync_every == 0 or step + 1 == cfg.steps
                 loss_v = gnorm_v = None
@@ -271,7 +361,7 @@ class Trainer:
                         self._log_row(step + 1, loss_v, gnorm_v, lr, None)
                         self._flush_diagnostics(updated=False)  # the failing step's profile
                         return self._outcome("diverged", verdict, loss_v, last, resumed_from,
-                                             first_step_s, total_tokens_s, total_time)
+                                             first_step_s, speed)
                     if not skip:
                         recent.append(loss_v)
                 if skip:  # OLMo-core SkipStep: drop this update, keep going, count it
@@ -282,28 +372,28 @@ class Trainer:
                     self.apply_update()
                     self.skips_in_a_row = 0
                 self.step += 1
+                speed.step_done(self.step)
+                if self._graphs_at_build is not None:  # the first compiled step this trainer ran
+                    self.recompiles.check_compiled(self._graphs_at_build)
+                    self._graphs_at_build = None
                 if first_step_s is None:  # what a user waits: imports, data, build, compile, eval
                     first_step_s = (time.time() - self.job_started if self.job_started is not None
                                     else process_age_s() or (time.perf_counter() - t_start))
-                tokens_log += self.tokens_per_step
+                self._announce_fallback()
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                     if loss_v is None:
                         loss_v, gnorm_v = float(lm_loss), float(grad_norm)
-                    now = time.perf_counter()
-                    tps = tokens_log / max(now - t_log, 1e-9)
-                    total_tokens_s += tokens_log
-                    total_time += now - t_log
-                    t_log, tokens_log = now, 0
+                    tps = speed.log(self.step)
                     last["train_loss"], last["tokens_per_s"] = loss_v, tps
                     self._log_row(self.step, loss_v, gnorm_v, lr, tps)
                 self._flush_diagnostics(updated=not skip)
                 if (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps:
                     t_eval = time.perf_counter()
                     metrics = self._eval_and_log(last)
-                    t_log += time.perf_counter() - t_eval  # eval time is not training throughput
+                    speed.exclude(time.perf_counter() - t_eval)  # eval time is not training throughput
                     if not math.isfinite(metrics["val_loss"]):
                         return self._outcome("diverged", "non-finite validation loss", loss_v, last,
-                                             resumed_from, first_step_s, total_tokens_s, total_time)
+                                             resumed_from, first_step_s, speed)
                 if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self.step < cfg.steps:
                     self.save_checkpoint()
                 if any_rank(self.stop.signum is not None, self.world, self.device):  # same step on all ranks
@@ -311,15 +401,15 @@ class Trainer:
                     self.save_checkpoint()
                     status = "interrupted" if self.stop.signum == signal.SIGINT else "preempted"
                     return self._outcome(status, f"signal {signal.Signals(self.stop.signum).name}",
-                                         loss_v, last, resumed_from, first_step_s, total_tokens_s, total_time)
+                                         loss_v, last, resumed_from, first_step_s, speed)
             self.save_checkpoint()
-            return self._outcome("completed", "", None, last, resumed_from, first_step_s,
-                                 total_tokens_s, total_time)
+            return self._outcome("completed", "", None, last, resumed_from, first_step_s, speed)
         except KeyboardInterrupt:
             self.save_checkpoint()
             return self._outcome("interrupted", "KeyboardInterrupt", None, last, resumed_from,
-                                 first_step_s, total_tokens_s, total_time)
+                                 first_step_s, speed)
         finally:
+            self.recompiles.__exit__()
             self.stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
             StopRequest.restore(old_handlers)
 
@@ -351,12 +441,51 @@ class Trainer:
                "grad_norm": gnorm, "lr": lr}
         if tps is not None:
             row["tokens_per_s"] = tps
+            row["mfu"] = self.mfu(tps)
         self.sinks.log(row)
 
-    def _outcome(self, status, reason, loss_v, last, resumed_from, first_step_s, tok, secs) -> Outcome:
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def peak(self) -> Peak:
+        """The device's peak FLOP/s (ablate/train/peak.py), looked up or measured once."""
+        if self._peak is None:
+            self._peak = device_peak(self.device, self.precision)
+        return self._peak
+
+    def mfu(self, tokens_per_s: Optional[float]) -> Optional[float]:
+        """Model FLOPs utilisation: model FLOPs/token x tokens/s over the peak of all devices."""
+        if not tokens_per_s or not self.flops_per_token or not self.peak().flops:
+            return None
+        return tokens_per_s * self.flops_per_token / (self.peak().flops * self.world)
+
+    def _announce_fallback(self) -> None:
+        """Once per fit: dynamo stopped compiling something, so this run is (partly) eager."""
+        if self.recompiles.hits and not self._announced:
+            self._announced = True
+            if self.is_main:
+                print(f"warning: torch.compile fell back to eager at step {self.step}: "
+                      f"{self.recompiles.reason}; tokens/s is not the compiled speed",
+                      file=sys.stderr, flush=True)
+
+    def _outcome(self, status, reason, loss_v, last, resumed_from, first_step_s, speed) -> Outcome:
+        tps = speed.tokens_per_s if speed.tokens_per_s is not None else last["tokens_per_s"]
+        compile_s = None
+        if self.compiled and speed.warm_s is not None and speed.step_s is not None:
+            # the warm-up steps' extra time: compiling, mostly (an uncompiled run's is ~0.01 s)
+            compile_s = max(0.0, speed.warm_s - speed.WARM_STEPS * speed.step_s)
+        peak = self.peak() if self.is_main else None
+        extra = {"compile": bool(self.compiled), "compile_s": compile_s,
+                 "mfu": self.mfu(tps) if self.is_main else None,
+                 "peak_flops": peak.flops if peak else None,
+                 "peak_flops_source": peak.source if peak else None,
+                 "compile_fallback": bool(self.recompiles.hits), **self.backend_settings}
+        if self.recompiles.hits:
+            extra["compile_fallback_reason"] = self.recompiles.reason
         return Outcome(
             status=status, step=self.step, tokens=self.tokens_at(self.step), reason=reason,
             train_loss=loss_v if loss_v is not None else last["train_loss"],
-            val_loss=last["val_loss"], val_bpb=last["val_bpb"],
-            tokens_per_s=(tok / secs) if secs > 0 else last["tokens_per_s"],
-            skipped_steps=self.skipped, resumed_from=resumed_from, first_step_s=first_step_s)
+            val_loss=last["val_loss"], val_bpb=last["val_bpb"], tokens_per_s=tps,
+            skipped_steps=self.skipped, resumed_from=resumed_from, first_step_s=first_step_s,
+            extra=extra)

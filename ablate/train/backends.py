@@ -1,0 +1,109 @@
+"""Process-wide torch settings a run asks for: TF32, deterministic algorithms, and a clean
+torch.compile state per model.
+
+They are global to the process, so every Trainer sets all of them explicitly (on and off): a
+sweep's jobs run one after another in one process (basic launcher), and one job's setting
+must not leak into the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+import torch
+
+# cuBLAS keeps per-stream workspaces whose reuse makes results depend on scheduling; this
+# setting (NVIDIA's documented one for reproducibility) makes them deterministic. It is read
+# when the process creates its cuBLAS handle: set it before the first CUDA matmul.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def configure_backends(cfg: Any, device_type: str) -> dict:
+    """Apply train.tf32 and train.deterministic; returns what was set (recorded in summary.json)."""
+    deterministic = bool(cfg.deterministic)
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE  # before any cuBLAS handle exists
+    # Raises on an op that has no deterministic implementation instead of silently differing.
+    # It also makes SDPA's flash and memory-efficient backward kernels deterministic (one split
+    # over the keys, no atomic adds) and Inductor skip autotuning that changes numerics.
+    torch.use_deterministic_algorithms(deterministic)
+    settings = {"deterministic": deterministic}
+    if device_type == "cuda":
+        torch.backends.cudnn.deterministic = deterministic
+        torch.backends.cudnn.benchmark = False  # autotuned conv algorithms vary run to run
+        if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+            # cuDNN attention's backward is not deterministic; flash / efficient / math remain.
+            torch.backends.cuda.enable_cudnn_sdp(not deterministic)
+        set_tf32(bool(cfg.tf32))
+        settings["tf32"] = bool(cfg.tf32)
+    return settings  # CPU: TF32 is a CUDA tensor-core format; nothing to set
+
+
+def set_tf32(enabled: bool) -> None:
+    """fp32 matmuls and cuDNN convolutions on TF32 tensor cores (Ampere and later): ~8x the
+    fp32 rate on an A100/H100 with a 10-bit mantissa in the products, fp32 accumulation.
+    Through the legacy flags: torch reads them back through either API, whereas setting the
+    new API makes a later read of the legacy flag (Inductor still reads some) raise."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def compile_model(model: torch.nn.Module, backend: str) -> torch.nn.Module:
+    """torch.compile from a clean dynamo state. Dynamo caches compiled code per code object
+    (Transformer.forward is one object for every variant) with a guard per model, up to
+    torch._dynamo.config.recompile_limit (8) entries; past that it runs the function eagerly,
+    so the 9th model of a process (sweep job, bench variant) silently lost compile."""
+    reset_compile_state()
+    return torch.compile(model, backend=backend)
+
+
+def reset_compile_state() -> None:
+    if "torch._dynamo" in sys.modules:  # else nothing was compiled yet (and its import costs ~1 s)
+        torch._dynamo.reset()
+
+
+def graphs_compiled() -> int:
+    """FX graphs dynamo has compiled in this process (not cleared by reset). A compiled model
+    whose first step adds none runs eagerly: dynamo skips code it gave up on earlier, silently."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+class RecompileWatch(logging.Handler):
+    """Notices dynamo giving up on a function (its recompile limit hit) while installed.
+    Dynamo says so only in a logging warning ("torch._dynamo hit config.recompile_limit (8)");
+    counters of it are cleared by torch._dynamo.reset()."""
+
+    LOGGER = "torch._dynamo.convert_frame"
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.hits: list[str] = []
+
+    def check_compiled(self, graphs_before: int) -> None:
+        """After a compiled model's first call: it must have compiled a graph."""
+        if graphs_compiled() == graphs_before:
+            self.hits.append("no graph compiled for this model: dynamo skips its code "
+                             "(a recompile limit was hit earlier in this process)")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("torch._dynamo hit config."):
+            lines = [ln.strip() for ln in message.splitlines()]
+            where = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("function:")), "")
+            self.hits.append(f"{lines[0].removeprefix('torch._dynamo ')}" + (f" for {where}" if where else ""))
+
+    def __enter__(self) -> "RecompileWatch":
+        logging.getLogger(self.LOGGER).addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger(self.LOGGER).removeHandler(self)
+
+    @property
+    def reason(self) -> Optional[str]:
+        return self.hits[0] if self.hits else None
