@@ -67,7 +67,7 @@ NOT_TRAINING_KEYS = ("logger", "out_dir", "study", "train.progress", "train.thre
                      "data.num_proc", "data.cache_dir")
 # Stopped by a signal with a checkpoint (preempted or interrupted): 130 (128 + SIGINT) whatever
 # the signal, the code `ablate sweep` returns in that case, so a script tests one value for
-# "stopped, rerun the same command to resume". Under submitit the job is requeued instead.
+# "stopped, `ablate resume DIR` continues it". Under submitit the job is requeued instead.
 STOPPED_EXIT = 130
 STOPPED = ("preempted", "interrupted")
 
@@ -327,8 +327,10 @@ def _stopped_line(summary: dict, run_dir: Path) -> str:
 
     found = list_checkpoints(run_dir)
     saved = f"checkpoint {found[-1][1]}" if found else "no checkpoint yet"
+    from ablate.rundir import resume_command
+
     return (f"stopped at step {summary.get('step', 0)} ({summary.get('reason')}); {saved}; "
-            "rerun the same command to resume")
+            f"resume with: {resume_command(run_dir)}")
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
