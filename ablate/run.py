@@ -264,7 +264,8 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
 
         stop.phase = "startup"  # no step to finish yet: a stop signal ends the run where it is
         stop.raise_if_stopped()
-        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built, job_started, state, stop)
+        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built, job_started, state, stop,
+                              quiet=multirun)
         summary.update(info)
         summary.update(
             status=outcome.status, reason=outcome.reason, step=outcome.step, steps=cfg.train.steps,
@@ -272,6 +273,12 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
             val_bpb=outcome.val_bpb, tokens_per_s=outcome.tokens_per_s,
             skipped_steps=outcome.skipped_steps, resumed_from=outcome.resumed_from,
             time_to_first_step_s=outcome.first_step_s)
+        import dataclasses
+
+        named = {"first_step_s", "status", "reason", "step", "tokens"}
+        for f in dataclasses.fields(outcome):  # what the trainer measures beyond these (compile_s, mfu)
+            if f.name not in named and f.name not in summary and getattr(outcome, f.name) is not None:
+                summary[f.name] = getattr(outcome, f.name)
         exit_code = STOPPED_EXIT if outcome.status in STOPPED else 0
     except AblateError as e:
         summary.update(status="failed", error=str(e))
@@ -313,7 +320,7 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
                 built["sinks"].finish(summary)
             from ablate.report import print_summary
 
-            print_summary(summary, run_dir)
+            print_summary(summary, run_dir, console=not multirun)  # a sweep prints a line per job
         except Exception as e:
             print(f"warning: reporting failed ({type(e).__name__}: {e}); see {run_dir / SUMMARY}",
                   file=sys.stderr)

@@ -38,11 +38,14 @@ def run_tags(cfg: Any) -> list[str]:
 
 
 def build_sinks(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], start_step: int,
-                info: dict):
+                info: dict, quiet: bool = False):
+    """quiet: a sweep job; its lines go to its ablate.log only (the sweep reports each job)."""
     from ablate.tracking.sinks import ConsoleSink, JsonlSink, Sinks
 
+    about = {"variant": variant, "seed": cfg.seed, "run_dir": str(run_dir)}
     sinks = [JsonlSink(run_dir / "metrics.jsonl", append=start_step > 0),
-             ConsoleSink(cfg.train.steps, enabled=cfg.train.progress, start_step=start_step)]
+             ConsoleSink(cfg.train.steps, enabled=cfg.train.progress, start_step=start_step,
+                         quiet=quiet, about=about)]
     if cfg.logger.name == "wandb" and cfg.logger.mode != "disabled":
         from ablate.tracking.wandb_sink import WandbSink, run_name, wandb_config
 
@@ -65,9 +68,11 @@ def _wandb_id(run_dir: Path) -> str:
 
 
 def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict,
-          job_started: Optional[float] = None, resume_state: Optional[dict] = None, stop=None):
+          job_started: Optional[float] = None, resume_state: Optional[dict] = None, stop=None,
+          quiet: bool = False):
     """Build and train. resume_state: the checkpoint the run already loaded and checked (None:
-    look for one). stop: the run's StopRequest, installed since its start."""
+    look for one). stop: the run's StopRequest, installed since its start. quiet: a sweep job
+    (nothing on the console but errors)."""
     import torch
     import torch.distributed
 
@@ -80,7 +85,7 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     dist = setup_distributed(cfg)
-    tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0)
+    tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0 and not quiet)
     if data.meta["vocab_size"] != tok.vocab_size:
         raise ConfigError("the data cache and the tokenizer disagree on the vocab size")
     spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
@@ -109,8 +114,10 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
         from ablate.rundir import METRICS, truncate_metrics
 
         truncate_metrics(Path(run_dir) / METRICS, start)
-    info.update(device=str(trainer.device), precision=trainer.precision)
-    sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info) if dist.rank == 0 else None
+    info.update(device=str(trainer.device), precision=trainer.precision,
+                compile=bool(cfg.train.compile if cfg.train.compile is not None  # the trainer's rule
+                             else trainer.device.type == "cuda"), tokens_per_step=trainer.tokens_per_step)
+    sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info, quiet) if dist.rank == 0 else None
     if sinks is not None:
         built["sinks"] = sinks
         sinks.start(info)
