@@ -1,7 +1,8 @@
 """The W&B sink (logger=wandb). wandb is imported here only, when the run starts.
 
-mode=auto: online when the user is logged in (WANDB_API_KEY or a netrc entry), else offline,
-so a laptop without network never waits on it. Offline runs land in <run_dir>/wandb and can be
+mode=auto: online when wandb itself would find credentials (its own rules: WANDB_API_KEY,
+WANDB_IDENTITY_TOKEN_FILE, the netrc file named by NETRC or ~/.netrc, a key in its settings),
+else offline, so a laptop without network never waits on it. Offline runs land in <run_dir>/wandb and can be
 uploaded later with `wandb sync`. An online init that failed (a compute node without network
 waits logger.init_timeout for nothing) is remembered for OFFLINE_MEMORY_S per host, so the next
 runs of a sweep go offline at once; logger.mode=online always tries.
@@ -10,7 +11,6 @@ runs of a sweep go offline at once; logger.mode=online always tries.
 from __future__ import annotations
 
 import json
-import netrc
 import os
 import re
 import time
@@ -22,7 +22,7 @@ from ablate.tracking.sinks import Sink
 # metrics.jsonl key -> W&B key
 WANDB_KEYS = {
     "train_loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr",
-    "tokens_per_s": "train/tokens_per_s", "val_loss": "val/loss", "val_bpb": "val/bpb",
+    "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "val_loss": "val/loss", "val_bpb": "val/bpb",
     "tokens": "tokens",
 }
 OFFLINE_MEMORY_S = 600  # how long a failed online init sends mode=auto runs offline at once
@@ -38,12 +38,30 @@ def is_secret_key(name: str) -> bool:
 
 
 def logged_in() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
+    """Whether wandb.init would find credentials for its server, by wandb's own lookup (environment,
+    identity-token file, netrc incl. $NETRC, its settings); nothing is sent anywhere."""
+    try:  # imported only when a run logs to W&B
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib.wbauth.authenticate import _use_system_auth
+        from wandb.sdk.lib.wbauth.host_url import HostUrl
+    except ImportError:  # another wandb: its public netrc reader and the environment
+        return _logged_in_fallback()
+    try:
+        # WANDB_BASE_URL or `wandb login --host`; singleton(): settings only, no service process
+        base_url = wandb_setup.singleton().settings.base_url
+        return _use_system_auth(host=HostUrl(base_url), source="ablate", update_session=False) is not None
+    except Exception:  # noqa: BLE001 - credentials present but malformed: online init says why
+        return True
+
+
+def _logged_in_fallback() -> bool:
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
     try:
-        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
-        return netrc.netrc().authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        from wandb.sdk.lib.wbauth import read_netrc_auth
+
+        return read_netrc_auth(host=os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")) is not None
+    except Exception:  # noqa: BLE001
         return False
 
 
@@ -101,6 +119,8 @@ def wandb_config(cfg: Any, variant: str, info: dict, arch: Optional[str] = None)
     config.update(variant=variant, params=info.get("params"),
                   non_embedding_params=info.get("non_embedding_params"),
                   flops_per_token=info.get("flops_per_token"))
+    if info.get("provenance"):  # git commit, versions, device, host: which code ran where
+        config["provenance"] = info["provenance"]
     return scrub(config)
 
 
@@ -148,7 +168,6 @@ class WandbSink(Sink):
                           resume="allow" if self.resume_id else None)
 
     def start(self, info):
-        os.environ.setdefault("WANDB_START_METHOD", "thread")  # safe under Hydra launchers
         os.environ.setdefault("WANDB_SILENT", "true")
         _clean_env_mode()
         import wandb
@@ -216,14 +235,40 @@ class WandbSink(Sink):
             return
         run, self.run = self.run, None
         try:
-            for key in ("status", "params", "non_embedding_params", "flops_per_token", "tokens_per_s",
-                        "val_loss", "val_bpb", "train_loss", "step", "tokens", "wall_time_s"):
-                if summary.get(key) is not None:
-                    run.summary[key] = summary[key]
+            for key, value in summary_for_wandb(summary).items():
+                run.summary[key] = value
+            if getattr(self.cfg, "log_checkpoint", False):
+                self._log_checkpoint(run)
             if summary.get("status") == "preempted":
                 run.mark_preempting()  # W&B shows it as preempted; the resumed job continues it
         finally:
             run.finish(exit_code=0 if summary.get("status") in ("completed", "diverged") else 1)
+
+    def _log_checkpoint(self, run) -> None:
+        """The run's latest checkpoint as a `model` artifact (offline: kept in the offline run,
+        uploaded by `wandb sync`)."""
+        from ablate.train.checkpoint import list_checkpoints
+
+        found = list_checkpoints(self.run_dir)
+        if not found:
+            return
+        import wandb
+
+        step, path = found[-1]
+        artifact = wandb.Artifact(f"ckpt-{run.id}", type="model", metadata={"step": step})
+        artifact.add_file(str(path))
+        run.log_artifact(artifact, aliases=["latest", f"step-{step}"])
+
+
+# summary.json keys written to the W&B summary, under the name their rows are logged with (one
+# name per metric). val/loss and val/bpb keep their logged minimum (define_metric), train/loss
+# its last logged value; the run's own tokens/s (steady state) replaces the last logged one.
+SUMMARY_KEYS = ("status", "params", "non_embedding_params", "flops_per_token", "tokens_per_s", "mfu",
+                "compile_s", "step", "tokens", "wall_time_s", "time_to_first_step_s")
+
+
+def summary_for_wandb(summary: dict) -> dict:
+    return {WANDB_KEYS.get(k, k): summary[k] for k in SUMMARY_KEYS if summary.get(k) is not None}
 
 
 def _default_arch() -> Optional[str]:

@@ -28,6 +28,53 @@ def prepare_data(cfg: Any, progress: bool = True):
     return tok, data
 
 
+def git_state(where: Path) -> Optional[dict]:
+    """{commit, dirty} of the git checkout holding `where` (None outside one, or without git)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
+def _cpu_name() -> Optional[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def provenance(device: Any) -> dict:
+    """Which code ran where: recorded in summary.json and the W&B config. `git`: the checkout
+    of the ablate package (an editable install), else of the working directory."""
+    import platform
+    import socket
+
+    import torch
+
+    import ablate
+
+    here = Path(ablate.__file__).resolve().parent
+    name = _cpu_name() or platform.processor() or platform.machine()
+    if getattr(device, "type", None) == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif getattr(device, "type", None) == "mps":
+        name = "Apple MPS"
+    return {"git": git_state(here) or git_state(Path.cwd()), "ablate": ablate.__version__,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "device_name": name, "hostname": socket.gethostname()}
+
+
 def run_tags(cfg: Any) -> list[str]:
     from ablate.config import axis_values
     from ablate.axes import default_axes
@@ -115,7 +162,7 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
 
         truncate_metrics(Path(run_dir) / METRICS, start)
     info.update(device=str(trainer.device), precision=trainer.precision,
-                compile=bool(cfg.train.compile if cfg.train.compile is not None  # the trainer's rule
+                provenance=provenance(trainer.device), compile=bool(cfg.train.compile if cfg.train.compile is not None  # the trainer's rule
                              else trainer.device.type == "cuda"), tokens_per_step=trainer.tokens_per_step)
     sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info, quiet) if dist.rank == 0 else None
     if sinks is not None:
