@@ -259,8 +259,13 @@ def test_arch_preset_in_the_config_and_a_tag_unless_default(tmp_path):
 def test_credentials_are_found_by_wandb_s_own_rules(tmp_path, monkeypatch, how):
     """A user logged in through NETRC or an identity-token file runs online (mode=auto), as
     wandb.init itself would find them; with nothing, offline."""
+    import wandb
+    from wandb.sdk.lib.wbauth import unauthenticate_session
+
     from ablate.tracking.wandb_sink import resolve_mode
 
+    wandb.teardown()  # a fresh process's state: no session credentials from earlier tests
+    unauthenticate_session(update_settings=False)
     for k, v in no_login_env(tmp_path).items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("WANDB_MODE")

@@ -46,12 +46,18 @@ def logged_in() -> bool:
         from wandb.sdk.lib.wbauth.host_url import HostUrl
     except ImportError:  # another wandb: its public netrc reader and the environment
         return _logged_in_fallback()
+    fresh = getattr(wandb_setup, "_singleton", None) is None
     try:
         # WANDB_BASE_URL or `wandb login --host`; singleton(): settings only, no service process
         base_url = wandb_setup.singleton().settings.base_url
         return _use_system_auth(host=HostUrl(base_url), source="ablate", update_session=False) is not None
     except Exception:  # noqa: BLE001 - credentials present but malformed: online init says why
         return True
+    finally:
+        if fresh:  # the settings read here must not outlive this check: wandb.init reads its own
+            import wandb
+
+            wandb.teardown()
 
 
 def _logged_in_fallback() -> bool:
