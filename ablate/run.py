@@ -284,6 +284,7 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
         summary.update(status="failed", error=str(e))
         if rank == 0:  # every rank meets the same error: one line
             print(f"error: {e}", file=sys.stderr)
+            log.info(f"error: {e}")  # ablate.log (info: the console handler passes warnings on)
         exit_code = e.exit_code
     except (KeyboardInterrupt, Stopped) as e:  # before training started (the trainer handles it after)
         signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.signum
@@ -298,6 +299,7 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
         where.write_text(traceback.format_exc())
         who = f"rank {rank}: " if world > 1 else ""
         print(f"error: {who}{summary['error']} (traceback in {where})", file=sys.stderr)
+        log.info(f"error: {who}{summary['error']} (traceback in {where})")
         exit_code = 1
     finally:
         stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
@@ -324,6 +326,8 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
         except Exception as e:
             print(f"warning: reporting failed ({type(e).__name__}: {e}); see {run_dir / SUMMARY}",
                   file=sys.stderr)
+        if summary["status"] in STOPPED:
+            log.info(_stopped_line(summary, run_dir))
         if summary["status"] in STOPPED and not multirun and sweep_name is None:
             print(_stopped_line(summary, run_dir), file=sys.stderr)  # a sweep says it for all its jobs
     return summary, exit_code

@@ -44,6 +44,7 @@ def test_a_stopped_run_prints_and_accepts_its_resume_command(tmp_path):
     stopped = json.loads((run / "summary.json").read_text())["step"]
     last = err.strip().splitlines()[-1]
     assert last.endswith(f"resume with: ablate resume {shlex.quote(str(run))}"), last
+    assert last in (run / "ablate.log").read_text()  # a cluster job's log says it too
 
     # the printed command, with one more override (a shorter budget, so the test ends)
     res = run_ablate("resume", str(run), f"train.steps={stopped + 2}")
