@@ -59,7 +59,8 @@ def test_default_run_logs_offline_and_the_file_reads_back(tmp_path):
     assert run.exit_code == 0  # wandb.finish() ran
     # one name per metric: the logged (W&B) name, never also the metrics.jsonl one
     assert not {"val_loss", "val_bpb", "train_loss", "tokens_per_s"} & set(run.summary)
-    assert run.summary["train/tokens_per_s"] == pytest.approx(summary["tokens_per_s"])
+    assert run.summary["train/tokens_per_s"] == pytest.approx(train[-1]["train/tokens_per_s"])
+    assert run.summary["step"] == summary["step"] and run.summary["wall_time_s"] == summary["wall_time_s"]
     # provenance: which code ran where, in summary.json and the W&B config
     prov = summary["provenance"]
     assert prov["torch"] and prov["ablate"] and prov["hostname"] and prov["device_name"]

@@ -38,37 +38,29 @@ def is_secret_key(name: str) -> bool:
 
 
 def logged_in() -> bool:
-    """Whether wandb.init would find credentials for its server, by wandb's own lookup (environment,
-    identity-token file, netrc incl. $NETRC, its settings); nothing is sent anywhere."""
-    try:  # imported only when a run logs to W&B
-        from wandb.sdk import wandb_setup
-        from wandb.sdk.lib.wbauth.authenticate import _use_system_auth
-        from wandb.sdk.lib.wbauth.host_url import HostUrl
-    except ImportError:  # another wandb: its public netrc reader and the environment
-        return _logged_in_fallback()
-    fresh = getattr(wandb_setup, "_singleton", None) is None
-    try:
-        # WANDB_BASE_URL or `wandb login --host`; singleton(): settings only, no service process
-        base_url = wandb_setup.singleton().settings.base_url
-        return _use_system_auth(host=HostUrl(base_url), source="ablate", update_session=False) is not None
-    except Exception:  # noqa: BLE001 - credentials present but malformed: online init says why
+    """Whether wandb.init would find credentials for its server, by wandb's own lookup: its
+    environment variables (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE), its netrc reader ($NETRC,
+    else ~/.netrc) for WANDB_BASE_URL's host. Nothing is sent anywhere, and no wandb session or
+    settings singleton is created (wandb.init makes its own)."""
+    from wandb import env
+
+    if os.environ.get(env.API_KEY) or os.environ.get(env.IDENTITY_TOKEN_FILE):
         return True
-    finally:
-        if fresh:  # the settings read here must not outlive this check: wandb.init reads its own
-            import wandb
-
-            wandb.teardown()
-
-
-def _logged_in_fallback() -> bool:
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
-        return True
+    base_url = os.environ.get(env.BASE_URL) or "https://api.wandb.ai"
     try:
         from wandb.sdk.lib.wbauth import read_netrc_auth
 
-        return read_netrc_auth(host=os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")) is not None
-    except Exception:  # noqa: BLE001
-        return False
+        return read_netrc_auth(host=base_url) is not None
+    except ImportError:  # another wandb: the standard library's reader, wandb's file rule
+        import netrc
+
+        try:
+            path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+            return netrc.netrc(path).authenticators(base_url.split("://")[-1].split("/")[0]) is not None
+        except (OSError, netrc.NetrcParseError):
+            return False
+    except Exception:  # noqa: BLE001 - an entry wandb finds malformed: online init says why
+        return True
 
 
 def resolve_mode(mode: str) -> str:
@@ -266,15 +258,15 @@ class WandbSink(Sink):
         run.log_artifact(artifact, aliases=["latest", f"step-{step}"])
 
 
-# summary.json keys written to the W&B summary, under the name their rows are logged with (one
-# name per metric). val/loss and val/bpb keep their logged minimum (define_metric), train/loss
-# its last logged value; the run's own tokens/s (steady state) replaces the last logged one.
-SUMMARY_KEYS = ("status", "params", "non_embedding_params", "flops_per_token", "tokens_per_s", "mfu",
-                "compile_s", "step", "tokens", "wall_time_s", "time_to_first_step_s")
+# summary.json keys written to the W&B summary: those no row logs (one name per metric). A logged
+# metric keeps the summary W&B makes of it under its logged name: val/loss and val/bpb their
+# minimum (define_metric), train/loss, train/tokens_per_s, train/mfu their last value.
+SUMMARY_KEYS = ("status", "params", "non_embedding_params", "flops_per_token", "compile_s", "step",
+                "wall_time_s", "time_to_first_step_s")
 
 
 def summary_for_wandb(summary: dict) -> dict:
-    return {WANDB_KEYS.get(k, k): summary[k] for k in SUMMARY_KEYS if summary.get(k) is not None}
+    return {k: summary[k] for k in SUMMARY_KEYS if summary.get(k) is not None}
 
 
 def _default_arch() -> Optional[str]:
