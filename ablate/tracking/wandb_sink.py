@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.tracking.sinks import Sink
+from ablate.tracking.sinks import Sink, say
 
 # metrics.jsonl key -> W&B key
 WANDB_KEYS = {
@@ -147,7 +147,8 @@ class WandbSink(Sink):
     failing) the run goes on without it after one warning line."""
 
     def __init__(self, logger_cfg: Any, run_dir: Path, name: str, config: dict, tags: list[str],
-                 group: Optional[str], resume_id: Optional[str] = None):
+                 group: Optional[str], resume_id: Optional[str] = None, quiet: bool = False):
+        self.quiet = quiet  # a sweep job: where the records went is in its ablate.log only
         self.cfg = logger_cfg
         self.run_dir = Path(run_dir)
         self.name, self.config, self.tags, self.group = name, config, list(tags), group
@@ -215,10 +216,10 @@ class WandbSink(Sink):
                  "group": self.group, "init_s": round(time.monotonic() - started, 2)}
         if mode == "offline":
             where["dir"] = str(Path(self.run.dir).parent)  # .../wandb/offline-run-<stamp>-<id>
-            print(f"W&B: offline; upload later with: wandb sync {where['dir']}")
+            say(f"W&B: offline; upload later with: wandb sync {where['dir']}", console=not self.quiet)
         elif mode == "online" and getattr(self.run, "url", None):
             where["url"] = self.run.url
-            print(f"W&B: {self.run.url}")
+            say(f"W&B: {self.run.url}", console=not self.quiet)
         info["wandb"] = where
 
     def log(self, row):

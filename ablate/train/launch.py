@@ -98,7 +98,7 @@ def build_sinks(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str]
 
         sinks.append(WandbSink(cfg.logger, run_dir, run_name(variant, cfg.seed),
                                wandb_config(cfg, variant, info), run_tags(cfg),
-                               cfg.logger.group or sweep_name, resume_id=_wandb_id(run_dir)))
+                               cfg.logger.group or sweep_name, resume_id=_wandb_id(run_dir), quiet=quiet))
     return Sinks(sinks)
 
 
