@@ -67,7 +67,7 @@ NOT_TRAINING_KEYS = ("logger", "out_dir", "study", "train.progress", "train.thre
                      "data.num_proc", "data.cache_dir")
 # Stopped by a signal with a checkpoint (preempted or interrupted): 130 (128 + SIGINT) whatever
 # the signal, the code `ablate sweep` returns in that case, so a script tests one value for
-# "stopped, rerun the same command to resume". Under submitit the job is requeued instead.
+# "stopped, `ablate resume DIR` continues it". Under submitit the job is requeued instead.
 STOPPED_EXIT = 130
 STOPPED = ("preempted", "interrupted")
 
@@ -264,7 +264,8 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
 
         stop.phase = "startup"  # no step to finish yet: a stop signal ends the run where it is
         stop.raise_if_stopped()
-        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built, job_started, state, stop)
+        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built, job_started, state, stop,
+                              quiet=multirun)
         summary.update(info)
         summary.update(
             status=outcome.status, reason=outcome.reason, step=outcome.step, steps=cfg.train.steps,
@@ -272,11 +273,18 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
             val_bpb=outcome.val_bpb, tokens_per_s=outcome.tokens_per_s,
             skipped_steps=outcome.skipped_steps, resumed_from=outcome.resumed_from,
             time_to_first_step_s=outcome.first_step_s)
+        import dataclasses
+
+        named = {"first_step_s", "status", "reason", "step", "tokens"}
+        for f in dataclasses.fields(outcome):  # what the trainer measures beyond these (compile_s, mfu)
+            if f.name not in named and f.name not in summary and getattr(outcome, f.name) is not None:
+                summary[f.name] = getattr(outcome, f.name)
         exit_code = STOPPED_EXIT if outcome.status in STOPPED else 0
     except AblateError as e:
         summary.update(status="failed", error=str(e))
         if rank == 0:  # every rank meets the same error: one line
             print(f"error: {e}", file=sys.stderr)
+            log.info(f"error: {e}")  # ablate.log (info: the console handler passes warnings on)
         exit_code = e.exit_code
     except (KeyboardInterrupt, Stopped) as e:  # before training started (the trainer handles it after)
         signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.signum
@@ -291,6 +299,7 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
         where.write_text(traceback.format_exc())
         who = f"rank {rank}: " if world > 1 else ""
         print(f"error: {who}{summary['error']} (traceback in {where})", file=sys.stderr)
+        log.info(f"error: {who}{summary['error']} (traceback in {where})")
         exit_code = 1
     finally:
         stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
@@ -313,10 +322,12 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
                 built["sinks"].finish(summary)
             from ablate.report import print_summary
 
-            print_summary(summary, run_dir)
+            print_summary(summary, run_dir, console=not multirun)  # a sweep prints a line per job
         except Exception as e:
             print(f"warning: reporting failed ({type(e).__name__}: {e}); see {run_dir / SUMMARY}",
                   file=sys.stderr)
+        if summary["status"] in STOPPED:
+            log.info(_stopped_line(summary, run_dir))
         if summary["status"] in STOPPED and not multirun and sweep_name is None:
             print(_stopped_line(summary, run_dir), file=sys.stderr)  # a sweep says it for all its jobs
     return summary, exit_code
@@ -327,8 +338,10 @@ def _stopped_line(summary: dict, run_dir: Path) -> str:
 
     found = list_checkpoints(run_dir)
     saved = f"checkpoint {found[-1][1]}" if found else "no checkpoint yet"
+    from ablate.rundir import resume_command
+
     return (f"stopped at step {summary.get('step', 0)} ({summary.get('reason')}); {saved}; "
-            "rerun the same command to resume")
+            f"resume with: {resume_command(run_dir)}")
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

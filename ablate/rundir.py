@@ -17,6 +17,14 @@ SUMMARY = "summary.json"
 LOCK = "run.lock"
 
 
+def resume_command(run_dir: Path) -> str:
+    """The shell command that resumes `run_dir` (`ablate resume`; the name is quoted only where
+    the shell needs it: '=' and ',' need no quotes)."""
+    import shlex
+
+    return f"ablate resume {shlex.quote(str(run_dir))}"
+
+
 def write_atomic(path: Path, text: str) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)

@@ -43,6 +43,12 @@ INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchp
 
 def overrides_first(args: list[str]) -> list[str]:
     """Move Hydra flags (and their values) after the overrides: `norm=x --cfg job y=1` works."""
+    overrides, flags = split_flags(args)
+    return overrides + flags
+
+
+def split_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """(overrides, Hydra flags with their values)."""
     overrides, flags, i = [], [], 0
     while i < len(args):
         a = args[i]
@@ -56,11 +62,43 @@ def overrides_first(args: list[str]) -> list[str]:
         else:
             overrides.append(a)
         i += 1
-    return overrides + flags
+    return overrides, flags
+
+
+def check_flags_config(args: list[str]) -> None:
+    """`--cfg` prints the composed config: refuse a config a run would refuse (one line, exit 2)
+    instead of printing it. Only the config: no data, device or directory is checked."""
+    overrides, flags = split_flags(args)
+    if not any(f in ("--cfg", "-c") or f.startswith("--cfg=") for f in flags):
+        return
+    from ablate.compose import compose_config
+    from ablate.errors import AblateError
+
+    try:
+        compose_config(overrides)
+    except AblateError as e:
+        fail(str(e), e.exit_code)
+
+
+# `--hydra-help`, said here: Hydra's own text advertises its shell completion (`-sc install=bash`),
+# which completes a Hydra app, not this Typer one, and fails.
+HYDRA_HELP = """Hydra flags that `ablate run` and `ablate sweep` pass through:
+  --cfg,-c job|hydra|all   print the composed config instead of running (checked like a run)
+  --package,-p PKG         with --cfg: only this part of the config
+  --resolve                with --cfg: resolve interpolations before printing
+  --info,-i [all|config|defaults|defaults-tree|plugins|searchpath]
+                           print Hydra's information about this config
+  --config-dir,-cd DIR     add a directory to the config search path
+  hydra.verbose=true       Hydra's debug logging (an override, not a flag)
+Config groups and their options: `ablate run --help`. Shell completion is not provided."""
 
 
 def call_hydra(args: list[str], multirun: bool = False) -> None:
     from ablate.run import hydra_entry
+
+    if "--hydra-help" in args:
+        typer.echo(HYDRA_HELP)
+        raise typer.Exit(0)
 
     sys.argv = ["ablate"] + (["-m"] if multirun else []) + overrides_first(args)
     hydra_entry()

@@ -4,9 +4,11 @@ logging, sweepers and launchers. Heavy imports happen inside the commands."""
 
 from __future__ import annotations
 
+import importlib
+
 import typer
 
-from cli.common import call_hydra, compose_checked
+from cli.common import call_hydra, check_flags_config, compose_checked
 
 app = typer.Typer(
     help="Architecture ablations of decoder-only transformer language models.",
@@ -15,15 +17,50 @@ app = typer.Typer(
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@app.command(context_settings=PASSTHROUGH)
-def run(ctx: typer.Context) -> None:
-    """Train one variant. Arguments are Hydra overrides, e.g. `norm=rmsnorm attn=gqa train.steps=200`.
+def _version(value: bool) -> None:
+    if value:
+        from ablate import __version__
 
-    Hydra flags pass through: `ablate run --cfg job`, `ablate run --info`.
-    """
+        typer.echo(f"ablate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                        help="Print the version and exit.")) -> None:
+    """Architecture ablations of decoder-only transformer language models."""
+
+
+def config_groups_help() -> str:
+    """`ablate run --help`: every config group and its options, read from conf/ (no import of
+    the package's heavy parts: `ablate --help` builds this too)."""
+    from ablate.axes import CONF_DIR
+
+    lines = []
+    for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        if options:
+            lines.append(f"{group.name}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
+RUN_HELP = """Train one variant. Arguments are Hydra overrides, e.g. `norm=rmsnorm attn=gqa train.steps=200`.
+
+Hydra flags pass through: `ablate run --cfg job` (the composed config, checked like a run), `ablate run --info`, `ablate run --hydra-help`. `ablate axes` shows the defaults.
+
+\b
+Config groups (group=option):
+{groups}
+"""
+
+
+@app.command(context_settings=PASSTHROUGH, help=RUN_HELP.format(groups=config_groups_help()))
+def run(ctx: typer.Context) -> None:
     args = list(ctx.args)
     if not any(a.startswith("-") for a in args):
         compose_checked(args, prepare_data=True)
+    else:
+        check_flags_config(args)
     call_hydra(args)
 
 
@@ -50,16 +87,12 @@ def axes(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     Console().print(t)
 
 
-# Each command below lives in its own module; they import their heavy dependencies lazily.
-from cli import bench as _bench  # noqa: E402
-from cli import compare as _compare  # noqa: E402
-from cli import data as _data  # noqa: E402
-from cli import export as _export  # noqa: E402
-from cli import inspect as _inspect  # noqa: E402
-from cli import sweep as _sweep  # noqa: E402
+# Each command below lives in its own module (`register(app)` adds it); they import their heavy
+# dependencies lazily. A new command: one more name in this list, in `ablate --help` order.
+COMMAND_MODULES = ["sweep", "resume", "compare", "inspect", "export", "bench", "data"]
 
-for _module in (_sweep, _compare, _inspect, _bench, _data, _export):
-    _module.register(app)
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"cli.{_name}").register(app)
 
 
 def main() -> None:

@@ -71,7 +71,7 @@ def test_a_signal_to_a_two_rank_run_stops_every_rank_with_a_checkpoint(tmp_path,
     ckpt = checkpoint.ckpt_dir(run) / f"step_{done['step']:08d}.pt"
     assert ckpt.is_file()
     assert err.strip().splitlines() == [
-        f"stopped at step {done['step']} (signal {sig.name}); checkpoint {ckpt}; rerun the same command to resume"]
+        f"stopped at step {done['step']} (signal {sig.name}); checkpoint {ckpt}; resume with: ablate resume {run}"]
     assert not (run / "run.lock").exists() and not processes_in(run)  # nothing left running
 
     res = run_ablate("run", *LONG[:-2], f"train.steps={done['step'] + 2}", "train.threads=1",
@@ -112,7 +112,7 @@ def test_a_signal_during_startup_is_recorded_and_releases_the_lock(tmp_path, sig
     assert train_rows(run) == 0  # it was stopped before training
     done = summary(run)
     assert done["status"] == status and done["reason"] == f"signal {sig.name} before training started"
-    assert err.strip().splitlines()[-1].endswith("no checkpoint yet; rerun the same command to resume")
+    assert err.strip().splitlines()[-1].endswith(f"no checkpoint yet; resume with: ablate resume {run}")
     assert "Traceback" not in err and not (run / "run.lock").exists()
 
 

@@ -61,7 +61,7 @@ def test_a_torchrun_launch_reports_only_the_summary_it_wrote(tmp_path, monkeypat
 
     stale = {"status": "completed", "step": 6}
     write_json(tmp_path / SUMMARY, stale)
-    monkeypatch.setattr(distributed, "launch_ranks", lambda *args: 1)
+    monkeypatch.setattr(distributed, "launch_ranks", lambda *args, **kwargs: 1)
     summary, code = run._run_ranks(compose(TINY), tmp_path, [], None, distributed.StopRequest())
     assert summary["status"] == "failed" and code == 1
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -73,7 +73,7 @@ def test_a_rank_0_killed_mid_run_leaves_a_failed_summary_not_running(tmp_path, m
     from ablate import run
     from ablate.train import distributed
 
-    def killed(*args):  # rank 0 recorded "running", then the OOM killer came
+    def killed(*args, **kwargs):  # rank 0 recorded "running", then the OOM killer came
         write_json(tmp_path / SUMMARY, {"status": "running", "pid": 1})
         return 137
 

@@ -57,6 +57,15 @@ def test_default_run_logs_offline_and_the_file_reads_back(tmp_path):
         min(r["val_loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "val_loss" in r))
     assert run.summary["params"] == summary["params"] and run.summary["status"] == "completed"
     assert run.exit_code == 0  # wandb.finish() ran
+    # one name per metric: the logged (W&B) name, never also the metrics.jsonl one
+    assert not {"val_loss", "val_bpb", "train_loss", "tokens_per_s"} & set(run.summary)
+    assert run.summary["train/tokens_per_s"] == pytest.approx(train[-1]["train/tokens_per_s"])
+    assert run.summary["step"] == summary["step"] and run.summary["wall_time_s"] == summary["wall_time_s"]
+    # provenance: which code ran where, in summary.json and the W&B config
+    prov = summary["provenance"]
+    assert prov["torch"] and prov["ablate"] and prov["hostname"] and prov["device_name"]
+    assert prov["git"] is None or len(prov["git"]["commit"]) == 40
+    assert run.config["provenance"] == prov
 
 
 def test_online_init_failure_falls_back_to_offline_with_one_warning(tmp_path):
@@ -245,3 +254,57 @@ def test_arch_preset_in_the_config_and_a_tag_unless_default(tmp_path):
     assert sink.tags == ["arch=llama", "norm=rmsnorm"]
     gpt2 = wandb_config(compose(WANDB_TINY), "baseline", info, arch="gpt2")
     assert gpt2["arch"] == "gpt2" and WandbSink(cfg.logger, tmp_path, "x", gpt2, [], None).tags == []
+
+
+@pytest.mark.parametrize("how", ["none", "netrc_env", "identity_token_file", "api_key"])
+def test_credentials_are_found_by_wandb_s_own_rules(tmp_path, monkeypatch, how):
+    """A user logged in through NETRC or an identity-token file runs online (mode=auto), as
+    wandb.init itself would find them; with nothing, offline."""
+    import wandb
+    from wandb.sdk.lib.wbauth import unauthenticate_session
+
+    from ablate.tracking.wandb_sink import resolve_mode
+
+    wandb.teardown()  # a fresh process's state: no session credentials from earlier tests
+    unauthenticate_session(update_settings=False)
+    for k, v in no_login_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    if how == "netrc_env":
+        netrc = tmp_path / "elsewhere" / "my-netrc"
+        netrc.parent.mkdir()
+        netrc.write_text(f"machine api.wandb.ai\n  login user\n  password {'b' * 40}\n")
+        netrc.chmod(0o600)
+        monkeypatch.setenv("NETRC", str(netrc))
+    elif how == "identity_token_file":
+        token = tmp_path / "token"
+        token.write_text("a.jwt.token")
+        monkeypatch.setenv("WANDB_IDENTITY_TOKEN_FILE", str(token))
+    elif how == "api_key":
+        monkeypatch.setenv("WANDB_API_KEY", "c" * 40)
+    assert resolve_mode("auto") == ("offline" if how == "none" else "online")
+
+
+def test_the_latest_checkpoint_is_logged_as_an_artifact_offline(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from ablate.tracking.wandb_sink import WandbSink
+
+    for k, v in no_login_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    (tmp_path / "checkpoints").mkdir()
+    for step in (2, 4):
+        (tmp_path / "checkpoints" / f"step_{step:08d}.pt").write_bytes(b"weights %d" % step)
+    cfg = OmegaConf.create({"mode": "offline", "project": "ablate", "entity": None, "job_type": "train",
+                            "init_timeout": 15.0, "log_checkpoint": True})
+    sink = WandbSink(cfg, tmp_path, "v seed=0", {"norm": "layernorm"}, [], None, resume_id="ckpttest")
+    sink.start({})
+    sink.finish({"status": "completed", "step": 4})
+    run = read_run(tmp_path)
+    assert [(a["type"], a["files"], a["metadata"]) for a in run.artifacts] == [
+        ("model", ["step_00000004.pt"], {"step": 4})]
+    assert "step-4" in run.artifacts[0]["aliases"]

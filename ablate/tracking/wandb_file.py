@@ -115,6 +115,7 @@ class WandbRun:
     summary: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)  # define_metric: name -> {step_metric, summary}
     exit_code: Optional[int] = None
+    artifacts: list[dict] = field(default_factory=list)  # {name, type, aliases, files, metadata}
 
 
 def read_run(path: Path) -> WandbRun:
@@ -147,6 +148,14 @@ def read_run(path: Path) -> WandbRun:
             if m.HasField("summary"):
                 entry["summary"] = [k for k in ("min", "max", "mean", "best", "last", "copy", "none", "first")
                                     if getattr(m.summary, k, False)]
+        elif kind == "artifact":
+            a = rec.artifact
+            try:
+                metadata = json.loads(a.metadata) if a.metadata else {}
+            except ValueError:
+                metadata = {}
+            run.artifacts.append({"name": a.name, "type": a.type, "aliases": list(a.aliases),
+                                  "files": [e.path for e in a.manifest.contents], "metadata": metadata})
         elif kind == "exit":
             run.exit_code = rec.exit.exit_code
     return run

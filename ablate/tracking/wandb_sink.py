@@ -1,7 +1,8 @@
 """The W&B sink (logger=wandb). wandb is imported here only, when the run starts.
 
-mode=auto: online when the user is logged in (WANDB_API_KEY or a netrc entry), else offline,
-so a laptop without network never waits on it. Offline runs land in <run_dir>/wandb and can be
+mode=auto: online when wandb itself would find credentials (its own rules: WANDB_API_KEY,
+WANDB_IDENTITY_TOKEN_FILE, the netrc file named by NETRC or ~/.netrc, a key in its settings),
+else offline, so a laptop without network never waits on it. Offline runs land in <run_dir>/wandb and can be
 uploaded later with `wandb sync`. An online init that failed (a compute node without network
 waits logger.init_timeout for nothing) is remembered for OFFLINE_MEMORY_S per host, so the next
 runs of a sweep go offline at once; logger.mode=online always tries.
@@ -10,19 +11,18 @@ runs of a sweep go offline at once; logger.mode=online always tries.
 from __future__ import annotations
 
 import json
-import netrc
 import os
 import re
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.tracking.sinks import Sink
+from ablate.tracking.sinks import Sink, say
 
 # metrics.jsonl key -> W&B key
 WANDB_KEYS = {
     "train_loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr",
-    "tokens_per_s": "train/tokens_per_s", "val_loss": "val/loss", "val_bpb": "val/bpb",
+    "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "val_loss": "val/loss", "val_bpb": "val/bpb",
     "tokens": "tokens",
 }
 OFFLINE_MEMORY_S = 600  # how long a failed online init sends mode=auto runs offline at once
@@ -38,13 +38,29 @@ def is_secret_key(name: str) -> bool:
 
 
 def logged_in() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
+    """Whether wandb.init would find credentials for its server, by wandb's own lookup: its
+    environment variables (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE), its netrc reader ($NETRC,
+    else ~/.netrc) for WANDB_BASE_URL's host. Nothing is sent anywhere, and no wandb session or
+    settings singleton is created (wandb.init makes its own)."""
+    from wandb import env
+
+    if os.environ.get(env.API_KEY) or os.environ.get(env.IDENTITY_TOKEN_FILE):
         return True
+    base_url = os.environ.get(env.BASE_URL) or "https://api.wandb.ai"
     try:
-        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
-        return netrc.netrc().authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
+        from wandb.sdk.lib.wbauth import read_netrc_auth
+
+        return read_netrc_auth(host=base_url) is not None
+    except ImportError:  # another wandb: the standard library's reader, wandb's file rule
+        import netrc
+
+        try:
+            path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+            return netrc.netrc(path).authenticators(base_url.split("://")[-1].split("/")[0]) is not None
+        except (OSError, netrc.NetrcParseError):
+            return False
+    except Exception:  # noqa: BLE001 - an entry wandb finds malformed: online init says why
+        return True
 
 
 def resolve_mode(mode: str) -> str:
@@ -101,6 +117,8 @@ def wandb_config(cfg: Any, variant: str, info: dict, arch: Optional[str] = None)
     config.update(variant=variant, params=info.get("params"),
                   non_embedding_params=info.get("non_embedding_params"),
                   flops_per_token=info.get("flops_per_token"))
+    if info.get("provenance"):  # git commit, versions, device, host: which code ran where
+        config["provenance"] = info["provenance"]
     return scrub(config)
 
 
@@ -129,7 +147,8 @@ class WandbSink(Sink):
     failing) the run goes on without it after one warning line."""
 
     def __init__(self, logger_cfg: Any, run_dir: Path, name: str, config: dict, tags: list[str],
-                 group: Optional[str], resume_id: Optional[str] = None):
+                 group: Optional[str], resume_id: Optional[str] = None, quiet: bool = False):
+        self.quiet = quiet  # a sweep job: where the records went is in its ablate.log only
         self.cfg = logger_cfg
         self.run_dir = Path(run_dir)
         self.name, self.config, self.tags, self.group = name, config, list(tags), group
@@ -148,7 +167,6 @@ class WandbSink(Sink):
                           resume="allow" if self.resume_id else None)
 
     def start(self, info):
-        os.environ.setdefault("WANDB_START_METHOD", "thread")  # safe under Hydra launchers
         os.environ.setdefault("WANDB_SILENT", "true")
         _clean_env_mode()
         import wandb
@@ -198,10 +216,10 @@ class WandbSink(Sink):
                  "group": self.group, "init_s": round(time.monotonic() - started, 2)}
         if mode == "offline":
             where["dir"] = str(Path(self.run.dir).parent)  # .../wandb/offline-run-<stamp>-<id>
-            print(f"W&B: offline; upload later with: wandb sync {where['dir']}")
+            say(f"W&B: offline; upload later with: wandb sync {where['dir']}", console=not self.quiet)
         elif mode == "online" and getattr(self.run, "url", None):
             where["url"] = self.run.url
-            print(f"W&B: {self.run.url}")
+            say(f"W&B: {self.run.url}", console=not self.quiet)
         info["wandb"] = where
 
     def log(self, row):
@@ -216,14 +234,40 @@ class WandbSink(Sink):
             return
         run, self.run = self.run, None
         try:
-            for key in ("status", "params", "non_embedding_params", "flops_per_token", "tokens_per_s",
-                        "val_loss", "val_bpb", "train_loss", "step", "tokens", "wall_time_s"):
-                if summary.get(key) is not None:
-                    run.summary[key] = summary[key]
+            for key, value in summary_for_wandb(summary).items():
+                run.summary[key] = value
+            if getattr(self.cfg, "log_checkpoint", False):
+                self._log_checkpoint(run)
             if summary.get("status") == "preempted":
                 run.mark_preempting()  # W&B shows it as preempted; the resumed job continues it
         finally:
             run.finish(exit_code=0 if summary.get("status") in ("completed", "diverged") else 1)
+
+    def _log_checkpoint(self, run) -> None:
+        """The run's latest checkpoint as a `model` artifact (offline: kept in the offline run,
+        uploaded by `wandb sync`)."""
+        from ablate.train.checkpoint import list_checkpoints
+
+        found = list_checkpoints(self.run_dir)
+        if not found:
+            return
+        import wandb
+
+        step, path = found[-1]
+        artifact = wandb.Artifact(f"ckpt-{run.id}", type="model", metadata={"step": step})
+        artifact.add_file(str(path))
+        run.log_artifact(artifact, aliases=["latest", f"step-{step}"])
+
+
+# summary.json keys written to the W&B summary: those no row logs (one name per metric). A logged
+# metric keeps the summary W&B makes of it under its logged name: val/loss and val/bpb their
+# minimum (define_metric), train/loss, train/tokens_per_s, train/mfu their last value.
+SUMMARY_KEYS = ("status", "params", "non_embedding_params", "flops_per_token", "compile_s", "step",
+                "wall_time_s", "time_to_first_step_s")
+
+
+def summary_for_wandb(summary: dict) -> dict:
+    return {k: summary[k] for k in SUMMARY_KEYS if summary.get(k) is not None}
 
 
 def _default_arch() -> Optional[str]:

@@ -28,6 +28,53 @@ def prepare_data(cfg: Any, progress: bool = True):
     return tok, data
 
 
+def git_state(where: Path) -> Optional[dict]:
+    """{commit, dirty} of the git checkout holding `where` (None outside one, or without git)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
+def _cpu_name() -> Optional[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def provenance(device: Any) -> dict:
+    """Which code ran where: recorded in summary.json and the W&B config. `git`: the checkout
+    of the ablate package (an editable install), else of the working directory."""
+    import platform
+    import socket
+
+    import torch
+
+    import ablate
+
+    here = Path(ablate.__file__).resolve().parent
+    name = _cpu_name() or platform.processor() or platform.machine()
+    if getattr(device, "type", None) == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif getattr(device, "type", None) == "mps":
+        name = "Apple MPS"
+    return {"git": git_state(here) or git_state(Path.cwd()), "ablate": ablate.__version__,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "device_name": name, "hostname": socket.gethostname()}
+
+
 def run_tags(cfg: Any) -> list[str]:
     from ablate.config import axis_values
     from ablate.axes import default_axes
@@ -38,17 +85,20 @@ def run_tags(cfg: Any) -> list[str]:
 
 
 def build_sinks(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], start_step: int,
-                info: dict):
+                info: dict, quiet: bool = False):
+    """quiet: a sweep job; its lines go to its ablate.log only (the sweep reports each job)."""
     from ablate.tracking.sinks import ConsoleSink, JsonlSink, Sinks
 
+    about = {"variant": variant, "seed": cfg.seed, "run_dir": str(run_dir)}
     sinks = [JsonlSink(run_dir / "metrics.jsonl", append=start_step > 0),
-             ConsoleSink(cfg.train.steps, enabled=cfg.train.progress, start_step=start_step)]
+             ConsoleSink(cfg.train.steps, enabled=cfg.train.progress, start_step=start_step,
+                         quiet=quiet, about=about)]
     if cfg.logger.name == "wandb" and cfg.logger.mode != "disabled":
         from ablate.tracking.wandb_sink import WandbSink, run_name, wandb_config
 
         sinks.append(WandbSink(cfg.logger, run_dir, run_name(variant, cfg.seed),
                                wandb_config(cfg, variant, info), run_tags(cfg),
-                               cfg.logger.group or sweep_name, resume_id=_wandb_id(run_dir)))
+                               cfg.logger.group or sweep_name, resume_id=_wandb_id(run_dir), quiet=quiet))
     return Sinks(sinks)
 
 
@@ -65,9 +115,11 @@ def _wandb_id(run_dir: Path) -> str:
 
 
 def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict,
-          job_started: Optional[float] = None, resume_state: Optional[dict] = None, stop=None):
+          job_started: Optional[float] = None, resume_state: Optional[dict] = None, stop=None,
+          quiet: bool = False):
     """Build and train. resume_state: the checkpoint the run already loaded and checked (None:
-    look for one). stop: the run's StopRequest, installed since its start."""
+    look for one). stop: the run's StopRequest, installed since its start. quiet: a sweep job
+    (nothing on the console but errors)."""
     import torch
     import torch.distributed
 
@@ -80,7 +132,7 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     dist = setup_distributed(cfg)
-    tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0)
+    tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0 and not quiet)
     if data.meta["vocab_size"] != tok.vocab_size:
         raise ConfigError("the data cache and the tokenizer disagree on the vocab size")
     spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
@@ -109,8 +161,10 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
         from ablate.rundir import METRICS, truncate_metrics
 
         truncate_metrics(Path(run_dir) / METRICS, start)
-    info.update(device=str(trainer.device), precision=trainer.precision)
-    sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info) if dist.rank == 0 else None
+    info.update(device=str(trainer.device), precision=trainer.precision,
+                provenance=provenance(trainer.device), compile=bool(cfg.train.compile if cfg.train.compile is not None  # the trainer's rule
+                             else trainer.device.type == "cuda"), tokens_per_step=trainer.tokens_per_step)
+    sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info, quiet) if dist.rank == 0 else None
     if sinks is not None:
         built["sinks"] = sinks
         sinks.start(info)

@@ -1,0 +1,89 @@
+"""What a run prints: a banner before the first step, plain step lines off a terminal (a cluster
+job's log), eval lines always, the same lines in the run's ablate.log, nothing cut at 80
+columns, and a quiet console in a sweep job."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from conftest import TINY, run_ablate
+
+from ablate.tracking.sinks import ConsoleSink
+
+STEP = re.compile(r"^step +(\d+)/(\d+) \| loss \d+\.\d{4} \| [\d,]+ tok/s( \| mfu \d+\.\d%)? \| eta (\?|\S+)$")
+EVAL = re.compile(r"^step +(\d+)/(\d+) \| val_loss \d+\.\d{4} \| val_bpb \d+\.\d{4}$")
+
+
+def test_a_piped_run_prints_a_banner_plain_lines_and_writes_them_to_ablate_log(tmp_path):
+    run = tmp_path / ("a-long-run-directory-name-" + "x" * 60)
+    args = [o for o in TINY if o != "train.progress=false"]
+    res = run_ablate("run", *args, "train.log_every=2", "train.eval_every=3", f"hydra.run.dir={run}")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.splitlines()
+    assert "\r" not in res.stdout  # no progress-bar frames in a file
+    steps = [line for line in out if STEP.match(line)]
+    assert [int(STEP.match(line).group(1)) for line in steps] == [2, 4, 6]
+    assert [int(EVAL.match(line).group(1)) for line in out if EVAL.match(line)] == [0, 3, 6]
+    # the banner comes before the first step and says what trains, where
+    first = out.index(steps[0])
+    head = "\n".join(out[:first])
+    assert "params 37,760" in head and "FLOPs/token" in head and "tokens/step 128" in head
+    assert "device cpu | precision fp32 | compile off | 6 steps" in head and f"run dir {run}" in head
+    # the final table is not cut at 80 columns: the whole run dir is on one line
+    assert any(str(run) in line and "run dir" in line for line in out[first:])
+    logged = (run / "ablate.log").read_text()
+    for line in steps + [line for line in out if EVAL.match(line)] + [f"  run dir {run}"]:
+        assert line in logged
+    assert "status" in logged and "completed" in logged  # the table too
+
+
+def test_progress_false_still_prints_eval_lines(tmp_path):
+    res = run_ablate("run", *TINY, "train.eval_every=3", f"hydra.run.dir={tmp_path / 'r'}")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.splitlines()
+    assert [int(EVAL.match(line).group(1)) for line in out if EVAL.match(line)] == [0, 3, 6]
+    assert not [line for line in out if STEP.match(line)]
+    assert len([line for line in (tmp_path / "r" / "ablate.log").read_text().splitlines() if "| loss " in line]) == 6
+
+
+def rows():
+    yield {"step": 5, "tokens": 640, "train_loss": 4.0, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1234.5, "mfu": 0.3125}
+    yield {"step": 5, "tokens": 640, "val_loss": 4.1, "val_bpb": 1.5}
+    yield {"step": 10, "tokens": 1280, "train_loss": 3.5, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1500.0}
+
+
+INFO = {"params": 1000, "non_embedding_params": 500, "flops_per_token": 6000, "tokens_per_step": 128,
+        "device": "cuda:0", "precision": "bf16", "compile": True}
+
+
+def test_step_lines_show_mfu_when_the_row_has_it(capsys, caplog):
+    sink = ConsoleSink(100, tty=False, about={"variant": "norm=rmsnorm", "seed": 1, "run_dir": "runs/x"})
+    with caplog.at_level(logging.INFO, logger="ablate"):
+        sink.start(INFO)
+        for row in rows():
+            sink.log(row)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "ablate run: norm=rmsnorm (seed 1)"
+    assert out[2] == "  device cuda:0 | precision bf16 | compile on | 100 steps"
+    assert out[4:] == ["step   5/100 | loss 4.0000 | 1,234 tok/s | mfu 31.2% | eta ?",
+                       "step   5/100 | val_loss 4.1000 | val_bpb 1.5000",
+                       out[6]]
+    assert STEP.match(out[6]) and "mfu" not in out[6] and not out[6].endswith("eta ?")
+    assert [r.getMessage() for r in caplog.records] == out  # ablate.log gets the same lines
+
+
+def test_a_sweep_job_prints_nothing_but_logs_everything(capsys, caplog):
+    from ablate.report import print_summary
+
+    sink = ConsoleSink(100, quiet=True, tty=True, about={"variant": "v", "seed": 0, "run_dir": "d"})
+    with caplog.at_level(logging.INFO, logger="ablate"):
+        sink.start(INFO)
+        for row in rows():
+            sink.log(row)
+        sink.finish({})
+        print_summary({"status": "completed", "variant": "v", "seed": 0}, "d" * 120, console=False)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 4 + 3 + 1 and "d" * 120 in logged[-1]
