@@ -161,6 +161,7 @@ class LoggerConfig:
     job_type: str = "train"
     tags: list[str] = field(default_factory=list)
     init_timeout: float = 15.0
+    log_checkpoint: bool = False  # upload the latest checkpoint as a W&B `model` artifact
 
 
 @dataclass

@@ -273,12 +273,7 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
             val_bpb=outcome.val_bpb, tokens_per_s=outcome.tokens_per_s,
             skipped_steps=outcome.skipped_steps, resumed_from=outcome.resumed_from,
             time_to_first_step_s=outcome.first_step_s)
-        import dataclasses
-
-        named = {"first_step_s", "status", "reason", "step", "tokens"}
-        for f in dataclasses.fields(outcome):  # what the trainer measures beyond these (compile_s, mfu)
-            if f.name not in named and f.name not in summary and getattr(outcome, f.name) is not None:
-                summary[f.name] = getattr(outcome, f.name)
+        summary.update(outcome.extra)  # compile_s, mfu, compile_fallback, deterministic, ...
         exit_code = STOPPED_EXIT if outcome.status in STOPPED else 0
     except AblateError as e:
         summary.update(status="failed", error=str(e))

@@ -459,7 +459,7 @@ def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False) -> i
             print(f"{label}: #{i} {r.job.name} ({r.status}{': ' + r.error if r.error else ''})",
                   file=sys.stderr)
     if any(r.status in STOPPED for r in results):
-        print(f"sweep stopped; resume it with the same command and hydra.sweep.dir={sweep_dir} "
+        print(f"sweep stopped; resume with: ablate resume {sweep_dir} "
               "(finished jobs return at once, stopped ones resume from their checkpoints)",
               file=sys.stderr)
         if not done or results[-1].status == "not run":

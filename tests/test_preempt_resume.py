@@ -55,7 +55,7 @@ def test_sigterm_checkpoints_and_the_rerun_resumes_to_the_same_final_step(tmp_pa
     # outside submitit a stopped run is not a success: 130, as `ablate sweep` in this case
     assert proc.returncode == 130
     assert err.strip().splitlines() == [
-        f"stopped at step {stopped} (signal SIGTERM); checkpoint {ckpt}; rerun the same command to resume"]
+        f"stopped at step {stopped} (signal SIGTERM); checkpoint {ckpt}; resume with: ablate resume {run_dir}"]
 
     res = run_ablate(*args)
     assert res.returncode == 0, res.stderr

@@ -42,8 +42,6 @@ def test_every_row_carries_mfu_against_one_peak(compiled_run):
     assert max(per_token) == pytest.approx(min(per_token), rel=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="needs ablate/train/launch.py: info.update(outcome.extra) "
-                                       "after trainer.fit (lead: apply it, then remove this marker)")
 def test_summary_reports_compile_s_and_mfu(compiled_run):
     summary, rows = compiled_run
     assert summary["compile"] is True and summary["compile_fallback"] is False
