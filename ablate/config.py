@@ -60,7 +60,8 @@ class BiasConfig:
 @dataclass
 class DropoutConfig:
     name: str = "off"
-    rate: float = 0.0
+    rate: float = 0.0  # embedding sum, each sublayer output (residual dropout)
+    attn: Optional[float] = None  # attention probabilities; null: the same as rate
 
 
 @dataclass
@@ -79,8 +80,11 @@ class ModelConfig:
     ffn_multiple_of: int = 16
     vocab_size: Optional[int] = None  # null: the tokenizer's, padded up to a multiple of 64
     max_seq_len: int = 256
-    init_std: float = 0.02
-    depth_scaled_init: bool = True  # residual output projections get init_std / sqrt(2 * n_layers)
+    # normal: N(0, init_std) matrices and embeddings (GPT-2); xavier: Glorot-uniform matrices (q, k
+    # and v each d x d), N(0, d^-1/2) embeddings (Vaswani et al. 2017's tensor2tensor code)
+    init: str = "normal"
+    init_std: float = 0.02  # init=normal only
+    depth_scaled_init: bool = True  # residual output projections' init / sqrt(2 * n_layers)
     emb_scale: bool = False  # multiply token embeddings by sqrt(d_model)
     parallel_block: bool = False  # GPT-J / PaLM: attention and FFN read the same input
     z_loss: float = 0.0  # PaLM z-loss weight on log(Z)^2
@@ -238,6 +242,9 @@ def validate(cfg: Any) -> None:
     if cfg.dropout.name == "off" and cfg.dropout.rate != 0:  # it would be ignored
         raise ConfigError(f"dropout.rate={cfg.dropout.rate} has no effect with dropout=off; "
                           "add dropout=on")
+    attn_rate = cfg.dropout.get("attn")
+    if cfg.dropout.name == "off" and attn_rate:
+        raise ConfigError(f"dropout.attn={attn_rate} has no effect with dropout=off; add dropout=on")
     if cfg.attn.kv_group < 2:  # 1 would be mha; 0 divides by zero
         raise ConfigError(f"attn.kv_group must be >= 2 (query heads per KV head), got {cfg.attn.kv_group}")
     if m.ffn_multiple_of < 1:

@@ -28,13 +28,13 @@ class CausalSelfAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         q_out, kv_out = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
         self.split = (q_out, kv_out, kv_out)
-        self.qkv = linear(spec.d_model, q_out + 2 * kv_out, spec.bias, Role.INPUT)
+        self.qkv = linear(spec.d_model, q_out + 2 * kv_out, spec.bias, Role.INPUT, fused=self.split)
         self.proj = linear(q_out, spec.d_model, spec.bias, Role.OUTPUT)
         # Per-head RMSNorm on q and k (Qwen 3 / OLMo 2 style), gains shared across heads.
         self.q_norm = RMSNorm(spec.head_dim, eps=spec.norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, eps=spec.norm_eps) if spec.qk_norm else None
-        self.dropout = spec.dropout
-        self.resid_drop = nn.Dropout(spec.dropout)
+        self.dropout = spec.attn_dropout_rate  # on the probabilities (dropout.attn)
+        self.resid_drop = nn.Dropout(spec.dropout)  # on the output, before the residual add
         self.softcap = spec.attn_softcap
         self.record_max_logit = False  # set by diagnostics; forces the explicit path
         self.max_logit: Optional[torch.Tensor] = None

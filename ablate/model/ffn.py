@@ -62,7 +62,8 @@ class GatedMLP(nn.Module):
         self.act = act.fn
         self.relu_family = act.relu_family
         self.clamp = spec.act_clamp
-        self.gate_up = linear(spec.d_model, 2 * spec.d_ff, spec.bias, Role.INPUT)
+        self.gate_up = linear(spec.d_model, 2 * spec.d_ff, spec.bias, Role.INPUT,
+                              fused=(spec.d_ff, spec.d_ff))
         self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
         self.resid_drop = nn.Dropout(spec.dropout)
 

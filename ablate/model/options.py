@@ -56,7 +56,8 @@ BIAS: Registry[bool] = Registry("bias")
 BIAS.add("on", True)
 BIAS.add("off", False)
 
-# dropout: whether dropout.rate applies (embedding, attention probabilities, residual branches)
+# dropout: whether dropout.rate applies (embedding, residual branches; attention probabilities:
+# dropout.attn, null = the same rate)
 DROPOUT: Registry[bool] = Registry("dropout")
 DROPOUT.add("off", False)
 DROPOUT.add("on", True)
@@ -73,3 +74,5 @@ NORM_POS_NAMES = ("pre", "post", "sandwich", "reordered")
 ACT_NAMES = ("relu", "gelu", "silu", "swiglu", "geglu", "reglu")
 GATED_ACTS = ("swiglu", "geglu", "reglu")
 POS_NAMES = ("learned", "sinusoidal", "rope", "alibi", "nope")
+# model.init: weight-init schemes (roles.init_weights); not an axis, a model key.
+INIT_NAMES = ("normal", "xavier")

@@ -63,18 +63,19 @@ def sinusoidal_table(T: int, d: int) -> torch.Tensor:
 
 def token_embedding_rms(spec: ModelSpec) -> float:
     """RMS of the token embeddings at init, as the blocks see them (after emb_scale)."""
-    return spec.init_std * (math.sqrt(spec.d_model) if spec.emb_scale else 1.0)
+    return spec.embedding_std * (math.sqrt(spec.d_model) if spec.emb_scale else 1.0)
 
 
 class Sinusoidal(Positional):
     """Fixed sin/cos table added to the embeddings; no parameters.
 
     The paper adds the raw table (RMS 1/sqrt(2)) to unit-RMS token embeddings (tensor2tensor and
-    fairseq: N(0, d^-1/2) embeddings times sqrt(d)). Our embeddings start at RMS init_std (0.02),
-    so the raw table would outweigh them 35:1 and two tokens at one position would look alike
-    (cosine ~0.999). The table is multiplied by the token embeddings' init RMS instead: the
-    paper's token:position proportion (1 : 0.71) at any init, and exactly the paper's table when
-    that RMS is 1. The scale is a constant, fixed at build time (it does not follow training).
+    fairseq: N(0, d^-1/2) embeddings times sqrt(d); here model.init=xavier with emb_scale). With
+    init=normal embeddings start at RMS init_std (0.02), so the raw table would outweigh them
+    35:1 and two tokens at one position would look alike (cosine ~0.999). The table is
+    multiplied by the token embeddings' init RMS instead: the paper's token:position proportion
+    (1 : 0.71) at any init, and exactly the paper's table when that RMS is 1 (arch=vaswani).
+    The scale is a constant, fixed at build time (it does not follow training).
     """
 
     def __init__(self, spec):

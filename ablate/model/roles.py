@@ -32,6 +32,7 @@ DECAY = {Role.EMBEDDING: True, Role.POSITION: True, Role.INPUT: True, Role.OUTPU
          Role.HEAD: True, Role.GAIN: False, Role.BIAS: False}
 
 _ATTR = "_ablate_role"
+_FUSED = "_ablate_fused"  # row counts of the independent matrices stacked in one weight
 
 
 def tag(param: nn.Parameter | None, role: Role) -> None:
@@ -46,11 +47,34 @@ def role_of(param: nn.Parameter) -> Role:
         raise RuntimeError(f"parameter of shape {tuple(param.shape)} has no role tag") from None
 
 
-def linear(d_in: int, d_out: int, bias: bool, role: Role) -> nn.Linear:
+def linear(d_in: int, d_out: int, bias: bool, role: Role,
+           fused: Optional[tuple[int, ...]] = None) -> nn.Linear:
+    """fused: the output rows are several matrices in one matmul (q, k, v; gate, up), with these
+    row counts; each gets the fan of its own matrix at init (init=xavier)."""
     layer = nn.Linear(d_in, d_out, bias=bias)
     tag(layer.weight, role)
     tag(layer.bias, Role.BIAS)
+    if fused is not None:
+        assert sum(fused) == d_out, (fused, d_out)
+        setattr(layer.weight, _FUSED, tuple(fused))
     return layer
+
+
+def fused_parts(param: nn.Parameter) -> tuple[int, ...]:
+    """Row counts of the matrices stacked in a 2-D weight (one part when it is one matrix)."""
+    return getattr(param, _FUSED, (param.shape[0],))
+
+
+# Roles of lookup tables (rows are read, not multiplied): xavier draws them N(0, d^-1/2) as
+# tensor2tensor does its (shared) embedding and softmax weights, not with a fan-based bound.
+TABLES = (Role.EMBEDDING, Role.POSITION, Role.HEAD)
+
+
+def glorot_bounds(param: nn.Parameter) -> torch.Tensor:
+    """(rows, 1): each row's Glorot-uniform bound sqrt(6 / (fan_in + fan_out)) of its own matrix."""
+    fan_in = param.shape[1]
+    return torch.cat([torch.full((rows, 1), math.sqrt(6.0 / (fan_in + rows)))
+                      for rows in fused_parts(param)])
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -62,8 +86,12 @@ def param_seed(seed: int, name: str) -> int:
 
 @torch.no_grad()
 def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled: bool,
-                 seed: Optional[int] = None) -> None:
-    """Normal(0, init_std) for matrices; residual outputs scaled by 1/sqrt(2 * n_layers).
+                 seed: Optional[int] = None, scheme: str = "normal") -> None:
+    """scheme "normal" (GPT-2): N(0, init_std) for matrices and tables. "xavier" (Vaswani et al.
+    2017, tensor2tensor's uniform_unit_scaling, gain 1): U(-a, a), a = sqrt(6 / (fan_in +
+    fan_out)) per matrix, fused projections split into their matrices (q, k, v each d x d);
+    embedding, position and untied head tables N(0, d^-1/2). Either way residual output
+    projections are scaled by 1/sqrt(2 * n_layers) when depth_scaled, gains are 1, biases 0.
 
     Each matrix is drawn from its own generator keyed by (seed, parameter name), not from one
     shared stream: toggling an option that adds or removes tensors (bias, an untied head, MTP
@@ -73,7 +101,7 @@ def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled:
     torch.initial_seed(), i.e. the seed of the last torch.manual_seed (seed_everything).
     """
     base = torch.initial_seed() if seed is None else int(seed)
-    out_std = init_std / math.sqrt(2 * n_layers) if depth_scaled else init_std
+    out_div = math.sqrt(2 * n_layers) if depth_scaled else 1.0
     for name, p in model.named_parameters():  # a tied weight is listed once, under its first name
         r = role_of(p)
         if r is Role.GAIN:
@@ -82,11 +110,14 @@ def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled:
             p.zero_()
         elif p.device.type != "meta":  # meta: shapes only (inspect --build)
             g = torch.Generator().manual_seed(param_seed(base, name))
-            std = out_std if r is Role.OUTPUT else init_std
-            if p.device.type == "cpu" and p.dtype == torch.float32:
-                p.normal_(0.0, std, generator=g)
+            div = out_div if r is Role.OUTPUT else 1.0
+            w = torch.empty(p.shape, dtype=torch.float32)
+            if scheme == "xavier" and r not in TABLES:
+                w.uniform_(-1.0, 1.0, generator=g).mul_(glorot_bounds(p) / div)
             else:
-                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=g))
+                std = p.shape[1] ** -0.5 if scheme == "xavier" else init_std
+                w.normal_(0.0, std / div, generator=g)
+            p.copy_(w)
 
 
 def unique_parameters(model: nn.Module):

@@ -55,8 +55,10 @@ class ModelSpec:
     rope_base: float = 10000.0
     tied: bool = True
     bias: bool = True
-    dropout: float = 0.0
+    dropout: float = 0.0  # embedding sum and sublayer outputs (residual dropout)
+    attn_dropout: Optional[float] = None  # attention probabilities; None: the same as dropout
     qk_norm: bool = False
+    init: str = "normal"  # normal | xavier (roles.init_weights)
     init_std: float = 0.02
     depth_scaled_init: bool = True
     emb_scale: bool = False
@@ -80,12 +82,23 @@ class ModelSpec:
     def gated(self) -> bool:
         return self.act in options.GATED_ACTS
 
+    @property
+    def attn_dropout_rate(self) -> float:
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+    @property
+    def embedding_std(self) -> float:
+        """Std of the token embeddings at init (before emb_scale): init_std, or d^-1/2 for xavier
+        (tensor2tensor's N(0, d^-1/2), unit RMS once multiplied by sqrt(d))."""
+        return self.d_model ** -0.5 if self.init == "xavier" else self.init_std
+
     def check(self) -> None:
         for axis, value, names in (
             ("norm", self.norm, options.NORM_NAMES),
             ("norm_pos", self.norm_pos, options.NORM_POS_NAMES),
             ("act", self.act, options.ACT_NAMES),
             ("pos", self.pos, options.POS_NAMES),
+            ("model.init", self.init, options.INIT_NAMES),
         ):
             if value not in names:
                 raise ConfigError(f"unknown {axis} option '{value}'; valid options: {', '.join(names)}")
@@ -112,6 +125,8 @@ class ModelSpec:
             raise ConfigError("model.parallel_block=true needs norm_pos=pre")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout.rate must be in [0, 1), got {self.dropout}")
+        if self.attn_dropout is not None and not 0.0 <= self.attn_dropout < 1.0:
+            raise ConfigError(f"dropout.attn must be in [0, 1) or null, got {self.attn_dropout}")
         if self.mtp_heads < 0:
             raise ConfigError(f"model.mtp_heads must be >= 0, got {self.mtp_heads}")
         for key in ("attn_softcap", "logit_softcap", "act_clamp"):
@@ -154,6 +169,7 @@ class ModelSpec:
             if act in options.GATED_ACTS:  # three matrices: ~2/3 of the width keeps params equal
                 d_ff = gated_d_ff(d_ff, m.d_model, m.ffn_multiple_of, options.BIAS.get(cfg.bias.name))
         dropout_on = options.DROPOUT.get(cfg.dropout.name)
+        attn_rate = cfg.dropout.get("attn")  # absent from configs saved before it existed
         return cls(
             vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
             n_kv_heads=n_kv, d_ff=d_ff, max_seq_len=m.max_seq_len,
@@ -161,8 +177,9 @@ class ModelSpec:
             act=act, pos=cfg.pos.name, rope_base=float(cfg.pos.base),
             tied=options.TIE.get(cfg.tie.name), bias=options.BIAS.get(cfg.bias.name),
             dropout=float(cfg.dropout.rate) if dropout_on else 0.0,
+            attn_dropout=float(attn_rate) if dropout_on and attn_rate is not None else None,
             qk_norm=options.QK_NORM.get(cfg.qk_norm.name),
-            init_std=m.init_std, depth_scaled_init=m.depth_scaled_init, emb_scale=m.emb_scale,
+            init=str(m.get("init", "normal")), init_std=m.init_std, depth_scaled_init=m.depth_scaled_init, emb_scale=m.emb_scale,
             parallel_block=m.parallel_block, z_loss=m.z_loss, attn_softcap=m.attn_softcap,
             logit_softcap=m.logit_softcap, act_clamp=m.act_clamp, mtp_heads=m.mtp_heads,
             mtp_weight=m.mtp_weight, tokenizer_vocab=tokenizer_vocab,

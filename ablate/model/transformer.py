@@ -46,7 +46,7 @@ class Transformer(nn.Module):
             nn.Sequential(make_norm(spec.d_model), linear(spec.d_model, spec.d_model, False, Role.INPUT))
             for _ in range(spec.mtp_heads))
         self.emb_multiplier = math.sqrt(spec.d_model) if spec.emb_scale else 1.0
-        init_weights(self, spec.init_std, spec.n_layers, spec.depth_scaled_init, seed)
+        init_weights(self, spec.init_std, spec.n_layers, spec.depth_scaled_init, seed, spec.init)
 
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
         w = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
