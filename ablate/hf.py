@@ -149,7 +149,7 @@ def _rope_config_kwargs(spec: ModelSpec) -> dict:
                 num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
                 num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
                 max_position_embeddings=spec.max_seq_len, rms_norm_eps=spec.norm_eps,
-                tie_word_embeddings=spec.tied, attention_dropout=spec.dropout,
+                tie_word_embeddings=spec.tied, attention_dropout=spec.attn_dropout_rate,
                 rope_parameters={"rope_type": "default", "rope_theta": spec.rope_base})
 
 
@@ -180,7 +180,7 @@ def _gpt2_config(spec: ModelSpec) -> Any:
     return GPT2Config(vocab_size=spec.vocab_size, n_positions=spec.max_seq_len, n_embd=spec.d_model,
                       n_layer=spec.n_layers, n_head=spec.n_heads, n_inner=spec.d_ff,
                       activation_function="gelu_new", resid_pdrop=spec.dropout, embd_pdrop=spec.dropout,
-                      attn_pdrop=spec.dropout, layer_norm_epsilon=spec.norm_eps,
+                      attn_pdrop=spec.attn_dropout_rate, layer_norm_epsilon=spec.norm_eps,
                       initializer_range=spec.init_std, tie_word_embeddings=spec.tied,
                       # GPT-2's end-of-text id, where the vocab has it
                       bos_token_id=50256 if spec.vocab_size > 50256 else None,

@@ -49,7 +49,7 @@ EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc")
 # every key under an axis group; see is_variant_key.
 VARIANT_MODEL_KEYS = ("model.z_loss", "model.attn_softcap", "model.logit_softcap", "model.emb_scale",
                       "model.depth_scaled_init", "model.act_clamp", "model.mtp_heads",
-                      "model.mtp_weight", "model.parallel_block", "model.n_kv_heads")
+                      "model.mtp_weight", "model.parallel_block", "model.n_kv_heads", "model.init")
 # W&B names -> metrics.jsonl / summary names, so `--metric val/loss` works too.
 ALIASES = {"val/loss": "val_loss", "val/bpb": "val_bpb", "train/loss": "train_loss",
            "train/grad_norm": "grad_norm", "train/lr": "lr", "train/tokens_per_s": "tokens_per_s"}
