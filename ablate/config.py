@@ -16,6 +16,8 @@ AXES = ("norm", "norm_pos", "act", "pos", "attn", "tie", "bias", "dropout", "qk_
 OTHER_GROUPS = ("arch", "model", "data", "tokenizer", "logger", "train", "launcher")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch._dynamo.list_backends()
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # ablate/train/backends.py
 
 
 @dataclass
@@ -116,6 +118,12 @@ class TrainConfig:
     # torch.compile backend: inductor (generated kernels), or eager / aot_eager (dynamo only;
     # tests and debugging). Every Trainer compiles from a clean dynamo state (ablate/train/backends.py).
     compile_backend: str = "inductor"
+    # torch.compile mode: reduce-overhead replays the step as CUDA graphs (no per-kernel launch
+    # cost: what small models on a GPU are bound by); max-autotune also benchmarks matmul kernels.
+    compile_mode: str = "default"
+    # SDPA kernel: auto lets PyTorch choose (flash, then memory-efficient, then math); one name
+    # keeps only that kernel (cudnn: cuDNN's fused attention on Hopper), so a bench can price it.
+    sdpa_backend: str = "auto"
     # torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, deterministic attention
     # kernels: two runs on the same CUDA device give bit-identical results (CPU already does).
     deterministic: bool = False
@@ -231,6 +239,18 @@ def validate(cfg: Any) -> None:
     if t.compile_backend not in COMPILE_BACKENDS:
         raise ConfigError(f"train.compile_backend must be {', '.join(COMPILE_BACKENDS[:-1])} or "
                           f"{COMPILE_BACKENDS[-1]}, got '{t.compile_backend}'")
+    if t.compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"train.compile_mode must be {', '.join(COMPILE_MODES[:-1])} or "
+                          f"{COMPILE_MODES[-1]}, got '{t.compile_mode}'")
+    if t.compile_mode != "default" and t.compile_backend != "inductor":
+        raise ConfigError(f"train.compile_mode={t.compile_mode} is an Inductor mode; it needs "
+                          f"train.compile_backend=inductor (got {t.compile_backend})")
+    if t.sdpa_backend not in SDPA_BACKENDS:
+        raise ConfigError(f"train.sdpa_backend must be {', '.join(SDPA_BACKENDS[:-1])} or "
+                          f"{SDPA_BACKENDS[-1]}, got '{t.sdpa_backend}'")
+    if t.sdpa_backend == "cudnn" and t.deterministic:
+        raise ConfigError("train.sdpa_backend=cudnn has no deterministic backward; with "
+                          "train.deterministic=true use auto, flash, efficient or math")
     if t.resume not in ("auto", "never"):
         raise ConfigError(f"train.resume must be auto or never, got '{t.resume}'")
     if t.seq_len > m.max_seq_len and cfg.pos.name in ("learned", "sinusoidal"):

@@ -139,3 +139,27 @@ def test_bench_axes_compiles_every_variant_without_fallback():
     r = json.loads(res.stdout)
     assert len(r["rows"]) >= 10 and r["compile_fallbacks"] == 0
     assert all(row.get("compile_fallback") is False for row in r["rows"] if "error" not in row)
+
+
+def _bf16_curve(tmp_path, *overrides) -> list[float]:
+    trainer = scripted_trainer(tmp_path, *GPU, *COMPILED, "train.steps=20", "train.log_every=1", *overrides)
+    out = trainer.fit()
+    assert out.status == "completed" and out.extra["compile_fallback"] is False, (out.reason, out.extra)
+    return [r["train_loss"] for r in trainer.sinks.rows if "train_loss" in r]
+
+
+@pytest.mark.parametrize("setting", ["train.compile_mode=reduce-overhead", "train.compile_mode=max-autotune",
+                                     "train.sdpa_backend=flash", "train.sdpa_backend=efficient",
+                                     "train.sdpa_backend=cudnn", "train.sdpa_backend=math"])
+def test_each_speed_setting_trains_the_same_curve_on_cuda(tmp_path, setting):
+    """Issue 17: an optimisation keeps a fixed-seed curve within bf16 noise of the default path
+    (CUDA graphs, each attention kernel)."""
+    ref = _bf16_curve(tmp_path / "ref")
+    assert _bf16_curve(tmp_path / "opt", setting) == pytest.approx(ref, rel=2e-2)
+
+
+def test_a_kernel_that_takes_no_fp32_is_refused_in_one_line(tmp_path):
+    res = run_ablate("run", *GPU, "train.precision=fp32", "train.sdpa_backend=flash", "train.steps=2",
+                     "logger=none", f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "error: train.sdpa_backend=flash cannot run this model's attention on cuda (float32" in res.stderr

@@ -1,5 +1,5 @@
-"""Process-wide torch settings a run asks for: TF32, deterministic algorithms, and a clean
-torch.compile state per model.
+"""Process-wide torch settings a run asks for: TF32, deterministic algorithms, the SDPA kernel,
+and a clean torch.compile state per model.
 
 They are global to the process, so every Trainer sets all of them explicitly (on and off): a
 sweep's jobs run one after another in one process (basic launcher), and one job's setting
@@ -11,18 +11,28 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from typing import Any, Optional
 
 import torch
+
+from ablate.errors import ConfigError
 
 # cuBLAS keeps per-stream workspaces whose reuse makes results depend on scheduling; this
 # setting (NVIDIA's documented one for reproducibility) makes them deterministic. It is read
 # when the process creates its cuBLAS handle: set it before the first CUDA matmul.
 CUBLAS_WORKSPACE = ":4096:8"
+# train.sdpa_backend -> torch's switch for that kernel; `auto` restores torch's own defaults.
+SDPA_SWITCHES = {"flash": "flash_sdp", "efficient": "mem_efficient_sdp", "cudnn": "cudnn_sdp",
+                 "math": "math_sdp"}
+SDPA_DEFAULTS = {name: getattr(torch.backends.cuda, f"{switch}_enabled")()
+                 for name, switch in SDPA_SWITCHES.items()}
+CUDA_ONLY_SDPA = ("efficient", "cudnn")  # PyTorch's CPU SDPA has a flash kernel and math only
 
 
 def configure_backends(cfg: Any, device_type: str) -> dict:
-    """Apply train.tf32 and train.deterministic; returns what was set (recorded in summary.json)."""
+    """Apply train.tf32, train.deterministic and train.sdpa_backend; returns what was set
+    (recorded in summary.json)."""
     deterministic = bool(cfg.deterministic)
     if deterministic:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE  # before any cuBLAS handle exists
@@ -31,15 +41,47 @@ def configure_backends(cfg: Any, device_type: str) -> dict:
     # over the keys, no atomic adds) and Inductor skip autotuning that changes numerics.
     torch.use_deterministic_algorithms(deterministic)
     settings = {"deterministic": deterministic}
+    sdpa = str(cfg.get("sdpa_backend", "auto"))
+    set_sdpa_backend(sdpa, device_type, deterministic)
+    if sdpa != "auto":
+        settings["sdpa_backend"] = sdpa
     if device_type == "cuda":
         torch.backends.cudnn.deterministic = deterministic
         torch.backends.cudnn.benchmark = False  # autotuned conv algorithms vary run to run
-        if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-            # cuDNN attention's backward is not deterministic; flash / efficient / math remain.
-            torch.backends.cuda.enable_cudnn_sdp(not deterministic)
         set_tf32(bool(cfg.tf32))
         settings["tf32"] = bool(cfg.tf32)
     return settings  # CPU: TF32 is a CUDA tensor-core format; nothing to set
+
+
+def set_sdpa_backend(name: str, device_type: str, deterministic: bool = False) -> None:
+    """Every SDPA switch set explicitly (they are process-wide, like the settings above). One
+    kernel name keeps only that kernel: no silent fallback to math, so `bench --vs
+    train.sdpa_backend=cudnn` times cuDNN or fails. cuDNN attention's backward is not
+    deterministic: off under train.deterministic (config.validate refuses asking for both)."""
+    if name in CUDA_ONLY_SDPA and device_type != "cuda":
+        raise ConfigError(f"train.sdpa_backend={name} is a CUDA kernel; on {device_type} use auto, "
+                          "flash or math")
+    for kernel, switch in SDPA_SWITCHES.items():
+        on = SDPA_DEFAULTS[kernel] if name == "auto" else kernel == name
+        getattr(torch.backends.cuda, f"enable_{switch}")(on and not (kernel == "cudnn" and deterministic))
+
+
+def check_sdpa_backend(name: str, n_heads: int, head_dim: int, device: torch.device,
+                       dtype: torch.dtype) -> None:
+    """Fail at start-up, in one line, when the chosen SDPA kernel cannot run this model's
+    attention (flash and cuDNN take no fp32; head sizes are limited), not at the first step."""
+    if name == "auto":
+        return
+    q = torch.randn(1, n_heads, 16, head_dim, device=device, dtype=dtype, requires_grad=True)
+    try:
+        with warnings.catch_warnings():  # torch warns once per reason, then raises
+            warnings.simplefilter("ignore")
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    except RuntimeError as e:
+        dt = str(dtype).removeprefix("torch.")
+        raise ConfigError(f"train.sdpa_backend={name} cannot run this model's attention on "
+                          f"{device.type} ({dt}, head_dim {head_dim}): {str(e).splitlines()[0][:160]}; "
+                          "use train.sdpa_backend=auto") from None
 
 
 def set_tf32(enabled: bool) -> None:
@@ -51,13 +93,13 @@ def set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
-def compile_model(model: torch.nn.Module, backend: str) -> torch.nn.Module:
+def compile_model(model: torch.nn.Module, backend: str, mode: str = "default") -> torch.nn.Module:
     """torch.compile from a clean dynamo state. Dynamo caches compiled code per code object
     (Transformer.forward is one object for every variant) with a guard per model, up to
     torch._dynamo.config.recompile_limit (8) entries; past that it runs the function eagerly,
     so the 9th model of a process (sweep job, bench variant) silently lost compile."""
     reset_compile_state()
-    return torch.compile(model, backend=backend)
+    return torch.compile(model, backend=backend, mode=None if mode == "default" else mode)
 
 
 def reset_compile_state() -> None:

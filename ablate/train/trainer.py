@@ -24,8 +24,8 @@ from ablate.model.spec import flops_per_token
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
 from ablate.train.allocator import keep_freed_memory
-from ablate.train.backends import (RecompileWatch, compile_model, configure_backends, graphs_compiled,
-                                   reset_compile_state)
+from ablate.train.backends import (RecompileWatch, check_sdpa_backend, compile_model, configure_backends,
+                                   graphs_compiled, reset_compile_state)
 from ablate.train.distributed import (StopRequest, all_ranks_mean, any_rank,
                                       load_model_and_optimizer_state, model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
@@ -168,16 +168,23 @@ class Trainer:
         # train.deterministic, train.tf32: before the model reaches the device (cuBLAS workspace)
         self.backend_settings = configure_backends(cfg, self.device.type)
         self.precision = resolve_precision(cfg.precision, self.device)
+        spec = getattr(model, "spec", None)
+        if spec is not None:
+            check_sdpa_backend(cfg.sdpa_backend, spec.n_heads, spec.head_dim, self.device,
+                               torch.bfloat16 if self.precision == "bf16" else torch.float32)
         self.model = model.to(self.device)  # unwrapped: checkpoints, eval
         self.train_model = wrap(self.model) if wrap else self.model
         self.compiled = cfg.compile if cfg.compile is not None else self.device.type == "cuda"
         if self.compiled:  # from a clean dynamo state: every job and bench variant compiles afresh
-            self.train_model = compile_model(self.train_model, cfg.compile_backend)
+            self.train_model = compile_model(self.train_model, cfg.compile_backend, cfg.compile_mode)
         else:  # compiled helpers (FlexAttention on CUDA) start clean too
             reset_compile_state()
+        # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers: each micro-step
+        # is a new graph step, whose outputs this loop reads before the next one.
+        self._graph_steps = (self.compiled and self.device.type == "cuda"
+                             and cfg.compile_mode in ("reduce-overhead", "max-autotune"))
         self._graphs_at_build: Optional[int] = graphs_compiled() if self.compiled else None
         self.recompiles = RecompileWatch()  # installed during fit: did dynamo give up on a function?
-        spec = getattr(model, "spec", None)
         self.flops_per_token = flops_per_token(spec, cfg.seq_len) if spec is not None else None
         self._peak: Optional[Peak] = None
         self._announced = False  # the compile fallback was reported
@@ -286,6 +293,8 @@ class Trainer:
             x, y = w[:, :-1], w[:, 1:]  # (B, T) each
             sync = micro == cfg.grad_accum - 1
             ctx = nullcontext() if sync or not hasattr(self.train_model, "no_sync") else self.train_model.no_sync()
+            if self._graph_steps:
+                torch.compiler.cudagraph_mark_step_begin()
             with ctx:
                 with self.autocast():
                     out = self.train_model(x, y)
