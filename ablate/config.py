@@ -102,6 +102,10 @@ class TrainConfig:
     steps: int = 1200
     batch_size: int = 16
     grad_accum: int = 1
+    # Sequences per forward pass; the global batch stays batch_size x grad_accum (per rank), cut
+    # into passes of this size (ablate/train/microbatch.py). null: batch_size. auto: on CUDA the
+    # largest that fits in memory (a probe pass at start), on CPU batch_size.
+    micro_batch: Optional[Any] = None
     seq_len: int = 128
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -242,6 +246,12 @@ def validate(cfg: Any) -> None:
     if t.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode must be {', '.join(COMPILE_MODES[:-1])} or "
                           f"{COMPILE_MODES[-1]}, got '{t.compile_mode}'")
+    micro = t.get("micro_batch")
+    if micro is not None and micro != "auto" and (
+            isinstance(micro, bool) or not isinstance(micro, int) or micro < 1
+            or (t.batch_size * t.grad_accum) % micro):
+        raise ConfigError(f"train.micro_batch must be auto, null or a divisor of train.batch_size x "
+                          f"train.grad_accum = {t.batch_size * t.grad_accum}, got {micro}")
     if t.compile_mode != "default" and t.compile_backend != "inductor":
         raise ConfigError(f"train.compile_mode={t.compile_mode} is an Inductor mode; it needs "
                           f"train.compile_backend=inductor (got {t.compile_backend})")

@@ -163,3 +163,21 @@ def test_a_kernel_that_takes_no_fp32_is_refused_in_one_line(tmp_path):
                      "logger=none", f"hydra.run.dir={tmp_path / 'run'}")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "error: train.sdpa_backend=flash cannot run this model's attention on cuda (float32" in res.stderr
+
+
+def test_auto_micro_batch_takes_the_largest_pass_that_fits():
+    """GPT-2-small dims at T=1024: the whole global batch (512 sequences) cannot fit in one
+    pass on any GPU of today; auto settles on a divisor that does, and that pass then runs."""
+    from ablate.bench import build_trainer
+    from conftest import compose
+
+    cfg = compose(["model=small", "tokenizer=gpt2", "train=gpu", "train.batch_size=128",
+                   "train.grad_accum=4", "train.micro_batch=auto", "train.compile=false"])
+    trainer, _, _ = build_trainer(cfg)
+    m = trainer.micro_batch
+    assert 1 <= m < 512 and 512 % m == 0 and trainer.grad_accum == 512 // m
+    torch.cuda.reset_peak_memory_stats()
+    trainer.train_step(0)
+    trainer.apply_update()
+    _, total = torch.cuda.mem_get_info()
+    assert torch.cuda.max_memory_allocated() < total

@@ -90,7 +90,9 @@ def banner(info: dict) -> list[str]:
     return [
         f"ablate run: {info.get('variant', '?')} (seed {info.get('seed')})",
         f"  params {info.get('params', 0):,} ({info.get('non_embedding_params', 0):,} non-embedding)"
-        f" | FLOPs/token {info.get('flops_per_token', 0):,} | tokens/step {info.get('tokens_per_step', 0):,}",
+        f" | FLOPs/token {info.get('flops_per_token', 0):,} | tokens/step {info.get('tokens_per_step', 0):,}"
+        + (f" ({info['grad_accum_steps']} passes of {info['micro_batch']} sequences)"
+           if info.get("grad_accum_steps", 1) > 1 else ""),
         f"  device {info.get('device')} | precision {info.get('precision')} | compile "
         f"{'on' if info.get('compile') else 'off'} | {info.get('steps')} steps{resumed}",
         f"  run dir {info.get('run_dir')}",

@@ -295,6 +295,18 @@ def all_ranks_mean(value, world_size: int):
     return out / world_size
 
 
+def all_ranks_min(value: int, world_size: int, device) -> int:
+    """The smallest of an integer over all ranks (a choice every rank must share)."""
+    if world_size <= 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def any_rank(flag: bool, world_size: int, device) -> bool:
     """True on every rank if it is true on one (a stop signal reaches ranks at different
     steps; they must stop at the same one)."""

@@ -26,9 +26,10 @@ from ablate.train import checkpoint
 from ablate.train.allocator import keep_freed_memory
 from ablate.train.backends import (RecompileWatch, check_sdpa_backend, compile_model, configure_backends,
                                    graphs_compiled, reset_compile_state)
-from ablate.train.distributed import (StopRequest, all_ranks_mean, any_rank,
+from ablate.train.distributed import (StopRequest, all_ranks_mean, all_ranks_min, any_rank,
                                       load_model_and_optimizer_state, model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
+from ablate.train.microbatch import resolve_micro_batch
 from ablate.train.peak import Peak, device_peak
 from ablate.train.schedule import lr_at
 
@@ -173,6 +174,11 @@ class Trainer:
             check_sdpa_backend(cfg.sdpa_backend, spec.n_heads, spec.head_dim, self.device,
                                torch.bfloat16 if self.precision == "bf16" else torch.float32)
         self.model = model.to(self.device)  # unwrapped: checkpoints, eval
+        # train.micro_batch: the same global batch in fewer, larger passes where memory allows;
+        # probed on the unwrapped model (no collectives), one choice for all ranks
+        self.micro_batch = all_ranks_min(resolve_micro_batch(cfg, self.model, self.device, self.autocast),
+                                         world_size, self.device)
+        self.grad_accum = cfg.batch_size * cfg.grad_accum // self.micro_batch
         self.train_model = wrap(self.model) if wrap else self.model
         self.compiled = cfg.compile if cfg.compile is not None else self.device.type == "cuda"
         if self.compiled:  # from a clean dynamo state: every job and bench variant compiles afresh
@@ -191,8 +197,8 @@ class Trainer:
         self.sinks = sinks
         self.data = data
         self.byte_lengths = byte_lengths
-        self.batches = Batches(data.train, cfg.seq_len, cfg.batch_size, data_seed=data_seed,
-                               rank=rank, world_size=world_size, grad_accum=cfg.grad_accum)
+        self.batches = Batches(data.train, cfg.seq_len, self.micro_batch, data_seed=data_seed,
+                               rank=rank, world_size=world_size, grad_accum=self.grad_accum)
         self.val_windows = val_windows(data.val, cfg.seq_len, cfg.eval_tokens)
         self.pin = self.device.type == "cuda"
         # on_diagnostics(trainer, step) runs after backward, before clipping and the update, every
@@ -278,7 +284,7 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def evaluate(self) -> dict:
         return evaluate(self.model, self.data.val, self.val_windows, self.byte_lengths,
-                        self.device, self.cfg.batch_size, self.autocast)
+                        self.device, self.micro_batch, self.autocast)
 
     def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, backward, clip, optimizer step. Returns (next-token loss, grad norm) tensors."""
@@ -287,19 +293,19 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         lm_loss = torch.zeros((), device=self.device)
-        for micro in range(cfg.grad_accum):
+        for micro in range(self.grad_accum):
             # One copy per micro-step; on CUDA from pinned memory, so it does not block the host.
             w = self.batches.window(step, micro, pin=self.pin).to(self.device, non_blocking=True)
             x, y = w[:, :-1], w[:, 1:]  # (B, T) each
-            sync = micro == cfg.grad_accum - 1
+            sync = micro == self.grad_accum - 1
             ctx = nullcontext() if sync or not hasattr(self.train_model, "no_sync") else self.train_model.no_sync()
             if self._graph_steps:
                 torch.compiler.cudagraph_mark_step_begin()
             with ctx:
                 with self.autocast():
                     out = self.train_model(x, y)
-                (out.loss / cfg.grad_accum).backward()
-            lm_loss += out.lm_loss.detach() / cfg.grad_accum
+                (out.loss / self.grad_accum).backward()
+            lm_loss += out.lm_loss.detach() / self.grad_accum
         if self._diagnostics_due(step):  # raw gradients; row step as for the train row (0: init profile)
             self._diag_pending = self.on_diagnostics(self, min(step + 1, cfg.steps))
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
