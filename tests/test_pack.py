@@ -205,3 +205,39 @@ def test_a_failing_bench_job_is_one_line():
         _pool(["{not json"], 1, env)
     assert "bench job #0 at 1 jobs per device failed: error: JSONDecodeError" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_packed_task_preempted_requeues_and_every_job_resumes(tmp_path):
+    """SLURM's USR2 reaches the array task: both of its jobs checkpoint, submitit requeues the
+    task, and both resume from their checkpoints to the last step."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    steps = 1500
+    long = [o for o in TINY if not o.startswith("train.steps")] + [f"train.steps={steps}"]
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "sweep", *long, "launcher=submitit_local",
+                             "--seeds", "2", "--jobs-per-gpu", "2", f"out_dir={tmp_path}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end, pids = time.time() + 120, {}
+    while time.time() < end and len(pids) < 2:  # both jobs training
+        for metrics in tmp_path.rglob("metrics.jsonl"):
+            if len(metrics.read_text().splitlines()) > 30:
+                pids[metrics.parent] = json.loads((metrics.parent / "summary.json").read_text())["pid"]
+        time.sleep(0.2)
+    assert len(pids) == 2, "the jobs did not start"
+    parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in pids.values()}
+    assert len(parents) == 1  # one task runs both jobs
+    os.kill(parents.pop(), signal.SIGUSR2)  # to the task, as SLURM signals it
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    for run_dir in pids:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["step"] == steps
+        assert summary["previous_status"] == "preempted" and 0 < summary["resumed_from"] < steps
+    logs = "".join(p.read_text() for p in (tmp_path / "sweeps").rglob(".submitit/*/*.err"))
+    assert "this job is preempted" in logs  # submitit's handler requeued the task

@@ -5,9 +5,9 @@ jobs. The task starts each job of its group as its own process (pack_worker: the
 hydra-submitit-launcher makes in a task, so each job is a normal run directory in the sweep
 directory), waits for all of them and returns their JobReturns in order.
 
-Preemption: SLURM's USR2 (and TERM, INT) reaching the task is passed on to every job, each of
-which checkpoints and stops; then submitit's own handler requeues the task, and each job of the
-group resumes from its checkpoint. The sweeper switches to these classes itself when a group
+Preemption: SLURM's USR2 (and USR1, TERM, INT) reaching the task is passed on to every job, each
+of which checkpoints and stops as `preempted`; then submitit's own handler requeues the task,
+and each job of the group resumes from its checkpoint (a finished one returns its outcome). The sweeper switches to these classes itself when a group
 holds more than one job; `jobs_per_task` is not a submitit parameter.
 
 No `from __future__ import annotations`: see hydra_plugins/ablate_sweeper/ablate_sweeper.py."""
@@ -74,16 +74,29 @@ class PackedTask:
                 for s, handler in originals.items():
                     signal.signal(s, handler)
             returns = [cloudpickle.loads(out.read_bytes()) if out.exists() else None for out in outs]
-        requeue = next((s for s in received if s in (signal.SIGUSR2, signal.SIGUSR1)), None)
-        handler = originals.get(requeue) if requeue is not None else None
-        if callable(handler):  # submitit's preemption handler: checkpoint() below, requeue, exit
-            handler(requeue, None)
+        if received and any(_preempted(r) for r in returns):
+            # as a lone job does (ablate.train.distributed.request_requeue): submitit's own
+            # preemption handler calls checkpoint() below, requeues the task and exits
+            import submitit
+
+            usr = submitit.JobEnvironment._usr_sig()
+            handler = originals.get(usr, signal.getsignal(usr))
+            if callable(handler):
+                handler(usr, None)
         return returns  # None: that job's process died without a result (its directory says why)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def _preempted(ret: Any) -> bool:
+    try:
+        value = ret.return_value  # re-raises a failed job's exception
+    except BaseException:  # noqa: BLE001 - a failed job is not requeued
+        return False
+    return isinstance(value, dict) and value.get("status") == "preempted"
 
 
 def groups_of(items: Sequence[Any], size: int) -> List[list]:
