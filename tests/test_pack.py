@@ -82,6 +82,8 @@ def test_packing_refuses_what_it_cannot_pack():
         S.packing(2, "basic", "auto", 0, 0, 2)
     with pytest.raises(ConfigError, match="single-process"):
         S.plan_packing(2, fake_config(SLURM, gpus_per_node=1, cpus_per_task=8, tasks_per_node=2), job())
+    with pytest.raises(ConfigError, match="single-process"):
+        S.plan_packing(2, fake_config(JOBLIB, n_jobs=2), job(nproc=2))
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ConfigError, match="jobs_per_gpu must be an integer >= 1"):
             S.check_jobs_per_gpu(bad)

@@ -56,13 +56,17 @@ class PackedTask:
                 inp, out = Path(tmp) / f"{i}.in.pkl", Path(tmp) / f"{i}.out.pkl"
                 inp.write_bytes(cloudpickle.dumps((self.launcher, args)))
                 outs.append(out)
+            # the jobs import this checkout's code, whatever the task's working directory
+            root = str(Path(__file__).resolve().parents[2])
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
             for s in FORWARDED:
                 signal.signal(s, forward)
             try:
                 for i, out in enumerate(outs):
                     procs.append(subprocess.Popen(
                         [sys.executable, "-u", "-m", "hydra_plugins.ablate_pack.pack_worker",
-                         str(Path(tmp) / f"{i}.in.pkl"), str(out)]))
+                         str(Path(tmp) / f"{i}.in.pkl"), str(out)], env=env))
                 for p in procs:
                     while True:
                         try:

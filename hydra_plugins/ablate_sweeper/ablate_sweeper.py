@@ -104,7 +104,7 @@ class AblateSweeper(Sweeper):
             self._prepare_data(jobs, configs)
         run_dirs = [_run_dir(cfg, i) for i, cfg in enumerate(configs)]
         if self.jobs_per_gpu:
-            packing = self._packing(configs[0])
+            packing = self._packing(configs[0], configs[1:])
             batches = [b + _placement(packing, i, cfg) for i, (b, cfg) in enumerate(zip(batches, configs))]
             self._pack_launcher(packing)
             print(f"sweep: {packing.describe()}", flush=True)
@@ -135,7 +135,8 @@ class AblateSweeper(Sweeper):
             try:
                 with _keep_submitit_jobs(submitted, "submitit" in target), \
                         S.quiet_launcher_logs(self.config.hydra.get("verbose")):
-                    returns = [(ret, "") for ret in self.launcher.launch(chunk, initial_job_idx=start)]
+                    returns = [(ret, "" if ret is not None else "its process ended without a result")
+                               for ret in self.launcher.launch(chunk, initial_job_idx=start)]
             except Exception as e:  # noqa: BLE001 - e.g. a job that died: read each job's own outcome
                 print(f"warning: the launcher failed ({_one_line(e)}); reading each job's outcome "
                       "from its directory", file=sys.stderr)
@@ -177,11 +178,14 @@ class AblateSweeper(Sweeper):
         print(f"\nsbatch script, as {by} submits it ({what}; rendered by submitit):")
         print(S.sbatch_script(params, tasks))
 
-    def _packing(self, job_config):
+    def _packing(self, job_config, others=()):
+        """The placement, from the first job's config; `others` (the other jobs) are checked too."""
         from ablate import sweep as S
         from ablate.errors import AblateError
 
         try:
+            for cfg in others:
+                S.plan_packing(self.jobs_per_gpu, self.config, cfg)  # e.g. one job with train.nproc=2
             return S.plan_packing(self.jobs_per_gpu, self.config, job_config)
         except AblateError as e:
             self._fail(f"{e} (nothing was launched)")
