@@ -83,12 +83,13 @@ class AblateSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         local = S.is_local_launcher(self.config)
         if self.dry_run:
-            packing = None
+            packing, placed = None, []
             if self.jobs_per_gpu:
                 first = self.hydra_context.config_loader.load_sweep_config(
                     self.config, self._job_overrides(jobs[0]))
                 packing = self._packing(first)
-            self._print_plan(jobs, sweep_dir, local, packing)
+                placed = _placement(packing, 0, first)
+            self._print_plan(jobs, sweep_dir, local, packing, placed)
             return []
         if not local and shutil.which("sbatch") is None:
             self._fail("launcher=slurm submits with sbatch, which is not on PATH here: run the sweep "
@@ -152,7 +153,7 @@ class AblateSweeper(Sweeper):
             raise SystemExit(code)
         return results
 
-    def _print_plan(self, jobs, sweep_dir: Path, local: bool, packing=None) -> None:
+    def _print_plan(self, jobs, sweep_dir: Path, local: bool, packing=None, placed=()) -> None:
         from ablate import sweep as S
 
         mode = "study" if self.jobs else self.mode
@@ -160,9 +161,8 @@ class AblateSweeper(Sweeper):
         if self.as_json:
             return
         if packing is not None:
-            print(f"placement: {packing.describe()}; job i adds "
-                  f"{' '.join(packing.overrides(0)) or 'nothing'}"
-                  f"{' (device cycles over the GPUs)' if len(packing.devices) > 1 else ''}")
+            print(f"placement: {packing.describe()}; job #0 adds {' '.join(placed) or 'nothing'}"
+                  f"{' (job i: cuda:(i mod GPUs))' if len(packing.devices) > 1 else ''}")
         if local:
             return
         params = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
