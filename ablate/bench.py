@@ -431,3 +431,157 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
             "compile_fallbacks": sum(bool(r.get("compile_fallback")) for r in rows),
             "device": _device_name(trainer.device), "tokens_per_step": base.tokens_per_step,
             "steps_per_round": steps_per_round, "rounds": rounds, "clock": clock}
+
+
+# ---- several jobs per device: `ablate bench --jobs-per-device 1,2,4,8` ----------------------
+# The same small sweep (n identical jobs: build, warm up, train `steps` steps) run with k jobs
+# at once on one device, for each k: what `ablate sweep --jobs-per-gpu K` buys. Each job is its
+# own process (python -m ablate.bench --pack-worker), as a sweep job is; it imports torch and
+# the model code, not Hydra: the parent hands it the composed config as plain JSON.
+
+def pack_job(config: dict, steps: int, warmup: int) -> dict:
+    """One job of the packed sweep, in its own process: time its trainer's steps."""
+    from omegaconf import OmegaConf
+
+    t_start = time.time()
+    cfg = OmegaConf.create(config)
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    trainer, _, params = build_trainer(cfg)
+    job = trainer_contender("job", trainer, params)
+    job.run(0, max(warmup, 1))
+    t0 = time.time()
+    seconds = job.run(max(warmup, 1), steps)
+    return {"tokens_per_s": steps * job.tokens_per_step / seconds, "tokens_per_step": job.tokens_per_step,
+            "steps": steps, "started": t_start, "timed_from": t0, "timed_to": time.time(),
+            "threads": torch.get_num_threads(), "device": _device_name(trainer.device),
+            "loss_finite": _finite(job), "hydra_imported": "hydra" in sys.modules}
+
+
+def _worker_main(argv: list[str]) -> None:
+    """`python -m ablate.bench --pack-worker`: a JSON spec on stdin, one JSON line on stdout;
+    on failure one `error: ...` line on stderr and exit 1."""
+    import json
+
+    try:
+        spec = json.loads(sys.stdin.read())
+        out = pack_job(spec["config"], int(spec["steps"]), int(spec["warmup"]))
+    except Exception as e:  # noqa: BLE001 - the parent reports it in one line
+        text = str(e).strip().splitlines()
+        print(f"error: {type(e).__name__}: {text[0] if text else ''}", file=sys.stderr)
+        raise SystemExit(1)
+    print(json.dumps(out), flush=True)
+
+
+def _pool(specs: list[str], k: int, env: dict) -> tuple[float, list[dict]]:
+    """Run the jobs `k` at a time (a new one starts as soon as one ends, as a launcher with k
+    slots does); (wall seconds from the first start to the last end, each job's result)."""
+    import json
+    import subprocess
+    import tempfile
+
+    from ablate.errors import AblateError
+
+    results: list[Optional[dict]] = [None] * len(specs)
+    pending, running = list(range(len(specs))), {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ablate-bench-") as tmp:
+        try:
+            while pending or running:
+                while pending and len(running) < k:
+                    i = pending.pop(0)
+                    out, err = open(f"{tmp}/{i}.out", "w+"), open(f"{tmp}/{i}.err", "w+")
+                    p = subprocess.Popen([sys.executable, "-m", "ablate.bench", "--pack-worker"],
+                                         stdin=subprocess.PIPE, stdout=out, stderr=err, env=env, text=True)
+                    p.stdin.write(specs[i])
+                    p.stdin.close()
+                    running[i] = (p, out, err)
+                for i, (p, out, err) in list(running.items()):
+                    if p.poll() is None:
+                        continue
+                    del running[i]
+                    out.seek(0), err.seek(0)
+                    lines = out.read().strip().splitlines()
+                    if p.returncode != 0 or not lines:
+                        errors = [ln for ln in err.read().strip().splitlines() if ln.strip()]
+                        why = errors[-1] if errors else f"exit code {p.returncode}"
+                        raise AblateError(f"bench job #{i} at {k} jobs per device failed: {why}")
+                    results[i] = json.loads(lines[-1])
+                time.sleep(0.005)
+        finally:
+            for p, _, _ in running.values():  # an error above: stop the others
+                p.kill()
+                p.wait()
+    return time.perf_counter() - t0, results  # type: ignore[return-value]
+
+
+def bench_packing(cfg: Any, jobs_per_device: list[int], jobs: int = 8, steps: int = 20, warmup: int = 3,
+                  progress: Optional[Callable[[str], None]] = None) -> dict:
+    """`jobs` identical jobs of cfg's model, k at a time on one device, for each k. Per k: the
+    wall time of all jobs (process start, imports, build and warm-up included, as a sweep pays
+    them), aggregate tokens/s = timed tokens of all jobs / that wall time, speedup vs the first
+    k, and each job's own tokens/s over its timed steps; training_tokens_per_s: timed tokens over
+    the time any job was in its timed steps (the device's throughput without start-up). Threads: cfg's train.threads if set,
+    else the cores split between the k jobs."""
+    import json
+    import os
+
+    from omegaconf import OmegaConf
+
+    from ablate.sweep import usable_cores
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config.pop("hydra", None)
+    cores = usable_cores()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    rows = []
+    for k in jobs_per_device:
+        threads = int(cfg.train.threads) or max(1, cores // k)
+        config["train"]["threads"] = threads
+        env["OMP_NUM_THREADS"] = str(threads)  # so no process spins up a thread per core first
+        if progress:
+            progress(f"{jobs} jobs, {k} at a time, {threads} threads each")
+        spec = json.dumps({"config": config, "steps": steps, "warmup": warmup})
+        wall, results = _pool([spec] * jobs, k, env)
+        tokens = sum(r["steps"] * r["tokens_per_step"] for r in results)
+        rows.append({"jobs_per_device": k, "threads_per_job": threads, "wall_s": wall, "tokens": tokens,
+                     "tokens_per_s": tokens / wall, "training_s": _union(results),
+                     "training_tokens_per_s": tokens / _union(results),
+                     "job_tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
+                     "max_overlap": _max_overlap(results), "loss_finite": all(r["loss_finite"] for r in results),
+                     "jobs": results})
+    for row in rows:
+        row["speedup"] = rows[0]["wall_s"] / row["wall_s"]
+    first = rows[0]["jobs"][0]
+    return {"mode": "jobs_per_device", "device": first["device"], "jobs": jobs, "steps": steps,
+            "warmup": max(warmup, 1), "tokens_per_step": first["tokens_per_step"], "cores": cores,
+            "rows": rows}
+
+
+def _union(results: list[dict]) -> float:
+    """Seconds during which at least one job ran its timed steps: all jobs' timed tokens over
+    this is the device's throughput while training, without process start-up."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted((r["timed_from"], r["timed_to"]) for r in results):
+        total += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return total
+
+
+def _max_overlap(results: list[dict]) -> int:
+    """The most jobs whose timed steps ran at the same moment (proof that k really ran at once)."""
+    events = sorted([(r["timed_from"], 1) for r in results] + [(r["timed_to"], -1) for r in results],
+                    key=lambda e: (e[0], e[1]))
+    best = now = 0
+    for _, step in events:
+        now += step
+        best = max(best, now)
+    return best
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--pack-worker"]:
+        _worker_main(sys.argv[1:])
+    else:
+        sys.exit("usage: python -m ablate.bench --pack-worker  (a JSON spec on stdin; used by ablate bench)")

@@ -284,6 +284,120 @@ def is_local_launcher(config: Any) -> bool:
     return not target.endswith("SlurmLauncher")
 
 
+# ---- several jobs per device (issue 17: small models leave most of a GPU idle) --------------
+PLACEMENT_KEYS = ("train.device", "train.threads")
+
+
+@dataclass
+class Packing:
+    """How `jobs_per_gpu` places a sweep's jobs. n_jobs: jobs running at once (on this machine,
+    or in one SLURM array task); devices: job i runs on devices[i % len(devices)] ([]: train.device
+    is left as it is); threads: train.threads per job (0: left as it is); group: jobs per submitit
+    task (1: one task per job, as hydra-submitit-launcher submits them)."""
+
+    jobs_per_gpu: int
+    n_jobs: int
+    devices: list[str] = field(default_factory=list)
+    threads: int = 0
+    group: int = 1
+
+    def overrides(self, index: int) -> list[str]:
+        """The placement of job `index` (hydra.job.num): its device and its CPU threads."""
+        out = [f"train.device={self.devices[index % len(self.devices)]}"] if self.devices else []
+        return out + ([f"train.threads={self.threads}"] if self.threads else [])
+
+    def describe(self) -> str:
+        where = (f"{len(self.devices)} GPU{'s' if len(self.devices) > 1 else ''}" if self.devices
+                 else "one device")
+        text = f"{self.jobs_per_gpu} jobs per device on {where}: {self.n_jobs} at once"
+        if self.group > 1:
+            text += f", {self.group} jobs per array task"
+        return text + (f", train.threads={self.threads} each" if self.threads else "")
+
+
+def check_jobs_per_gpu(value: Any) -> Optional[int]:
+    """None (not set) or an int >= 1; anything else is a ConfigError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"jobs_per_gpu must be an integer >= 1, got {value!r} "
+                          "(e.g. --jobs-per-gpu 4: four jobs share each GPU)")
+    return value
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies); 0 without CUDA."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def usable_cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def packing(jobs_per_gpu: int, launcher: str, device: str, threads: int, n_gpus: int, cores: int,
+            n_jobs: Optional[int] = None) -> Packing:
+    """Where `jobs_per_gpu` jobs share each device. launcher: joblib | submitit_local |
+    submitit_slurm; device, threads: the jobs' train.device and train.threads (a device other
+    than auto/cuda, or threads > 0, was chosen by the user and is kept); n_gpus, cores: what one
+    group of jobs has (this machine, or one SLURM task's allocation); n_jobs: joblib's n_jobs when
+    the user set it. Job i goes to GPU i mod n_gpus; each job gets cores / (jobs at once) threads
+    so k processes do not each start a thread per core. A CPU-only machine is one device: k
+    processes share its cores."""
+    if launcher == "basic":
+        raise ConfigError("jobs_per_gpu runs several jobs at once, which launcher=basic (one job after "
+                          "another in this process) cannot: use launcher=joblib, submitit_local or slurm")
+    spread = device in ("auto", "cuda") and n_gpus > 0
+    devices = [f"cuda:{i}" for i in range(n_gpus)] if spread else []
+    at_once = max(1, len(devices)) * jobs_per_gpu
+    group = at_once if launcher.startswith("submitit") else 1
+    if launcher == "joblib" and n_jobs:
+        at_once = n_jobs  # the user's n_jobs wins; placement still cycles over the GPUs
+    per_job = 0 if threads > 0 else max(1, cores // at_once)
+    return Packing(jobs_per_gpu, at_once, devices, per_job, group)
+
+
+def launcher_kind(config: Any) -> str:
+    """basic | joblib | submitit_local | submitit_slurm | other, from hydra.launcher._target_."""
+    target = str(config.hydra.launcher.get("_target_", ""))
+    for suffix, kind in (("BasicLauncher", "basic"), ("JoblibLauncher", "joblib"),
+                         ("LocalLauncher", "submitit_local"), ("SlurmLauncher", "submitit_slurm")):
+        if target.endswith(suffix):
+            return kind
+    return "other"
+
+
+def plan_packing(jobs_per_gpu: int, config: Any, job_config: Any) -> Packing:
+    """packing() for a sweep: config is the sweep's (with its hydra node and the user's
+    overrides), job_config a composed job. GPUs and cores come from this machine for local
+    launchers, from the launcher's allocation (gpus_per_node, cpus_per_task) for SLURM."""
+    kind = launcher_kind(config)
+    if kind == "other":
+        raise ConfigError(f"jobs_per_gpu works with launcher=joblib, submitit_local or slurm, not "
+                          f"{config.hydra.launcher.get('_target_')}")
+    params = config.hydra.launcher
+    if int(params.get("tasks_per_node") or 1) > 1 or int(job_config.train.nproc) > 1:
+        raise ConfigError("jobs_per_gpu packs single-process jobs; a job with several ranks "
+                          "(train.nproc or tasks_per_node > 1) already has its GPUs to itself")
+    if kind == "submitit_slurm":
+        tasks = max(1, int(params.get("tasks_per_node") or 1))
+        n_gpus = int(params.get("gpus_per_node") or 0) // tasks
+        cores = int(params.get("cpus_per_task") or 1)
+    else:
+        n_gpus = visible_gpus() if kind == "joblib" else int(params.get("gpus_per_node") or 0)
+        cores = usable_cores()
+    user_set = {o.split("=", 1)[0].lstrip("+~") for o in config.hydra.overrides.get("task", [])}
+    n_jobs = int(params.n_jobs) if kind == "joblib" and "hydra.launcher.n_jobs" in user_set else None
+    return packing(jobs_per_gpu, kind, str(job_config.train.device), int(job_config.train.threads),
+                   n_gpus, cores, n_jobs)
+
+
 # ---- sbatch preview ------------------------------------------------------------------------
 def sbatch_script(launcher_params: dict, n_jobs: int) -> str:
     """The sbatch script hydra-submitit-launcher submits for `n_jobs` jobs at once, rendered by

@@ -107,6 +107,8 @@ def register(app: typer.Typer) -> None:
         only: Optional[List[str]] = typer.Option(None, "--only", help="With --axes: only the variants whose label starts with this (repeatable), e.g. --only act --only arch."),
         vs: Optional[List[str]] = typer.Option(None, "--vs", help="Time a variant against the baseline, alternating rounds: overrides added to the baseline's, e.g. --vs train.compile=true (repeatable; quote several overrides)."),
         clock: str = typer.Option("wall", "--clock", help="wall: elapsed time (use a quiet machine). cpu: this process's CPU time, far less disturbed by other load on a shared CPU (best with train.threads=1)."),
+        jobs_per_device: Optional[str] = typer.Option(None, "--jobs-per-device", help="Time a small sweep (--sweep-jobs identical jobs, each its own process) run K at a time on one device, for each K in this list, e.g. 1,2,4,8: what `ablate sweep --jobs-per-gpu K` buys."),
+        sweep_jobs: int = typer.Option(8, "--sweep-jobs", help="With --jobs-per-device: jobs in the timed sweep."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Time full training steps on synthetic batches: tokens/s, ms/step, memory, MFU.
@@ -127,7 +129,16 @@ def register(app: typer.Typer) -> None:
             fail(f"--clock must be wall or cpu, got '{clock}'")
         if only and not axes:
             fail("--only selects rows of --axes")
+        ks = _jobs_list(jobs_per_device) if jobs_per_device is not None else None
+        if ks and (reference or axes or vs or clock != "wall"):
+            fail("--jobs-per-device times whole processes by the wall clock; use it without "
+                 "--reference, --axes, --vs and --clock cpu")
+        if sweep_jobs < 1:
+            fail(f"--sweep-jobs must be >= 1, got {sweep_jobs}")
         cfg = compose_checked(overrides, synthetic_data=True)
+        if ks:
+            _run_packing(cfg, ks, sweep_jobs, steps, warmup, json_out)
+            return
         variants = [(v, v.split()) for v in (vs or [])]
         for _, extra in variants:
             compose_checked(overrides + extra, synthetic_data=True)
@@ -154,3 +165,50 @@ def register(app: typer.Typer) -> None:
             _print_variants(result)
         else:
             _print_result(result)
+
+
+def _jobs_list(text: str) -> list[int]:
+    from cli.common import fail
+
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ks = []
+    if not ks or any(k < 1 for k in ks):
+        fail(f"--jobs-per-device takes a list of integers >= 1, e.g. 1,2,4,8; got '{text}'")
+    return list(dict.fromkeys(ks))
+
+
+def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_out: bool) -> None:
+    from cli.common import fail
+
+    from ablate import bench as b
+    from ablate.errors import AblateError
+
+    progress = None if json_out else (lambda label: typer.echo(f"timing {label} ...", err=True))
+    try:
+        result = b.bench_packing(cfg, ks, jobs=jobs, steps=steps, warmup=warmup, progress=progress)
+    except AblateError as e:
+        fail(str(e), e.exit_code)
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"a sweep of {result['jobs']} jobs, K at a time on one device",
+              caption=f"{result['device']}; {result['cores']} cores; each job: its own process, "
+                      f"{result['warmup']} warm-up + {result['steps']} timed steps of "
+                      f"{result['tokens_per_step']} tokens; wall = first start to last end "
+                      "(imports and build included); tokens/s (all jobs) = timed tokens / wall; while "
+                      "training = timed tokens / time any job was in its timed steps")
+    for name in ("jobs at once", "threads/job", "wall s", "tokens/s (all jobs)", "speedup vs first",
+                 "tokens/s while training", "tokens/s per job"):
+        t.add_column(name, justify="right")
+    for r in result["rows"]:
+        t.add_row(str(r["jobs_per_device"]), str(r["threads_per_job"]), f"{r['wall_s']:.1f}",
+                  f"{r['tokens_per_s']:,.0f}", f"{r['speedup']:.2f}x",
+                  f"{r['training_tokens_per_s']:,.0f}", f"{r['job_tokens_per_s']:,.0f}")
+    Console().print(t)
+    if not all(r["loss_finite"] for r in result["rows"]):
+        Console().print("[red]warning: a non-finite loss during the benchmark[/red]")

@@ -5,6 +5,8 @@ to the same `@hydra.main` entry point as `ablate run`, with `-m`."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 # cli.main is imported inside the command: it imports this module (and may be __main__).
@@ -20,6 +22,7 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs (overrides per job; with launcher=slurm, the sbatch script); run nothing."),
         json_out: bool = typer.Option(False, "--json", help="With --dry-run: a JSON list of the jobs' override lists."),
         strict: bool = typer.Option(False, "--strict", help="Exit non-zero if any job failed, diverged or did not finish."),
+        jobs_per_gpu: Optional[int] = typer.Option(None, "--jobs-per-gpu", help="Run K jobs at once on each GPU (on a CPU-only machine: K processes sharing the cores), each with its share of the CPU threads; for small models that leave a GPU idle. Needs launcher=joblib, submitit_local or slurm (there: K jobs per array task)."),
     ) -> None:
         """Run many variants, e.g. `ablate sweep norm=layernorm,rmsnorm act=gelu,swiglu --seeds 3`.
 
@@ -38,12 +41,15 @@ def register(app: typer.Typer) -> None:
             fail(f"unknown --mode '{mode}'; choose one of {', '.join(MODES)}")
         if seeds < 0:
             fail(f"--seeds must be >= 0, got {seeds}")
+        if jobs_per_gpu is not None and jobs_per_gpu < 1:
+            fail(f"--jobs-per-gpu must be >= 1, got {jobs_per_gpu}")
         args = list(ctx.args)
         other = other_sweeper(args)
         if other:  # its own options are hydra.sweeper.* overrides; ablate's do not exist there
             given = [flag for flag, on in (("--mode", mode != "ofat"), ("--seeds", seeds != 0),
                                            ("--dry-run", dry_run), ("--json", json_out),
-                                           ("--strict", strict)) if on]
+                                           ("--strict", strict),
+                                           ("--jobs-per-gpu", jobs_per_gpu is not None)) if on]
             if given:
                 fail(f"{', '.join(given)} apply to ablate's sweeper; hydra/sweeper={other} plans and "
                      f"runs its own jobs (set its options as hydra.sweeper.* overrides)")
@@ -55,6 +61,8 @@ def register(app: typer.Typer) -> None:
         sweeper = [] if other else [f"hydra.sweeper.mode={mode}", f"hydra.sweeper.seeds={seeds}"]
         if strict:
             sweeper.append("hydra.sweeper.strict=true")
+        if jobs_per_gpu is not None:
+            sweeper.append(f"hydra.sweeper.jobs_per_gpu={jobs_per_gpu}")
         if dry_run:
             sweeper.append("hydra.sweeper.dry_run=true")
         if json_out:

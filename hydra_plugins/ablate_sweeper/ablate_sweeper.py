@@ -37,6 +37,9 @@ class AblateSweeperConf:
     json: bool = False  # with dry_run: a JSON list of the jobs' override lists
     max_batch_size: Optional[int] = None  # jobs handed to the launcher at once (null: all)
     strict: bool = False  # exit non-zero if any job failed, diverged or did not finish
+    # K jobs share each GPU (or the CPU): the launcher runs K x GPUs at once, each job placed on
+    # GPU (job number mod GPUs) with its share of the cores (ablate.sweep.plan_packing).
+    jobs_per_gpu: Optional[int] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="ablate", node=AblateSweeperConf,
@@ -46,9 +49,9 @@ ConfigStore.instance().store(group="hydra/sweeper", name="ablate", node=AblateSw
 class AblateSweeper(Sweeper):
     def __init__(self, mode: str = "ofat", seeds: int = 0, jobs: Optional[List[Any]] = None,
                  dry_run: bool = False, json: bool = False, max_batch_size: Optional[int] = None,
-                 strict: bool = False):
+                 strict: bool = False, jobs_per_gpu: Optional[int] = None):
         self.mode, self.seeds, self.dry_run, self.as_json = mode, seeds, dry_run, json
-        self.strict = strict
+        self.strict, self.jobs_per_gpu = strict, jobs_per_gpu
         self.jobs = OmegaConf.to_container(jobs, resolve=True) if OmegaConf.is_config(jobs) else jobs
         self.max_batch_size = max_batch_size
         self.config: Optional[DictConfig] = None
@@ -72,12 +75,21 @@ class AblateSweeper(Sweeper):
         assert self.config is not None and self.hydra_context is not None
         try:
             jobs = S.plan(arguments, self.mode, self.seeds, self.jobs)
+            S.check_jobs_per_gpu(self.jobs_per_gpu)
+            if self.jobs_per_gpu and S.launcher_kind(self.config) == "basic":
+                S.packing(self.jobs_per_gpu, "basic", "auto", 0, 0, 1)  # refuses, in one line
         except AblateError as e:
             self._fail(str(e))
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         local = S.is_local_launcher(self.config)
         if self.dry_run:
-            self._print_plan(jobs, sweep_dir, local)
+            packing, placed = None, []
+            if self.jobs_per_gpu:
+                first = self.hydra_context.config_loader.load_sweep_config(
+                    self.config, self._job_overrides(jobs[0]))
+                packing = self._packing(first)
+                placed = _placement(packing, 0, first)
+            self._print_plan(jobs, sweep_dir, local, packing, placed)
             return []
         if not local and shutil.which("sbatch") is None:
             self._fail("launcher=slurm submits with sbatch, which is not on PATH here: run the sweep "
@@ -92,6 +104,11 @@ class AblateSweeper(Sweeper):
         if local:
             self._prepare_data(jobs, configs)
         run_dirs = [_run_dir(cfg, i) for i, cfg in enumerate(configs)]
+        if self.jobs_per_gpu:
+            packing = self._packing(configs[0], configs[1:])
+            batches = [b + _placement(packing, i, cfg) for i, (b, cfg) in enumerate(zip(batches, configs))]
+            self._pack_launcher(packing)
+            print(f"sweep: {packing.describe()}", flush=True)
 
         from hydra.core.plugins import Plugins
 
@@ -119,7 +136,8 @@ class AblateSweeper(Sweeper):
             try:
                 with _keep_submitit_jobs(submitted, "submitit" in target), \
                         S.quiet_launcher_logs(self.config.hydra.get("verbose")):
-                    returns = [(ret, "") for ret in self.launcher.launch(chunk, initial_job_idx=start)]
+                    returns = [(ret, "" if ret is not None else "its process ended without a result")
+                               for ret in self.launcher.launch(chunk, initial_job_idx=start)]
             except Exception as e:  # noqa: BLE001 - e.g. a job that died: read each job's own outcome
                 print(f"warning: the launcher failed ({_one_line(e)}); reading each job's outcome "
                       "from its directory", file=sys.stderr)
@@ -135,20 +153,56 @@ class AblateSweeper(Sweeper):
             raise SystemExit(code)
         return results
 
-    def _print_plan(self, jobs, sweep_dir: Path, local: bool) -> None:
+    def _print_plan(self, jobs, sweep_dir: Path, local: bool, packing=None, placed=()) -> None:
         from ablate import sweep as S
 
         mode = "study" if self.jobs else self.mode
         S.print_plan(jobs, self.as_json, f"{mode} sweep: {len(jobs)} jobs -> {sweep_dir}")
-        if local or self.as_json:
+        if self.as_json:
+            return
+        if packing is not None:
+            print(f"placement: {packing.describe()}; job #0 adds {' '.join(placed) or 'nothing'}"
+                  f"{' (job i: cuda:(i mod GPUs))' if len(packing.devices) > 1 else ''}")
+        if local:
             return
         params = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
         size = min(self.max_batch_size or len(jobs), len(jobs))
+        group = packing.group if packing is not None else 1
+        tasks = -(-size // group)  # array tasks of the first submission
         n_submits = -(-len(jobs) // size)
-        what = (f"one array job of {size} tasks" if n_submits == 1 and size > 1 else
+        what = (f"one array job of {tasks} tasks" if n_submits == 1 and tasks > 1 else
                 "one job" if n_submits == 1 else f"the first of {n_submits} submissions")
-        print(f"\nsbatch script, as hydra-submitit-launcher submits it ({what}; rendered by submitit):")
-        print(S.sbatch_script(params, size))
+        if group > 1:
+            what += f", {group} sweep jobs at once in each task"
+        by = "ablate's packed submitit launcher" if group > 1 else "hydra-submitit-launcher"
+        print(f"\nsbatch script, as {by} submits it ({what}; rendered by submitit):")
+        print(S.sbatch_script(params, tasks))
+
+    def _packing(self, job_config, others=()):
+        """The placement, from the first job's config; `others` (the other jobs) are checked too."""
+        from ablate import sweep as S
+        from ablate.errors import AblateError
+
+        try:
+            for cfg in others:
+                S.plan_packing(self.jobs_per_gpu, self.config, cfg)  # e.g. one job with train.nproc=2
+            return S.plan_packing(self.jobs_per_gpu, self.config, job_config)
+        except AblateError as e:
+            self._fail(f"{e} (nothing was launched)")
+
+    def _pack_launcher(self, packing) -> None:
+        """The launcher settings that run `packing`: joblib's n_jobs; for submitit, ablate's packed
+        launcher (hydra_plugins/ablate_pack) when a task holds more than one job."""
+        from hydra_plugins.ablate_pack.pack_launcher import PACKED
+
+        launcher = self.config.hydra.launcher
+        target = str(launcher.get("_target_", ""))
+        with open_dict(launcher):
+            if target.endswith("JoblibLauncher"):
+                launcher.n_jobs = packing.n_jobs
+            elif packing.group > 1:
+                launcher._target_ = PACKED[target.rsplit(".", 1)[-1]]
+                launcher.jobs_per_task = packing.group
 
     @staticmethod
     def _job_overrides(job) -> list[str]:
@@ -201,6 +255,14 @@ class AblateSweeper(Sweeper):
                 prepare_checked(cfg)  # tokenized once, and holds one batch
             except AblateError as e:
                 self._fail(f"job #{i} ({job.name}): {e} (nothing was launched)")
+
+
+def _placement(packing, index: int, cfg: DictConfig) -> list:
+    """Job `index`'s device and threads, except what its own config chose (a preset or an
+    override that sets train.device or train.threads wins)."""
+    chosen = {"train.device": str(cfg.train.device) not in ("auto", "cuda"),
+              "train.threads": int(cfg.train.threads) > 0}
+    return [o for o in packing.overrides(index) if not chosen[o.split("=", 1)[0]]]
 
 
 def _run_dir(cfg: DictConfig, num: int) -> Optional[str]:
