@@ -61,8 +61,13 @@ class Contender:
     steps_timed: int = 0
     last_loss: Optional[torch.Tensor] = None
     clock: Callable[[], float] = time.perf_counter
+    # Re-applies the process-wide torch settings this contender was built with (TF32, SDPA
+    # kernel, deterministic mode): the contenders of one bench alternate in one process.
+    setup: Optional[Callable[[], Any]] = None
 
     def run(self, first_step: int, n: int) -> float:
+        if self.setup is not None:
+            self.setup()
         sync(self.device)
         t0 = self.clock()
         for i in range(n):
@@ -156,7 +161,10 @@ def trainer_contender(name: str, trainer, params: int) -> Contender:
         trainer._flush_diagnostics(updated=True)  # as fit does: the update ratios after the step
         return lm_loss
 
-    return Contender(name, step, trainer.tokens_per_step, trainer.device, params)
+    from ablate.train.backends import configure_backends
+
+    return Contender(name, step, trainer.tokens_per_step, trainer.device, params,
+                     setup=lambda: configure_backends(trainer.cfg, trainer.device.type))
 
 
 # ---- the reference: a minimal plain-PyTorch GPT ----------------------------------------------
@@ -234,7 +242,7 @@ def reference_contender(cfg: Any, spec, trainer, data) -> Contender:
     fwd = torch.compile(model) if trainer.train_model is not trainer.model else model
     bf16 = trainer.precision == "bf16"
     tokens = torch.from_numpy(data.train.astype(np.int64))
-    B, T, accum = t.batch_size, t.seq_len, t.grad_accum
+    B, T, accum = trainer.micro_batch, t.seq_len, trainer.grad_accum  # ours' cut of the global batch
     max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
     params = list(model.parameters())
 
@@ -258,7 +266,10 @@ def reference_contender(cfg: Any, spec, trainer, data) -> Contender:
         return loss.detach()
 
     n = sum(p.numel() for p in model.parameters())
-    return Contender("reference", step, B * T * accum, device, n)
+    from ablate.train.backends import configure_backends
+
+    return Contender("reference", step, B * T * accum, device, n,  # under ours' settings
+                     setup=lambda: configure_backends(t, device.type))
 
 
 # ---- the benchmarks --------------------------------------------------------------------------

@@ -72,3 +72,28 @@ def test_a_kernel_that_cannot_run_the_model_is_refused_at_start(monkeypatch):
             check_sdpa_backend("flash", 2, 16, torch.device("cpu"), torch.float32)
     finally:
         set_sdpa_backend("auto", "cpu")
+
+
+def test_bench_times_each_contender_under_its_own_settings():
+    """`bench --vs train.sdpa_backend=math`: the switches are process-wide and the contenders
+    alternate in one process, so each round must run under its own contender's settings."""
+    from ablate.bench import bench_variants
+
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.flash_sdp_enabled())
+        return real(*args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = spy
+    try:
+        r = bench_variants([*TINY, "train.threads=1"], [("math", ["train.sdpa_backend=math"])],
+                           steps=4, warmup=1, rounds=4)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = real
+    assert "error" not in r["rows"][0]
+    # from the variant's first step on (its Trainer switched flash off for the process), the
+    # baseline's rounds still run with flash allowed, the variant's without
+    after = seen[seen.index(False):]
+    assert True in after and after.count(False) >= 4

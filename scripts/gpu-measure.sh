@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU measurements issues 14 and 17 wait for, in three parts of under 10 minutes each (one
+# `device` call per part; a device session has 30 minutes). Run on the GPU machine from the
+# project root after `. .gpu-wheels/activate.sh` (../shared/scripts/offline-gpu-wheelhouse.sh
+# builds it; name .gpu-wheels in the call's carry):
+#
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh tier  "$OUT"   # cuda test tier
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh bench "$OUT"   # throughput figures
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh noise "$OUT"   # noise floor, packing
+#
+# Each part writes its log (and JSON where there is one) to the folder given, so that what came
+# back survives a part cut off at its limit. Every figure goes into README with the device and
+# the date, next to the command that produced it (the commands are echoed into the log).
+set -uo pipefail
+part=${1:?tier, bench or noise}
+out=${2:-gpu-out}
+mkdir -p "$out"
+: "${ABLATE:=python3 -m cli.main}"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/device.txt"
+date -u +%F | tee -a "$out/device.txt"
+
+say() { echo "+ $*" | tee -a "$out/$part.log"; }
+run() { say "$*"; eval "$*" 2>&1 | tee -a "$out/$part.log"; }
+
+# GPT-2-small dimensions, as issue 17's table: B=16, T=1024, bf16, compile.
+SMALL="model=small tokenizer=gpt2 train=gpu train.batch_size=16 train.grad_accum=1 train.micro_batch=null"
+SMALL4="$SMALL model.n_layers=4"  # every option timed at 4 layers (issue 14's table)
+# The small ablation model of issue 17 goal 3: d=384, L=6, T=256, B=32.
+ABL="train=gpu model.d_model=384 model.n_layers=6 model.n_heads=6 train.seq_len=256 train.batch_size=32 train.grad_accum=1"
+
+case "$part" in
+tier)
+  run "python3 -m pytest -m cuda tests -q -p no:cacheprovider -n 0 --junitxml=$out/cuda-tier.xml"
+  ;;
+bench)
+  run "$ABLATE bench $SMALL --reference --steps 30 --rounds 6 --warmup 3 --json > $out/reference.json; cat $out/reference.json | head -c 2000"
+  run "$ABLATE bench $SMALL train.batch_size=32 --reference --steps 20 --rounds 4 --warmup 3"
+  for v in train.fused_ce=true train.sdpa_backend=cudnn train.compile_mode=max-autotune-no-cudagraphs \
+           train.deterministic=true "train.batch_size=32"; do
+    run "$ABLATE bench $SMALL --vs '$v' --steps 20 --rounds 4 --warmup 3"
+  done
+  run "$ABLATE bench $SMALL4 --axes --steps 12 --rounds 4 --warmup 3 --json > $out/axes.json; tail -c 3000 $out/axes.json"
+  ;;
+noise)
+  # run-to-run noise (same seed twice) next to seed noise (seeds 0..2), default-size GPU runs
+  for name in a b; do
+    run "$ABLATE run $ABL train.steps=400 logger=none train.progress=false hydra.run.dir=$out/noise/same_$name"
+  done
+  run "$ABLATE sweep $ABL train.steps=400 logger=none --seeds 3 hydra.sweep.dir=$out/noise/seeds"
+  run "python3 - <<'PY'
+import json, glob, statistics
+same = [json.load(open(f'$out/noise/same_{n}/summary.json'))['val_loss'] for n in 'ab']
+seeds = [json.load(open(p))['val_loss'] for p in sorted(glob.glob('$out/noise/seeds/*/summary.json'))]
+print(f'same seed twice: |delta val_loss| = {abs(same[0] - same[1]):.5f}; seed std = {statistics.stdev(seeds):.5f} over {len(seeds)} seeds')
+PY"
+  run "$ABLATE bench $ABL --jobs-per-device 1,2,4,8 --sweep-jobs 8 --steps 40 --json > $out/packing.json; cat $out/packing.json | head -c 3000"
+  run "$ABLATE bench $ABL --vs train.compile_mode=reduce-overhead --steps 30 --rounds 6 --warmup 3"
+  ;;
+*) echo "unknown part '$part': tier, bench or noise"; exit 2 ;;
+esac
