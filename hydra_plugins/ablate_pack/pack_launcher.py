@@ -7,8 +7,9 @@ directory), waits for all of them and returns their JobReturns in order.
 
 Preemption: SLURM's USR2 (and USR1, TERM, INT) reaching the task is passed on to every job, each
 of which checkpoints and stops as `preempted`; then submitit's own handler requeues the task,
-and each job of the group resumes from its checkpoint (a finished one returns its outcome). The sweeper switches to these classes itself when a group
-holds more than one job; `jobs_per_task` is not a submitit parameter.
+and each job of the group resumes from its checkpoint (a finished one returns its outcome).
+The sweeper switches to these classes itself when a group holds more than one job;
+`jobs_per_task` is not a submitit parameter.
 
 No `from __future__ import annotations`: see hydra_plugins/ablate_sweeper/ablate_sweeper.py."""
 
