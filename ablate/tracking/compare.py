@@ -44,7 +44,8 @@ from ablate.overrides import NON_VARIANT_PREFIXES, SEED_KEYS
 SUMMARY, METRICS, CONFIG = "summary.json", "metrics.jsonl", "config.yaml"
 MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it
 # Config keys that never change what is trained (besides overrides.NON_VARIANT_PREFIXES).
-EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc")
+EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc",
+                     "train.fused_ce", "train.ce_chunk")  # the same loss, computed in chunks
 # Model keys that are variant keys (they change the block, not its size or training), besides
 # every key under an axis group; see is_variant_key.
 VARIANT_MODEL_KEYS = ("model.z_loss", "model.attn_softcap", "model.logit_softcap", "model.emb_scale",

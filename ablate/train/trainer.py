@@ -169,6 +169,8 @@ class Trainer:
         self.backend_settings = configure_backends(cfg, self.device.type)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.model = model.to(self.device)  # unwrapped: checkpoints, eval
+        if hasattr(self.model, "fused_ce"):  # the loss's implementation: not part of the model's spec
+            self.model.fused_ce, self.model.ce_chunk = bool(cfg.fused_ce), int(cfg.ce_chunk)
         self.train_model = wrap(self.model) if wrap else self.model
         self.compiled = cfg.compile if cfg.compile is not None else self.device.type == "cuda"
         if self.compiled:  # from a clean dynamo state: every job and bench variant compiles afresh
