@@ -28,6 +28,41 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
+def _chunk(x, y, wc, n: int, z_loss: float, softcap: Optional[float], dh, dw):
+    """One chunk of rows: returns (sum of cross-entropies, sum of logsumexp^2) and writes the
+    chunk's d(loss)/dh into dh (C, d) and adds its d(loss)/dW to dw (V, d), where given. Its own
+    function so that the chunk's (C, V) buffers are freed before the next chunk allocates them."""
+    logits = (x @ wc.t()).float()  # (C, V)
+    if softcap is not None:
+        t = torch.tanh(logits.div_(softcap))  # (C, V), kept for the gradient
+        logits.copy_(t).mul_(softcap)
+    target = logits.gather(1, y[:, None]).squeeze(1)  # (C,)
+    # log-sum-exp by hand, so that exp(logits - max) overwrites the logits and becomes the
+    # softmax: one (C, V) fp32 buffer (torch.logsumexp would allocate a second)
+    m = logits.amax(dim=-1)  # (C,)
+    e = logits.sub_(m[:, None]).exp_()  # (C, V)
+    sum_e = e.sum(dim=-1)  # (C,)
+    lse = m + sum_e.log()  # (C,)
+    sums = (lse - target).sum(), (lse.pow(2).sum() if z_loss > 0 else None)
+    if dh is None and dw is None:
+        return sums
+    # d(loss)/d(capped logits) = (softmax * (1 + 2 z_loss lse) - onehot) / n, in place
+    scale = (1.0 + 2.0 * z_loss * lse) / n if z_loss > 0 else torch.full_like(lse, 1.0 / n)
+    g = e.mul_((scale / sum_e)[:, None])  # (C, V)
+    g.scatter_add_(1, y[:, None], torch.full_like(lse, -1.0 / n)[:, None])
+    if softcap is not None:
+        g.mul_(t.mul_(t).neg_().add_(1.0))  # d(c tanh(z / c))/dz = 1 - tanh^2
+    g = g.to(wc.dtype)
+    if dh is not None:
+        dh.copy_(g @ wc)  # (C, d)
+    if dw is not None:
+        if g.dtype == dw.dtype:
+            dw.addmm_(g.t(), x)  # (V, d)
+        else:  # bf16 products, accumulated in fp32 over the chunks
+            dw += (g.t() @ x).float()
+    return sums
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, targets, chunk: int, z_loss: float, softcap: Optional[float],
@@ -39,32 +74,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         lm_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         z_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         for s in range(0, N, chunk):
-            x, y = hc[s:s + chunk], targets[s:s + chunk]  # (C, d), (C,)
-            logits = (x @ wc.t()).float()  # (C, V)
-            if softcap is not None:
-                t = torch.tanh(logits / softcap)
-                logits = t * softcap
-            lse = torch.logsumexp(logits, dim=-1)  # (C,)
-            lm_sum = lm_sum + (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
-            if z_loss > 0:
-                z_sum = z_sum + lse.pow(2).sum()
-            if not (grad_h or grad_w):
-                continue
-            # d(loss)/d(capped logits) = (softmax * (1 + 2 z_loss lse) - onehot) / N, built in
-            # place over the logits (no further (C, V) buffers)
-            g = logits.sub_(lse[:, None]).exp_()  # (C, V) softmax
-            g.mul_(((1.0 + 2.0 * z_loss * lse) / N)[:, None] if z_loss > 0 else 1.0 / N)
-            g.scatter_add_(1, y[:, None], torch.full_like(lse, -1.0 / N)[:, None])
-            if softcap is not None:
-                g.mul_(t.mul_(t).neg_().add_(1.0))  # d(c tanh(z / c))/dz = 1 - tanh^2
-            g = g.to(dtype)
-            if grad_h:
-                dh[s:s + chunk] = (g @ wc).to(h.dtype)  # (C, d)
-            if grad_w:
-                if dtype == torch.float32:
-                    dw.addmm_(g.t(), x)  # (V, d)
-                else:  # accumulated in fp32 over the chunks
-                    dw += (g.t() @ x).float()
+            ce, zz = _chunk(hc[s:s + chunk], targets[s:s + chunk], wc, N, z_loss, softcap,
+                            None if dh is None else dh[s:s + chunk], dw)
+            lm_sum = lm_sum + ce
+            if zz is not None:
+                z_sum = z_sum + zz
         lm = lm_sum / N
         total = lm + z_loss * z_sum / N if z_loss > 0 else lm.clone()
         ctx.save_for_backward(dh, None if dw is None else dw.to(w.dtype))
