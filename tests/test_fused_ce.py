@@ -46,7 +46,11 @@ CASES = [({}, 11), ({"tied": False}, 11), ({"z_loss": 1e-2}, 11), ({"logit_softc
          ({"mtp_heads": 2, "z_loss": 1e-2, "logit_softcap": 2.0}, 8)]
 
 
-@pytest.mark.parametrize("opts, chunk", CASES, ids=lambda v: ",".join(v) or "plain" if isinstance(v, dict) else str(v))
+def case_id(v) -> str:
+    return (",".join(f"{k}={x}" for k, x in v.items()) or "plain") if isinstance(v, dict) else str(v)
+
+
+@pytest.mark.parametrize("opts, chunk", CASES, ids=case_id)
 def test_fused_loss_lm_loss_and_every_gradient_equal_the_plain_path(opts, chunk):
     plain, fused = model(chunk, **opts)
     ref, ref_grads = loss_and_grads(plain, IDX)

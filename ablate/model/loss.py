@@ -1,12 +1,13 @@
 """The unembedding and cross-entropy in one pass over chunks of rows (`train.fused_ce`).
 
 The plain path builds the (N, V) logits, their fp32 copy, softmax and gradient: at GPT-2-small
-(N = 16 x 1024 tokens, V = 50257) about 3.3 GB for each. Here each chunk of rows gets its logits,
-its loss, and at once its gradients w.r.t. h and W (the softmax minus the one-hot is the logits'
-gradient, so nothing needs the logits again); the chunk's logits are then dropped. Peak extra
-memory is O(chunk x V); what backward keeps is d(loss)/dh (N x d) and d(loss)/dW (V x d), scaled
-there by the incoming gradient. The same idea as Liger-Kernel's FusedLinearCrossEntropy and
-mgmalek/efficient_cross_entropy, in plain PyTorch ops (dynamo traces them; no custom kernels).
+(N = 16 x 1024 tokens, V = 50,304 padded) about 3.3 GB for each fp32 one. Here each chunk of
+rows gets its logits, its loss, and at once its gradients w.r.t. h and W (the softmax minus the
+one-hot is the logits' gradient, so nothing needs the logits again); the chunk's logits are then
+dropped. Peak extra memory is O(chunk x V); what backward keeps is d(loss)/dh (N x d) and
+d(loss)/dW (V x d), scaled there by the incoming gradient. The same idea as Liger-Kernel's
+FusedLinearCrossEntropy and mgmalek/efficient_cross_entropy, in plain PyTorch ops (dynamo traces
+them; no custom kernels).
 
 Numerics follow Transformer.forward's plain path: the matmuls in the compute dtype (bf16 under
 autocast), logits, log-sum-exp and softmax in fp32, the loss the mean over rows. Soft-capping
