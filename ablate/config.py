@@ -132,6 +132,10 @@ class TrainConfig:
     # kernels: two runs on the same CUDA device give bit-identical results (CPU already does).
     deterministic: bool = False
     tf32: bool = True  # CUDA: fp32 matmuls and cuDNN convolutions on TF32 tensor cores
+    # Unembedding + cross-entropy chunk by chunk (ablate/model/loss.py): the batch x vocab logits
+    # are never built in full. Same loss and gradients; how, not what, is trained.
+    fused_ce: bool = False
+    ce_chunk: int = 1024  # rows (tokens) per chunk with fused_ce
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     eval_every: int = 200
     eval_tokens: int = 32768
@@ -223,7 +227,7 @@ def validate(cfg: Any) -> None:
         "model.d_model": m.d_model, "model.n_layers": m.n_layers, "model.n_heads": m.n_heads,
         "model.max_seq_len": m.max_seq_len, "train.batch_size": t.batch_size,
         "train.seq_len": t.seq_len, "train.grad_accum": t.grad_accum, "train.log_every": t.log_every,
-        "train.nproc": t.nproc,
+        "train.nproc": t.nproc, "train.ce_chunk": t.ce_chunk,
     }
     for key, value in positive.items():
         if value <= 0:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.model.blocks import BLOCKS
+from ablate.model.loss import linear_cross_entropy
 from ablate.model.norms import norm_factory
 from ablate.model.positions import POSITIONS
 from ablate.model.roles import Role, init_weights, linear, tag
@@ -19,7 +20,7 @@ from ablate.model.spec import ModelSpec
 
 @dataclass
 class LMOutput:
-    logits: torch.Tensor  # (B, T, V)
+    logits: Optional[torch.Tensor]  # (B, T, V); None from the fused loss (fused_ce, with targets)
     loss: Optional[torch.Tensor] = None  # the training objective (next-token + z-loss + MTP)
     lm_loss: Optional[torch.Tensor] = None  # next-token cross-entropy alone: comparable across variants
 
@@ -46,11 +47,17 @@ class Transformer(nn.Module):
             nn.Sequential(make_norm(spec.d_model), linear(spec.d_model, spec.d_model, False, Role.INPUT))
             for _ in range(spec.mtp_heads))
         self.emb_multiplier = math.sqrt(spec.d_model) if spec.emb_scale else 1.0
+        # How the loss is computed, not what it is (train.fused_ce, train.ce_chunk; set by the
+        # Trainer): with targets, the unembedding and cross-entropy run chunk by chunk
+        # (ablate/model/loss.py) and the full logits are never built.
+        self.fused_ce, self.ce_chunk = False, 1024
         init_weights(self, spec.init_std, spec.n_layers, spec.depth_scaled_init, seed, spec.init)
 
+    def unembedding(self) -> torch.Tensor:
+        return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight  # (V, d)
+
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
-        w = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(h, w)  # (B, T, V)
+        logits = F.linear(h, self.unembedding())  # (B, T, V)
         if self.spec.logit_softcap is not None:
             c = self.spec.logit_softcap
             logits = c * torch.tanh(logits / c)
@@ -69,6 +76,8 @@ class Transformer(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> LMOutput:
         h = self.hidden_states(idx)  # (B, T, d)
+        if targets is not None and self.fused_ce:
+            return self.fused_loss(h, targets)
         logits = self.unembed(h)  # (B, T, V)
         if targets is None:
             return LMOutput(logits)
@@ -84,6 +93,21 @@ class Transformer(nn.Module):
                           for k, head in enumerate(self.mtp, start=1)]
             loss = loss + self.spec.mtp_weight * torch.stack(mtp_losses).mean()
         return LMOutput(logits, loss, lm_loss)
+
+    def fused_loss(self, h: torch.Tensor, targets: torch.Tensor) -> LMOutput:
+        """forward's objective through linear_cross_entropy: the same values and gradients, no
+        logits. lm_loss is a reported number here (no gradient)."""
+        w, spec = self.unembedding(), self.spec
+
+        def ce(hk: torch.Tensor, yk: torch.Tensor, z_loss: float = 0.0):
+            return linear_cross_entropy(hk.reshape(-1, hk.shape[-1]), w, yk.reshape(-1), self.ce_chunk,
+                                        z_loss, spec.logit_softcap)
+
+        loss, lm_loss = ce(h, targets, spec.z_loss)  # (), ()
+        if len(self.mtp):  # as in forward; the z-loss is on the next-token logits only
+            mtp_losses = [ce(head(h[:, :-k]), targets[:, k:])[0] for k, head in enumerate(self.mtp, start=1)]
+            loss = loss + spec.mtp_weight * torch.stack(mtp_losses).mean()
+        return LMOutput(None, loss, lm_loss)
 
 
 def build_model(spec: ModelSpec, seed: Optional[int] = None) -> Transformer:

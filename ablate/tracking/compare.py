@@ -44,7 +44,10 @@ from ablate.overrides import NON_VARIANT_PREFIXES, SEED_KEYS
 SUMMARY, METRICS, CONFIG = "summary.json", "metrics.jsonl", "config.yaml"
 MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it
 # Config keys that never change what is trained (besides overrides.NON_VARIANT_PREFIXES).
-EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc")
+# The train.* ones choose how the same model and batches are computed (kernels, compile, the
+# loss in chunks, the passes a batch is cut into): they change results by rounding only.
+EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc", "train.fused_ce", "train.ce_chunk",
+                     "train.compile", "train.sdpa_backend", "train.micro_batch")
 # Model keys that are variant keys (they change the block, not its size or training), besides
 # every key under an axis group; see is_variant_key.
 VARIANT_MODEL_KEYS = ("model.z_loss", "model.attn_softcap", "model.logit_softcap", "model.emb_scale",

@@ -174,6 +174,9 @@ class Trainer:
             check_sdpa_backend(cfg.sdpa_backend, spec.n_heads, spec.head_dim, self.device,
                                torch.bfloat16 if self.precision == "bf16" else torch.float32)
         self.model = model.to(self.device)  # unwrapped: checkpoints, eval
+        # before the micro-batch probe, which measures the memory of this loss
+        if hasattr(self.model, "fused_ce"):  # the loss's implementation: not part of the model's spec
+            self.model.fused_ce, self.model.ce_chunk = bool(cfg.fused_ce), int(cfg.ce_chunk)
         # train.micro_batch: the same global batch in fewer, larger passes where memory allows;
         # probed on the unwrapped model (no collectives), one choice for all ranks
         self.micro_batch = all_ranks_min(resolve_micro_batch(cfg, self.model, self.device, self.autocast),
