@@ -119,6 +119,13 @@ def spans(sweep_dir: Path) -> dict:
             for d in find_run_dirs(sweep_dir)}
 
 
+def finished_sweep(res, tmp_path: Path) -> tuple[Path, dict]:
+    """The one sweep directory under tmp_path and its runs' summaries, by run directory name."""
+    assert res.returncode == 0, res.stderr
+    (sweep_dir,) = (tmp_path / "sweeps").iterdir()
+    return sweep_dir, {d.name: json.loads((d / "summary.json").read_text()) for d in find_run_dirs(sweep_dir)}
+
+
 def all_overlap(spans: dict) -> bool:
     return max(s for s, _ in spans.values()) < min(e for _, e in spans.values())
 
@@ -127,9 +134,7 @@ def all_overlap(spans: dict) -> bool:
 def test_joblib_sweep_runs_k_jobs_at_once(tmp_path):
     res = run_ablate("sweep", *NOT_CPU, f"out_dir={tmp_path}", "act=gelu,swiglu,relu",
                      "launcher=joblib", "--jobs-per-gpu", "3", timeout=300)
-    assert res.returncode == 0, res.stderr
-    (sweep_dir,) = (tmp_path / "sweeps").iterdir()
-    runs = {d.name: json.loads((d / "summary.json").read_text()) for d in find_run_dirs(sweep_dir)}
+    sweep_dir, runs = finished_sweep(res, tmp_path)
     assert len(runs) == 3 and {s["status"] for s in runs.values()} == {"completed"}
     assert all_overlap(spans(sweep_dir)), spans(sweep_dir)  # all three ran at the same time
     cores = len(os.sched_getaffinity(0))
@@ -144,9 +149,7 @@ def test_joblib_sweep_runs_k_jobs_at_once(tmp_path):
 def test_submitit_runs_k_jobs_in_one_task(tmp_path):
     res = run_ablate("sweep", *TINY, f"out_dir={tmp_path}", "act=gelu,swiglu",
                      "launcher=submitit_local", "--jobs-per-gpu", "2", timeout=300)
-    assert res.returncode == 0, res.stderr
-    (sweep_dir,) = (tmp_path / "sweeps").iterdir()
-    runs = {d.name: json.loads((d / "summary.json").read_text()) for d in find_run_dirs(sweep_dir)}
+    sweep_dir, runs = finished_sweep(res, tmp_path)
     assert sorted(runs) == ["0_baseline", "1_act=swiglu"]
     assert {s["status"] for s in runs.values()} == {"completed"}
     tasks = [d for d in (sweep_dir / ".submitit").iterdir() if list(d.glob("*_result.pkl"))]
