@@ -27,9 +27,12 @@ def compiled_run(tmp_path_factory):
 def test_summary_tokens_per_s_is_the_steady_state_of_the_rows(compiled_run):
     summary, rows = compiled_run
     assert len(rows) == 12  # TINY logs every step
-    steady = statistics.median(r["tokens_per_s"] for r in rows[2:])
+    # rows of equal tokens: their time-weighted rate is the harmonic mean (a slow window under
+    # load weighs in the summary as in the rows; the median would not)
+    steady = statistics.harmonic_mean([r["tokens_per_s"] for r in rows[2:]])
     assert rows[0]["tokens_per_s"] < 0.5 * steady  # the first row holds the compile ...
-    assert summary["tokens_per_s"] == pytest.approx(steady, rel=0.15)  # ... the summary does not
+    # ... the summary does not (it also counts the logging between rows: ~3% here)
+    assert summary["tokens_per_s"] == pytest.approx(steady, rel=0.15)
     assert summary["time_to_first_step_s"] > 0
 
 
