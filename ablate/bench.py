@@ -532,8 +532,8 @@ def bench_packing(cfg: Any, jobs_per_device: list[int], jobs: int = 8, steps: in
     wall time of all jobs (process start, imports, build and warm-up included, as a sweep pays
     them), aggregate tokens/s = timed tokens of all jobs / that wall time, speedup vs the first
     k, and each job's own tokens/s over its timed steps; training_tokens_per_s: timed tokens over
-    the time any job was in its timed steps (the device's throughput without start-up). Threads: cfg's train.threads if set,
-    else the cores split between the k jobs."""
+    the time any job was in its timed steps (the device's throughput without start-up).
+    Threads: cfg's train.threads if set, else the cores split between the k jobs."""
     import json
     import os
 
@@ -556,9 +556,10 @@ def bench_packing(cfg: Any, jobs_per_device: list[int], jobs: int = 8, steps: in
         spec = json.dumps({"config": config, "steps": steps, "warmup": warmup})
         wall, results = _pool([spec] * jobs, k, env)
         tokens = sum(r["steps"] * r["tokens_per_step"] for r in results)
+        training_s = _union(results)
         rows.append({"jobs_per_device": k, "threads_per_job": threads, "wall_s": wall, "tokens": tokens,
-                     "tokens_per_s": tokens / wall, "training_s": _union(results),
-                     "training_tokens_per_s": tokens / _union(results),
+                     "tokens_per_s": tokens / wall, "training_s": training_s,
+                     "training_tokens_per_s": tokens / training_s,
                      "job_tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
                      "max_overlap": _max_overlap(results), "loss_finite": all(r["loss_finite"] for r in results),
                      "jobs": results})

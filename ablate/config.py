@@ -250,7 +250,7 @@ def validate(cfg: Any) -> None:
     if t.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode must be {', '.join(COMPILE_MODES[:-1])} or "
                           f"{COMPILE_MODES[-1]}, got '{t.compile_mode}'")
-    micro = t.get("micro_batch")
+    micro = t.micro_batch
     if micro is not None and micro != "auto" and (
             isinstance(micro, bool) or not isinstance(micro, int) or micro < 1
             or (t.batch_size * t.grad_accum) % micro):

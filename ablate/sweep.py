@@ -280,8 +280,7 @@ def check_job(config: Any, local: bool) -> None:
 
 
 def is_local_launcher(config: Any) -> bool:
-    target = str(config.hydra.launcher.get("_target_", ""))
-    return not target.endswith("SlurmLauncher")
+    return launcher_kind(config) != "submitit_slurm"
 
 
 # ---- several jobs per device (issue 17: small models leave most of a GPU idle) --------------
@@ -350,9 +349,6 @@ def packing(jobs_per_gpu: int, launcher: str, device: str, threads: int, n_gpus:
     the user set it. Job i goes to GPU i mod n_gpus; each job gets cores / (jobs at once) threads
     so k processes do not each start a thread per core. A CPU-only machine is one device: k
     processes share its cores."""
-    if launcher == "basic":
-        raise ConfigError("jobs_per_gpu runs several jobs at once, which launcher=basic (one job after "
-                          "another in this process) cannot: use launcher=joblib, submitit_local or slurm")
     spread = device in ("auto", "cuda") and n_gpus > 0
     devices = [f"cuda:{i}" for i in range(n_gpus)] if spread else []
     at_once = max(1, len(devices)) * jobs_per_gpu
@@ -373,14 +369,21 @@ def launcher_kind(config: Any) -> str:
     return "other"
 
 
+def check_launcher_packs(kind: str) -> None:
+    """jobs_per_gpu needs a launcher that runs jobs at once in their own processes."""
+    if kind == "basic":
+        raise ConfigError("jobs_per_gpu runs several jobs at once, which launcher=basic (one job after "
+                          "another in this process) cannot: use launcher=joblib, submitit_local or slurm")
+    if kind == "other":
+        raise ConfigError("jobs_per_gpu works with launcher=joblib, submitit_local or slurm")
+
+
 def plan_packing(jobs_per_gpu: int, config: Any, job_config: Any) -> Packing:
     """packing() for a sweep: config is the sweep's (with its hydra node and the user's
     overrides), job_config a composed job. GPUs and cores come from this machine for local
     launchers, from the launcher's allocation (gpus_per_node, cpus_per_task) for SLURM."""
     kind = launcher_kind(config)
-    if kind == "other":
-        raise ConfigError(f"jobs_per_gpu works with launcher=joblib, submitit_local or slurm, not "
-                          f"{config.hydra.launcher.get('_target_')}")
+    check_launcher_packs(kind)
     params = config.hydra.launcher
     if int(params.get("tasks_per_node") or 1) > 1 or int(job_config.train.nproc) > 1:
         raise ConfigError("jobs_per_gpu packs single-process jobs; a job with several ranks "

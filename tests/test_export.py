@@ -13,15 +13,19 @@ transformers = pytest.importorskip("transformers")
 from conftest import TINY, run_ablate  # noqa: E402
 
 
-@pytest.mark.slow  # tokenizes the corpus with cl100k and converts its 100k ranks
-def test_gpt2_block_with_cl100k_exports_cl100k_tokens_and_tokenizer(tmp_path):
+def train_and_export(tmp_path, *overrides):
+    """A 2-step run, exported: (run dir, export dir, the export's result, its config.json)."""
     run_dir, out = tmp_path / "run", tmp_path / "hf"
-    r = run_ablate("run", *TINY, "arch=gpt2", "tokenizer=cl100k", "train.steps=2",
-                   f"hydra.run.dir={run_dir}")
+    r = run_ablate("run", *TINY, *overrides, "train.steps=2", f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr
     res = run_ablate("export", str(run_dir), str(out))
     assert res.returncode == 0, res.stderr
-    config = json.loads((out / "config.json").read_text())
+    return run_dir, out, res, json.loads((out / "config.json").read_text())
+
+
+@pytest.mark.slow  # tokenizes the corpus with cl100k and converts its 100k ranks
+def test_gpt2_block_with_cl100k_exports_cl100k_tokens_and_tokenizer(tmp_path):
+    run_dir, out, res, config = train_and_export(tmp_path, "arch=gpt2", "tokenizer=cl100k")
     assert config["model_type"] == "gpt2"
     # cl100k's end-of-text, not GPT-2's 50256 (an ordinary cl100k token) nor Llama's 1/2
     assert config["bos_token_id"] == config["eos_token_id"] == config["pad_token_id"] == 100257
@@ -47,13 +51,7 @@ def test_byte_tokenizer_is_written_exactly_and_special_ids_are_the_tokenizers():
 
 
 def test_llama_run_exports_with_byte_tokens_and_a_wrong_family_is_one_line(tmp_path):
-    run_dir, out = tmp_path / "run", tmp_path / "hf"
-    r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", "train.steps=2",
-                   f"hydra.run.dir={run_dir}")
-    assert r.returncode == 0, r.stderr
-    res = run_ablate("export", str(run_dir), str(out))
-    assert res.returncode == 0, res.stderr
-    config = json.loads((out / "config.json").read_text())
+    run_dir, out, res, config = train_and_export(tmp_path, "arch=llama", "model.n_heads=4")
     assert config["model_type"] == "llama"
     assert config["bos_token_id"] == config["eos_token_id"] == config["pad_token_id"] == 256
     assert (out / "tokenizer.json").is_file() and "generation check:" in res.stdout

@@ -79,7 +79,7 @@ def test_slurm_groups_k_jobs_per_gpu_of_the_allocation(two_gpus):
 
 def test_packing_refuses_what_it_cannot_pack():
     with pytest.raises(ConfigError, match="launcher=basic"):
-        S.packing(2, "basic", "auto", 0, 0, 2)
+        S.check_launcher_packs("basic")
     with pytest.raises(ConfigError, match="single-process"):
         S.plan_packing(2, fake_config(SLURM, gpus_per_node=1, cpus_per_task=8, tasks_per_node=2), job())
     with pytest.raises(ConfigError, match="single-process"):

@@ -41,7 +41,7 @@ def configure_backends(cfg: Any, device_type: str) -> dict:
     # over the keys, no atomic adds) and Inductor skip autotuning that changes numerics.
     torch.use_deterministic_algorithms(deterministic)
     settings = {"deterministic": deterministic}
-    sdpa = str(cfg.get("sdpa_backend", "auto"))
+    sdpa = str(cfg.sdpa_backend)
     set_sdpa_backend(sdpa, device_type, deterministic)
     if sdpa != "auto":
         settings["sdpa_backend"] = sdpa

@@ -34,7 +34,7 @@ def largest_fitting(global_batch: int, fits: Callable[[int], bool]) -> Optional[
 def resolve_micro_batch(cfg: Any, model: torch.nn.Module, device: torch.device, autocast) -> int:
     """The micro-batch this run trains with (see the module docstring); `cfg` is the train group."""
     global_batch = cfg.batch_size * cfg.grad_accum
-    setting = cfg.get("micro_batch")
+    setting = cfg.micro_batch
     if setting is None:
         return cfg.batch_size
     if setting != "auto":

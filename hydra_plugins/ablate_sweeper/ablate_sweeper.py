@@ -76,8 +76,8 @@ class AblateSweeper(Sweeper):
         try:
             jobs = S.plan(arguments, self.mode, self.seeds, self.jobs)
             S.check_jobs_per_gpu(self.jobs_per_gpu)
-            if self.jobs_per_gpu and S.launcher_kind(self.config) == "basic":
-                S.packing(self.jobs_per_gpu, "basic", "auto", 0, 0, 1)  # refuses, in one line
+            if self.jobs_per_gpu:  # before any data is prepared
+                S.check_launcher_packs(S.launcher_kind(self.config))
         except AblateError as e:
             self._fail(str(e))
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
