@@ -125,6 +125,9 @@ class TrainConfig:
     # torch.compile mode: reduce-overhead replays the step as CUDA graphs (no per-kernel launch
     # cost: what small models on a GPU are bound by); max-autotune also benchmarks matmul kernels.
     compile_mode: str = "default"
+    # The AdamW update compiled too (foreach, generated kernels) instead of the fused kernel;
+    # ablate/train/optimizer.py. A speed setting: measure it with `ablate bench --vs`.
+    compile_optimizer: bool = False
     # SDPA kernel: auto lets PyTorch choose (flash, then memory-efficient, then math); one name
     # keeps only that kernel (cudnn: cuDNN's fused attention on Hopper), so a bench can price it.
     sdpa_backend: str = "auto"

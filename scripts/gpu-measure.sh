@@ -38,6 +38,7 @@ bench)
   run "$ABLATE bench $SMALL --reference --steps 30 --rounds 6 --warmup 3 --json > $out/reference.json; cat $out/reference.json | head -c 2000"
   run "$ABLATE bench $SMALL train.batch_size=32 --reference --steps 20 --rounds 4 --warmup 3"
   for v in train.fused_ce=true train.sdpa_backend=cudnn train.compile_mode=max-autotune-no-cudagraphs \
+           train.compile_optimizer=true \
            train.deterministic=true "train.batch_size=32"; do
     run "$ABLATE bench $SMALL --vs '$v' --steps 20 --rounds 4 --warmup 3"
   done

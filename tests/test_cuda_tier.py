@@ -149,13 +149,15 @@ def _bf16_curve(tmp_path, *overrides) -> list[float]:
 
 
 @pytest.mark.parametrize("setting", ["train.compile_mode=reduce-overhead", "train.compile_mode=max-autotune",
+                                     "train.compile_optimizer=true",
+                                     "train.compile_optimizer=true train.compile_mode=reduce-overhead",
                                      "train.sdpa_backend=flash", "train.sdpa_backend=efficient",
                                      "train.sdpa_backend=cudnn", "train.sdpa_backend=math"])
 def test_each_speed_setting_trains_the_same_curve_on_cuda(tmp_path, setting):
     """Issue 17: an optimisation keeps a fixed-seed curve within bf16 noise of the default path
-    (CUDA graphs, each attention kernel)."""
+    (CUDA graphs, each attention kernel, the compiled optimizer step)."""
     ref = _bf16_curve(tmp_path / "ref")
-    assert _bf16_curve(tmp_path / "opt", setting) == pytest.approx(ref, rel=2e-2)
+    assert _bf16_curve(tmp_path / "opt", *setting.split()) == pytest.approx(ref, rel=2e-2)
 
 
 def test_a_kernel_that_takes_no_fp32_is_refused_in_one_line(tmp_path):

@@ -94,7 +94,8 @@ def banner(info: dict) -> list[str]:
         + (f" ({info['grad_accum_steps']} passes of {info['micro_batch']} sequences)"
            if info.get("grad_accum_steps", 1) > 1 else ""),
         f"  device {info.get('device')} | precision {info.get('precision')} | compile "
-        f"{'on' if info.get('compile') else 'off'} | {info.get('steps')} steps{resumed}",
+        f"{'on' if info.get('compile') else 'off'}{' (+ optimizer step)' if info.get('compile_optimizer') else ''}"
+        f" | {info.get('steps')} steps{resumed}",
         f"  run dir {info.get('run_dir')}",
     ]
 

@@ -162,8 +162,8 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
 
         truncate_metrics(Path(run_dir) / METRICS, start)
     info.update(device=str(trainer.device), precision=trainer.precision,
-                provenance=provenance(trainer.device), compile=bool(cfg.train.compile if cfg.train.compile is not None  # the trainer's rule
-                             else trainer.device.type == "cuda"), tokens_per_step=trainer.tokens_per_step,
+                provenance=provenance(trainer.device), compile=bool(trainer.compiled),
+                compile_optimizer=bool(cfg.train.compile_optimizer), tokens_per_step=trainer.tokens_per_step,
                 micro_batch=trainer.micro_batch, grad_accum_steps=trainer.grad_accum)
     sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info, quiet) if dist.rank == 0 else None
     if sinks is not None:
