@@ -58,6 +58,9 @@ print(f'same seed twice: |delta val_loss| = {abs(same[0] - same[1]):.5f}; seed s
 PY"
   run "$ABLATE bench $ABL --jobs-per-device 1,2,4,8 --sweep-jobs 8 --steps 40 --json > $out/packing.json; cat $out/packing.json | head -c 3000"
   run "$ABLATE bench $ABL --vs train.compile_mode=reduce-overhead --steps 30 --rounds 6 --warmup 3"
+  # the third candidate of goal 3: three seeds as one vmapped model (bit-identity and speed)
+  run "python3 scripts/seed_batching.py --device cuda --bf16 $ABL --seeds 3"
+  run "python3 scripts/seed_batching.py --device cuda $ABL --seeds 3"
   ;;
 *) echo "unknown part '$part': tier, bench or noise"; exit 2 ;;
 esac
