@@ -1,12 +1,14 @@
-"""`ablate axes`: the groups, their options (the option files in conf/) and the defaults.
+"""`ablate axes`: the groups, their options (the option files in conf/ and in each loaded
+plugin's conf/) and the defaults.
 
-Reads conf/ only (no torch), so it answers fast; a test asserts that this listing, the conf
-files and the registries agree.
+Reads conf files only (no torch) unless a plugin is loaded, so it answers fast; a test asserts
+that this listing, the conf files and the registries agree.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from ablate.config import AXES
 
@@ -27,8 +29,8 @@ def default_axes() -> dict[str, str]:
     return {axis: getattr(base, axis).name for axis in AXES}
 
 
-def group_options(group: str) -> list[str]:
-    d = conf_dir() / group
+def group_options(group: str, root: Optional[Path] = None) -> list[str]:
+    d = (root or conf_dir()) / group
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
 
@@ -45,9 +47,17 @@ def defaults() -> dict[str, str]:
     return out
 
 
-def list_axes() -> list[dict]:
+def list_axes(plugin_confs: Optional[dict[str, Path]] = None) -> list[dict]:
+    """plugin_confs: plugin module -> its conf dir (ablate.plugins.loaded_confs()). A group's
+    `plugins` maps each option a plugin adds to that module."""
     d = defaults()
     groups = list(AXES) + [g for g in ("arch", "model", "train", "data", "tokenizer", "logger",
                                         "launcher", "study") if (conf_dir() / g).is_dir()]
-    return [{"group": g, "options": group_options(g), "default": d.get(g, "-"),
-             "axis": g in AXES} for g in groups]
+    rows = []
+    for g in groups:
+        builtin = group_options(g)
+        added = {o: module for module, root in (plugin_confs or {}).items()
+                 for o in group_options(g, root) if o not in builtin}
+        rows.append({"group": g, "options": builtin + sorted(added), "default": d.get(g, "-"),
+                     "axis": g in AXES, "plugins": added})
+    return rows

@@ -131,6 +131,11 @@ def load_entry_points() -> None:
         _loaded[ep.module] = _conf_dir(module)
 
 
+def loaded_confs() -> dict[str, Path]:
+    """Each loaded plugin module that has a conf dir -> that dir."""
+    return {name: d for name, d in _loaded.items() if d is not None}
+
+
 def conf_dirs() -> list[Path]:
     return list(dict.fromkeys(d for d in _loaded.values() if d is not None))
 

@@ -8,7 +8,7 @@ import importlib
 
 import typer
 
-from cli.common import call_hydra, check_flags_config, compose_checked
+from cli.common import call_hydra, check_flags_config, compose_checked, fail
 
 app = typer.Typer(
     help="Architecture ablations of decoder-only transformer language models.",
@@ -65,11 +65,23 @@ def run(ctx: typer.Context) -> None:
 
 
 @app.command()
-def axes(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Every axis, its options and the default."""
+def axes(overrides: list[str] = typer.Argument(None, help="plugins=[my_pkg.my_module]: list its options too."),
+         json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Every axis, its options and the default, with the options of installed plugins (entry
+    points) and of those named by plugins=[...]."""
     from ablate.axes import list_axes
+    from ablate.errors import ConfigError
+    from ablate.plugins import KEY, load_from_overrides, loaded_confs
 
-    rows = list_axes()
+    other = [o for o in overrides or [] if o.lstrip("+~").split("=", 1)[0].strip() != KEY]
+    if other:
+        fail(f"ablate axes takes only {KEY}=[my_pkg.my_module], got '{other[0]}'; "
+             "to see a composed config, use `ablate run ... --cfg job`")
+    try:
+        load_from_overrides(overrides or [])
+    except ConfigError as e:
+        fail(str(e))
+    rows = list_axes(loaded_confs())
     if json_out:
         import json
 
@@ -83,8 +95,13 @@ def axes(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     t.add_column("options")
     t.add_column("default", style="green")
     for r in rows:
-        t.add_row(r["group"], ", ".join(r["options"]), r["default"])
-    Console().print(t)
+        t.add_row(r["group"], ", ".join(o + ("*" if o in r["plugins"] else "") for o in r["options"]),
+                  r["default"])
+    console = Console()
+    console.print(t)
+    modules = sorted({m for r in rows for m in r["plugins"].values()})
+    if modules:
+        console.print(f"* from a plugin: {', '.join(modules)}")
 
 
 # Each command below lives in its own module (`register(app)` adds it); they import their heavy

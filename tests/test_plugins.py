@@ -100,3 +100,25 @@ def test_a_plugin_option_runs_in_launcher_subprocesses(tmp_path):
     assert res.returncode == 0, res.stderr
     summary = json.loads((sweep_dir / "1_norm=crmsnorm" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["axes"]["norm"] == "crmsnorm"
+
+
+def test_axes_lists_a_plugins_options_beside_the_builtins(tmp_path):
+    env = make_plugin(tmp_path / "src")
+    res = run_ablate("axes", "plugins=[my_pkg.my_norm]", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    norm = next(r for r in json.loads(res.stdout) if r["group"] == "norm")
+    assert norm["options"] == ["layernorm", "rmsnorm", "crmsnorm"]
+    assert norm["plugins"] == {"crmsnorm": "my_pkg.my_norm"}
+    table = run_ablate("axes", "plugins=[my_pkg.my_norm]", env=env).stdout
+    assert "crmsnorm*" in table and "* from a plugin: my_pkg.my_norm" in table
+    plain = next(r for r in json.loads(run_ablate("axes", "--json").stdout) if r["group"] == "norm")
+    assert plain["options"] == ["layernorm", "rmsnorm"] and plain["plugins"] == {}
+
+
+def test_axes_refuses_other_overrides_and_missing_plugins_in_one_line():
+    for arg, message in [("norm=rmsnorm", "error: ablate axes takes only plugins=[my_pkg.my_module], got "
+                                          "'norm=rmsnorm'"),
+                         ("plugins=[no_such_pkg.norms]", "error: plugin module 'no_such_pkg.norms' not found")]:
+        res = run_ablate("axes", arg)
+        assert res.returncode == 2 and res.stderr.startswith(message), res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
