@@ -65,7 +65,8 @@ def run(ctx: typer.Context) -> None:
 
 
 @app.command()
-def axes(overrides: list[str] = typer.Argument(None, help="plugins=[my_pkg.my_module]: list its options too."),
+def axes(overrides: list[str] = typer.Argument(  # "\\[": rich would read [..] as markup and drop it
+             None, help="plugins=\\[my_pkg.my_module]: list its options too."),
          json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every axis, its options and the default, with the options of installed plugins (entry
     points) and of those named by plugins=[...]."""
