@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The GPU measurements issues 14 and 17 wait for, in three parts of under 10 minutes each (one
-# `device` call per part; a device session has 30 minutes). Run on the GPU machine from the
-# project root after `. .gpu-wheels/activate.sh` (../shared/scripts/offline-gpu-wheelhouse.sh
-# builds it; name .gpu-wheels in the call's carry):
+# The GPU measurements issues 14 and 17 wait for, in four parts of under 10 minutes each (one
+# `device` call per part; a device session has 30 minutes, so run them in this order of
+# priority and issue each call right after the last: the machine is released when idle).
+# Run on the GPU machine from the project root after `. .gpu-wheels/activate.sh`
+# (../shared/scripts/offline-gpu-wheelhouse.sh builds it; name .gpu-wheels in the call's carry):
 #
-#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh tier  "$OUT"   # cuda test tier
-#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh bench "$OUT"   # throughput figures
-#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh noise "$OUT"   # noise floor, packing
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh tier  "$OUT"   # cuda test tier (14)
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh bench "$OUT"   # throughput levers (14, 17)
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh pack  "$OUT"   # small sweeps (17 goal 3)
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh noise "$OUT"   # noise floor (14)
 #
 # Each part writes its log (and JSON where there is one) to the folder given, so that what came
 # back survives a part cut off at its limit. Every figure goes into README with the device and
 # the date, next to the command that produced it (the commands are echoed into the log).
 set -uo pipefail
-part=${1:?tier, bench or noise}
+part=${1:?tier, bench, noise or pack}
 out=${2:-gpu-out}
 mkdir -p "$out"
 : "${ABLATE:=python3 -m cli.main}"
@@ -56,11 +58,14 @@ same = [json.load(open(f'$out/noise/same_{n}/summary.json'))['val_loss'] for n i
 seeds = [json.load(open(p))['val_loss'] for p in sorted(glob.glob('$out/noise/seeds/*/summary.json'))]
 print(f'same seed twice: |delta val_loss| = {abs(same[0] - same[1]):.5f}; seed std = {statistics.stdev(seeds):.5f} over {len(seeds)} seeds')
 PY"
+  ;;
+pack)
+  # goal 3 of issue 17: a small model's sweep filling the GPU; each candidate
   run "$ABLATE bench $ABL --jobs-per-device 1,2,4,8 --sweep-jobs 8 --steps 40 --json > $out/packing.json; cat $out/packing.json | head -c 3000"
   run "$ABLATE bench $ABL --vs train.compile_mode=reduce-overhead --steps 30 --rounds 6 --warmup 3"
   # the third candidate of goal 3: three seeds as one vmapped model (bit-identity and speed)
   run "python3 scripts/seed_batching.py --device cuda --bf16 $ABL --seeds 3"
   run "python3 scripts/seed_batching.py --device cuda $ABL --seeds 3"
   ;;
-*) echo "unknown part '$part': tier, bench or noise"; exit 2 ;;
+*) echo "unknown part '$part': tier, bench, noise or pack"; exit 2 ;;
 esac
