@@ -142,13 +142,13 @@ def conf_dirs() -> list[Path]:
 
 def names_in(overrides: Sequence[str]) -> list[str]:
     """The modules a `plugins=[a.b,c]` (or +plugins / ++plugins) override names, else []."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     # "=" required: a bare `plugins` is a value (`--info plugins`), not this key
     wanted = [o for o in overrides if "=" in o and o.lstrip("+~").split("=", 1)[0].strip() == KEY]
     if not wanted:
         return []
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # ~0.1 s: only when needed
+    from hydra.errors import HydraException
+
     try:
         parsed = OverridesParser.create().parse_overrides(wanted)
     except HydraException as e:
