@@ -433,12 +433,18 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
             base.run(0, max(warmup, 1))  # the baseline's compiled code went with the reset
             base.times, base.steps_timed = [], 0
             alternate([base, variant], rounds, steps_per_round, warmup)
+        ratios = _ratios(variant, base)
+        # At equal MFU a variant's tokens/s ratio is the inverse ratio of FLOPs/token: what its
+        # extra math explains. Below that, its kernels are less efficient than the baseline's.
+        flops_ratio = trainer.flops_per_token / v_trainer.flops_per_token
         rows.append({"variant": label, "overrides": extra, "params": v_params,
                      "tokens_per_s": variant.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s,
-                     **_ratios(variant, base), "compile_fallback": bool(watch.hits),
+                     **ratios, "flops_per_token": v_trainer.flops_per_token, "flops_ratio": flops_ratio,
+                     "efficiency": ratios["ratio"] / flops_ratio, "compile_fallback": bool(watch.hits),
                      **({"compile_fallback_reason": watch.reason} if watch.hits else {})})
         del v_trainer, variant
-    return {"baseline": {"overrides": base_overrides, "params": params}, "rows": rows,
+    return {"baseline": {"overrides": base_overrides, "params": params,
+                         "flops_per_token": trainer.flops_per_token}, "rows": rows,
             "compile_fallbacks": sum(bool(r.get("compile_fallback")) for r in rows),
             "device": _device_name(trainer.device), "tokens_per_step": base.tokens_per_step,
             "steps_per_round": steps_per_round, "rounds": rounds, "clock": clock}

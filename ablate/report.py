@@ -52,6 +52,15 @@ def summary_table(summary: dict, run_dir: Path):
     return t
 
 
+def table_console():
+    """A TTY: its own width (cells fold to fit). Piped or redirected: wide enough that no
+    table folds or cuts a cell, whatever COLUMNS says."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=1000, soft_wrap=False)
+
+
 def render(table, width: int = 1000) -> str:
     """Plain text at the table's natural width (up to `width`): for files and pipes."""
     from rich.console import Console

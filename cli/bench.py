@@ -28,10 +28,11 @@ def _pct(x: Optional[float]) -> str:
 
 
 def _print_result(r: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from ablate.report import table_console
+
+    con = table_console()
     setting = (f"{r['device']}, {r['precision']}, compile={'on' if r['compile'] else 'off'}, "
                f"batch {r['batch_size']} x seq {r['seq_len']} x accum {r['grad_accum']} "
                f"= {r['tokens_per_step']} tokens/step, {r['steps']} timed steps in {r['rounds']} "
@@ -66,28 +67,29 @@ def _print_result(r: dict) -> None:
 
 
 def _print_variants(r: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from ablate.report import table_console
 
     base = " ".join(r["baseline"]["overrides"]) or "defaults"
     t = Table(title=f"tokens/s of each option vs the baseline ({base})",
               caption=f"{r['device']}; {r['clock']} clock; {r['tokens_per_step']} tokens/step; {r['rounds']} alternating "
-                      f"rounds of {r['steps_per_round']} steps; ratio = median per-round variant/baseline")
+                      f"rounds of {r['steps_per_round']} steps; ratio = median per-round variant/baseline; "
+                      "FLOPs ratio = baseline/variant FLOPs per token, the ratio at equal MFU; "
+                      "efficiency = ratio / FLOPs ratio")
     t.add_column("variant", no_wrap=True)
-    t.add_column("params", justify="right")
-    t.add_column("tokens/s", justify="right")
-    t.add_column("baseline tokens/s", justify="right")
-    t.add_column("ratio", justify="right")
-    t.add_column("best-round ratio", justify="right")
-    t.add_row("baseline", f"{r['baseline']['params']:,}", "", "", "1.000", "1.000")
+    for name in ("params", "tokens/s", "baseline tokens/s", "ratio", "best-round ratio", "FLOPs ratio",
+                 "efficiency"):
+        t.add_column(name, justify="right", overflow="fold")  # a narrow terminal folds, never cuts, a figure
+    t.add_row("baseline", f"{r['baseline']['params']:,}", "", "", "1.000", "1.000", "1.000", "1.000")
     for row in r["rows"]:
         if "error" in row:
             t.add_row(row["variant"], "", "", "", f"n/a: {row['error']}")
         else:
             t.add_row(row["variant"], f"{row['params']:,}", f"{row['tokens_per_s']:,.0f}",
                       f"{row['baseline_tokens_per_s']:,.0f}", f"{row['ratio']:.3f}",
-                      f"{row['ratio_best']:.3f}")
-    con = Console()
+                      f"{row['ratio_best']:.3f}", f"{row['flops_ratio']:.3f}", f"{row['efficiency']:.3f}")
+    con = table_console()
     con.print(t)
     fell = [row["variant"] for row in r["rows"] if row.get("compile_fallback")]
     if fell:  # dynamo gave up compiling while these were timed: their ratios compare eager code
@@ -193,8 +195,9 @@ def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_ou
     if json_out:
         typer.echo(json.dumps(result, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from ablate.report import table_console
 
     t = Table(title=f"a sweep of {result['jobs']} jobs, K at a time on one device",
               caption=f"{result['device']}; {result['cores']} cores; each job: its own process, "
@@ -209,6 +212,7 @@ def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_ou
         t.add_row(str(r["jobs_per_device"]), str(r["threads_per_job"]), f"{r['wall_s']:.1f}",
                   f"{r['tokens_per_s']:,.0f}", f"{r['speedup']:.2f}x",
                   f"{r['training_tokens_per_s']:,.0f}", f"{r['job_tokens_per_s']:,.0f}")
-    Console().print(t)
+    con = table_console()
+    con.print(t)
     if not all(r["loss_finite"] for r in result["rows"]):
-        Console().print("[red]warning: a non-finite loss during the benchmark[/red]")
+        con.print("[red]warning: a non-finite loss during the benchmark[/red]")

@@ -53,7 +53,17 @@ def test_vs_and_axes_time_each_variant_against_the_baseline():
     assert set(rows) == {"norm=rmsnorm", "act=swiglu", "pos=rope"}
     for row in rows.values():
         assert row["tokens_per_s"] > 0 and row["ratio"] > 0
+        # what FLOPs alone predict, from the variant's own count (inspect's), and the remainder
+        assert row["flops_ratio"] == pytest.approx(r["baseline"]["flops_per_token"] / row["flops_per_token"])
+        assert row["efficiency"] == pytest.approx(row["ratio"] / row["flops_ratio"])
     assert rows["pos=rope"]["params"] < r["baseline"]["params"]  # no learned position table
+    assert rows["norm=rmsnorm"]["flops_per_token"] == inspect_flops("norm=rmsnorm")
+
+
+def inspect_flops(*overrides: str) -> int:
+    res = run_ablate("inspect", *TINY, *overrides, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["flops_per_token"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ablate.config import AXES
 from ablate.errors import AblateError
+from ablate.report import table_console
 from ablate.overrides import NON_VARIANT_PREFIXES, SEED_KEYS
 
 SUMMARY, METRICS, CONFIG = "summary.json", "metrics.jsonl", "config.yaml"
@@ -956,17 +957,6 @@ def _test_cell(r: dict, prev: bool = False) -> str:
             f"Holm p={r[_key('p_holm', prev)]:.3g})" + few)
 
 
-def _console(console: Any) -> Any:
-    """A TTY: its own width (the variant column is never shrunk; other cells fold). Piped or
-    redirected: wide enough that nothing folds, whatever COLUMNS says."""
-    if console is not None:
-        return console
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=1000, soft_wrap=False)
-
-
 def _rich_table(cmp: Any, per_seed: bool) -> Any:
     from rich.markup import escape
     from rich.table import Table
@@ -1044,7 +1034,7 @@ def print_comparison(rows: Sequence[dict], console: Any = None, per_seed: bool =
     from rich.markup import escape
     from rich.measure import Measurement
 
-    console = _console(console)
+    console = console or table_console()  # on a TTY the variant column is never shrunk
     for line in header_lines(rows):
         console.print(escape(line), soft_wrap=True, highlight=False,
                       style="bold yellow" if line.startswith("MIXED") else None)
