@@ -39,8 +39,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ablate.config import AXES
 from ablate.errors import AblateError
-from ablate.report import table_console
 from ablate.overrides import NON_VARIANT_PREFIXES, SEED_KEYS
+from ablate.report import table_console
 
 SUMMARY, METRICS, CONFIG = "summary.json", "metrics.jsonl", "config.yaml"
 MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it

@@ -254,8 +254,7 @@ class Trainer:
 
     def try_resume(self, state: Optional[dict] = None) -> Optional[int]:
         """Load `state` (the run already loaded and checked it), else the newest valid checkpoint."""
-        cfg = self.cfg
-        if cfg.resume != "auto":
+        if self.cfg.resume != "auto":
             if self.is_main and checkpoint.clear(self.run_dir):
                 checkpoint.warn(f"warning: train.resume=never: removed the old checkpoints in {self.run_dir}")
             return None
@@ -266,7 +265,7 @@ class Trainer:
             return None
         try:
             load_model_and_optimizer_state(self.model, self.optimizer, state)
-            restore_implementation(self.optimizer, cfg, self.device)
+            restore_implementation(self.optimizer, self.cfg, self.device)
         except (RuntimeError, ValueError, KeyError) as e:
             detail = checkpoint.first_mismatch(self.model.state_dict(), state["model"]) or first_line(e)
             raise checkpoint.CheckpointError(
