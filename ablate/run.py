@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from ablate.axes import CONF_DIR
 from ablate.config import axis_values, register_configs, validate
 from ablate.errors import AblateError
-from ablate.overrides import variant_name, variant_overrides
 from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, read_json, write_atomic, write_json
+from ablate.vocab import STOPPED, STOPPED_EXIT, is_not_training, variant_name, variant_overrides
 
 log = logging.getLogger("ablate")
 
@@ -57,19 +57,6 @@ def _hydra_info() -> tuple[Path, list[str], bool, Optional[str]]:
 def _is_fresh(run_dir: Path) -> bool:
     """Only Hydra's own files: safe to remove when the config is refused."""
     return all(p.name in (".hydra",) or p.suffix == ".log" for p in run_dir.iterdir())
-
-
-# Keys that do not change what is trained: a diverged run re-entered with other values of these
-# (or none changed) returns its recorded outcome instead of diverging again. Narrower than
-# NON_VARIANT_PREFIXES: another device or process count can change the outcome.
-NOT_TRAINING_KEYS = ("logger", "out_dir", "study", "train.progress", "train.threads", "train.resume",
-                     "train.log_every", "train.ckpt_every", "train.keep_ckpts", "train.diagnostics_every",
-                     "data.num_proc", "data.cache_dir")
-# Stopped by a signal with a checkpoint (preempted or interrupted): 130 (128 + SIGINT) whatever
-# the signal, the code `ablate sweep` returns in that case, so a script tests one value for
-# "stopped, `ablate resume DIR` continues it". Under submitit the job is requeued instead.
-STOPPED_EXIT = 130
-STOPPED = ("preempted", "interrupted")
 
 
 def run_experiment(cfg: DictConfig) -> dict:
@@ -159,7 +146,7 @@ def _training_config_changed(run_dir: Path, cfg) -> bool:
         return True
 
     def training(tree) -> dict:
-        return {k: v for k, v in _flat(tree, "").items() if not k.lstrip(".").startswith(NOT_TRAINING_KEYS)}
+        return {k: v for k, v in _flat(tree, "").items() if not is_not_training(k.lstrip("."))}
 
     return training(stored) != training(OmegaConf.to_container(cfg, resolve=True))
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from ablate.errors import ConfigError
+from ablate.vocab import FINISHED, STOPPED, STOPPED_EXIT
 
 MODES = ("ofat", "grid")
 SEED_KEY = "seed"
@@ -493,10 +494,6 @@ def print_plan(jobs: list[Job], as_json: bool, header: str = "", out=None) -> No
             out.write(f"{'':<{width + 33}}({j.note})\n")
 
 
-FINISHED = ("completed", "diverged")
-STOPPED = ("interrupted", "preempted")  # by a signal, with a checkpoint: rerun to resume
-
-
 def _duration(seconds: float) -> str:
     seconds = int(round(max(seconds, 0)))
     if seconds < 60:
@@ -580,7 +577,7 @@ def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False) -> i
               "(finished jobs return at once, stopped ones resume from their checkpoints)",
               file=sys.stderr)
         if not done or results[-1].status == "not run":
-            return 130
+            return STOPPED_EXIT
     if results and not done:
         return 1
     bad = [r for r in results if r.status != "completed"]

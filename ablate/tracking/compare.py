@@ -39,25 +39,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ablate.config import AXES
 from ablate.errors import AblateError
-from ablate.overrides import NON_VARIANT_PREFIXES, SEED_KEYS
+from ablate.vocab import VARIANT_MODEL_KEYS, higher_is_better, metric_name, names_variant
 from ablate.report import table_console
 
 SUMMARY, METRICS, CONFIG = "summary.json", "metrics.jsonl", "config.yaml"
 MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it
-# Config keys that never change what is trained (besides overrides.NON_VARIANT_PREFIXES).
-# The train.* ones choose how the same model and batches are computed (kernels, compile, the
-# loss in chunks, the passes a batch is cut into): they change results by rounding only.
-EXTRA_NON_VARIANT = ("data.cache_dir", "data.num_proc", "train.fused_ce", "train.ce_chunk",
-                     "train.compile", "train.sdpa_backend", "train.micro_batch")
-# Model keys that are variant keys (they change the block, not its size or training), besides
-# every key under an axis group; see is_variant_key.
-VARIANT_MODEL_KEYS = ("model.z_loss", "model.attn_softcap", "model.logit_softcap", "model.emb_scale",
-                      "model.depth_scaled_init", "model.act_clamp", "model.mtp_heads",
-                      "model.mtp_weight", "model.parallel_block", "model.n_kv_heads", "model.init")
-# W&B names -> metrics.jsonl / summary names, so `--metric val/loss` works too.
-ALIASES = {"val/loss": "val_loss", "val/bpb": "val_bpb", "train/loss": "train_loss",
-           "train/grad_norm": "grad_norm", "train/lr": "lr", "train/tokens_per_s": "tokens_per_s"}
-HIGHER_IS_BETTER = {"tokens_per_s", "mfu"}
 ALPHA = 0.05
 POWER = 0.8  # "seeds needed": the seeds that detect the observed difference this often
 SEEDS_NEEDED_LIMIT = 1000  # beyond this, "seeds needed" is reported as more than the limit
@@ -128,7 +114,7 @@ def _flatten(d: Any, prefix: str = "") -> dict:
 
 
 def _non_variant(key: str) -> bool:
-    return key in SEED_KEYS or key.startswith(NON_VARIANT_PREFIXES + EXTRA_NON_VARIANT)
+    return not names_variant(key)
 
 
 @dataclass
@@ -330,7 +316,7 @@ def verdict(direction: Optional[float], p_value: Optional[float], metric: str,
         return None
     if p_value >= alpha or direction == 0:
         return "noise"
-    higher = metric in HIGHER_IS_BETTER
+    higher = higher_is_better(metric)
     return "better" if (direction > 0) == higher else "worse"
 
 
@@ -542,7 +528,7 @@ def filter_runs(runs: list[Run], where: Sequence[str]) -> list[Run]:
 
 
 def _resolve_metric(metric: str, runs: list[Run]) -> str:
-    metric = ALIASES.get(metric, metric)
+    metric = metric_name(metric)
     if not any(r.value(metric) is not None for r in runs):
         names = sorted(set().union(*(r.metric_names() for r in runs)))
         raise CompareError(f"no run has the metric '{metric}'; available: {', '.join(names)}")

@@ -18,13 +18,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ablate.tracking.sinks import Sink, say
+from ablate.vocab import wandb_name
 
-# metrics.jsonl key -> W&B key
-WANDB_KEYS = {
-    "train_loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr",
-    "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "val_loss": "val/loss", "val_bpb": "val/bpb",
-    "tokens": "tokens",
-}
 OFFLINE_MEMORY_S = 600  # how long a failed online init sends mode=auto runs offline at once
 SECRET_KEYS = ("api_key", "apikey", "wandb_api_key", "token", "password", "secret")
 
@@ -225,7 +220,7 @@ class WandbSink(Sink):
     def log(self, row):
         if self.run is None:
             return
-        data = {WANDB_KEYS.get(k, k): v for k, v in row.items() if k != "step"}
+        data = {wandb_name(k): v for k, v in row.items() if k != "step"}
         self.run.log(data, step=int(row["step"]))
 
     def finish(self, summary):

@@ -1,0 +1,117 @@
+"""The project's shared vocabularies, each written once: which config keys name a variant,
+the metrics a run logs, and a run's statuses.
+
+A leaf module (it imports nothing of ablate's), so the CLI, the trainer, the sinks, sweeps and
+the analysis all import it without pulling anything heavy. conf/config.yaml's
+`hydra.job.config.override_dirname.exclude_keys` is held to VARIANT keys by a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+# ---- variant keys ------------------------------------------------------------------------------
+# Keys (prefixes) that do not change what is trained: where the outputs go, what is shown, how
+# often it is saved. A run re-entered with other values of these is the same run.
+NOT_TRAINING = ("hydra.", "hydra/", "launcher", "logger", "out_dir", "study", "plugins",
+                "train.progress", "train.threads", "train.resume", "train.log_every",
+                "train.ckpt_every", "train.keep_ckpts", "train.diagnostics_every",
+                "data.num_proc", "data.cache_dir")
+# Keys that choose how the same model and batches are computed (placement, kernels, compile,
+# the loss in chunks, the passes a batch is cut into): results differ by rounding only, so they
+# never name a variant. They still count when a diverged run is re-entered: another device or
+# kernel can change whether it diverges.
+HOW_COMPUTED = ("train.device", "train.nproc", "train.strategy", "train.fused_ce", "train.ce_chunk",
+                "train.compile", "train.sdpa_backend", "train.micro_batch")
+SEED_KEYS = ("seed", "data_seed")
+# Model keys that are variant keys though outside an axis group: they change the block, not its
+# size or its training (the stability options, the presets' init, the heads' layout).
+VARIANT_MODEL_KEYS = ("model.z_loss", "model.attn_softcap", "model.logit_softcap", "model.emb_scale",
+                      "model.depth_scaled_init", "model.act_clamp", "model.mtp_heads",
+                      "model.mtp_weight", "model.parallel_block", "model.n_kv_heads", "model.init")
+
+
+def _key(override_or_key: str) -> str:
+    return override_or_key.lstrip("+~").split("=", 1)[0]
+
+
+def is_not_training(key: str) -> bool:
+    """The key's value does not change what is trained (re-entering with another is the same run)."""
+    return _key(key).startswith(NOT_TRAINING)
+
+
+def names_variant(key: str) -> bool:
+    """The key's value can name a variant: not a seed, not an output or a way of computing."""
+    key = _key(key)
+    return key not in SEED_KEYS and not key.startswith(NOT_TRAINING + HOW_COMPUTED)
+
+
+def variant_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that name the variant, sorted, without Hydra's '+' (`~` deletions stay)."""
+    return sorted(o.lstrip("+") for o in overrides if names_variant(o))
+
+
+def variant_name(overrides: list[str]) -> str:
+    return ",".join(variant_overrides(overrides)) or "baseline"
+
+
+# ---- metrics -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Metric:
+    name: str  # the metrics.jsonl / summary.json key
+    wandb: str  # the W&B key
+    title: str  # a plot's or a table's label
+    higher_is_better: bool = False
+    log_scale: bool = False  # spans decades: drawn on a log axis
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("train_loss", "train/loss", "train loss"),
+    Metric("val_loss", "val/loss", "validation loss"),
+    Metric("val_bpb", "val/bpb", "validation bits per byte"),
+    Metric("grad_norm", "train/grad_norm", "grad norm (before clipping)", log_scale=True),
+    Metric("lr", "train/lr", "learning rate"),
+    Metric("tokens_per_s", "train/tokens_per_s", "tokens/s", higher_is_better=True),
+    Metric("mfu", "train/mfu", "MFU", higher_is_better=True),
+    Metric("tokens", "tokens", "tokens"),
+)}
+BY_WANDB_NAME: dict[str, str] = {m.wandb: m.name for m in METRICS.values()}
+
+
+def metric_name(name: str) -> str:
+    """A metric as metrics.jsonl names it; W&B's name (`val/loss`) is accepted too."""
+    return BY_WANDB_NAME.get(name, name)
+
+
+def wandb_name(name: str) -> str:
+    m = METRICS.get(name)
+    return m.wandb if m else name
+
+
+def higher_is_better(name: str) -> bool:
+    m = METRICS.get(metric_name(name))
+    return bool(m and m.higher_is_better)
+
+
+# ---- run statuses ------------------------------------------------------------------------------
+class Status(str, Enum):
+    """summary.json's `status`. A str, so it compares equal to and serialises as its value."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"  # SIGINT (Ctrl-C), with a checkpoint: resumable
+    PREEMPTED = "preempted"  # SIGTERM/SIGUSR1/SIGUSR2, with a checkpoint: resumable (requeued)
+    KILLED = "killed"  # never written: a "running" record whose process is gone (rundir.live_status)
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+FINISHED = (Status.COMPLETED, Status.DIVERGED)  # training it again would give the same result
+STOPPED = (Status.PREEMPTED, Status.INTERRUPTED)  # stopped by a signal: `ablate resume` continues it
+# Stopped by a signal with a checkpoint: 130 (128 + SIGINT) whatever the signal, the code `ablate
+# sweep` returns too, so a script tests one value for "stopped, `ablate resume DIR` continues it".
+STOPPED_EXIT = 130
