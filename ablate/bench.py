@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ablate.axes import preset_axes
+
 # ---- device peak FLOP/s: ablate/train/peak.py (the trainer's MFU uses it too) ---------------
 from ablate.train.peak import GPU_PEAKS, Peak, device_peak, gpu_peak, measure_cpu_peak  # noqa: F401,E402
 
@@ -215,9 +217,9 @@ class RefGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-# The reference's architecture on every axis: a ratio is like for like only where ours matches.
-REFERENCE_AXES = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
-                  "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off"}
+# The reference's architecture on every axis (nanoGPT's is arch=gpt2): a ratio is like for like
+# only where ours matches.
+REFERENCE_AXES = preset_axes("gpt2")
 
 
 def reference_differences(cfg: Any) -> list[str]:

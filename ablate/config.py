@@ -1,8 +1,9 @@
 """Typed config schema, registered in Hydra's ConfigStore so overrides are checked at compose time.
 
-`conf/config.yaml` composes one option per axis group on top of `ablate_schema`; a wrong type
-(`train.steps=abc`) is a ValidationError before anything runs. Cross-key invariants that a type
-cannot express live in `validate()`, which runs before any directory is made or any tensor built.
+`conf/config.yaml` composes one option per axis group (each declared in ablate/model/options.py)
+on top of `ablate_schema`; a wrong type (`train.steps=abc`) is a ValidationError before anything
+runs. Cross-key invariants that a type cannot express live in `validate()`, which runs before any
+directory is made or any tensor built.
 """
 
 from __future__ import annotations
@@ -10,65 +11,69 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-# The architectural axes, in the order they are listed and used in run names.
-AXES = ("norm", "norm_pos", "act", "pos", "attn", "tie", "bias", "dropout", "qk_norm")
-# Other config groups that `ablate axes` lists (they are not part of a variant's identity).
-OTHER_GROUPS = ("arch", "model", "data", "tokenizer", "logger", "train", "launcher")
+from ablate.model import options
+
+# The architectural axes, in the order they are listed and used in run names (ablate/model/options.py).
+AXES = tuple(options.AXES)
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch._dynamo.list_backends()
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # ablate/train/backends.py
 
+# Each axis's keys; the default option and the keys' defaults are its declaration's
+# (ablate/model/options.py), and each option's config node sets its own values over these.
+NORM, POS, ATTN, DROPOUT = (options.AXES[a] for a in ("norm", "pos", "attn", "dropout"))
+
 
 @dataclass
 class NormConfig:
-    name: str = "layernorm"
-    eps: float = 1e-5
+    name: str = NORM.default
+    eps: float = NORM.config["eps"]
 
 
 @dataclass
 class NormPosConfig:
-    name: str = "pre"
+    name: str = options.AXES["norm_pos"].default
 
 
 @dataclass
 class ActConfig:
-    name: str = "gelu"
+    name: str = options.AXES["act"].default
 
 
 @dataclass
 class PosConfig:
-    name: str = "learned"
-    base: float = 10000.0  # RoPE base (theta)
+    name: str = POS.default
+    base: float = POS.config["base"]  # RoPE base (theta)
 
 
 @dataclass
 class AttnConfig:
-    name: str = "mha"
+    name: str = ATTN.default
     # gqa: n_kv_heads ~ n_heads / kv_group (see options.gqa_kv_heads); explicit model.n_kv_heads wins.
-    kv_group: int = 4
+    kv_group: int = ATTN.config["kv_group"]
 
 
 @dataclass
 class TieConfig:
-    name: str = "tied"
+    name: str = options.AXES["tie"].default
 
 
 @dataclass
 class BiasConfig:
-    name: str = "on"
+    name: str = options.AXES["bias"].default
 
 
 @dataclass
 class DropoutConfig:
-    name: str = "off"
-    rate: float = 0.0  # embedding sum, each sublayer output (residual dropout)
-    attn: Optional[float] = None  # attention probabilities; null: the same as rate
+    name: str = DROPOUT.default
+    rate: float = DROPOUT.config["rate"]  # embedding sum, each sublayer output (residual dropout)
+    attn: Optional[float] = DROPOUT.config["attn"]  # attention probabilities; null: the same as rate
 
 
 @dataclass
 class QKNormConfig:
-    name: str = "off"
+    name: str = options.AXES["qk_norm"].default
 
 
 @dataclass
@@ -211,9 +216,12 @@ class AblateConfig:
 
 
 def register_configs() -> None:
+    """The schema, and every axis option as an option of its config group (with the defaults
+    list `axes` that conf/config.yaml includes), in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
+    options.store_in_hydra()
 
 
 def axis_values(cfg: Any) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """`ablate inspect`: what a variant costs, from the config alone (no training, no torch needed).
 
-Parameter counts come from the analytic ModelSpec.count_params (tests assert it equals the
-built model's, option by option); `build=True` cross-checks against a model built on the meta
-device (no memory, no init cost).
+Parameter counts come from the analytic ModelSpec.count_params, the sum of each option's declared
+count (tests assert it equals the built model's, option by option); `build=True` cross-checks
+against a model built on the meta device (no memory, no init cost).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def ffn_sizes(cfg: Any) -> dict:
     """The FFN width each act option would get here, and why (the size-matching rule)."""
     m = cfg.model
     act = str(cfg.act.name)
-    gated = act in options.GATED_ACTS
-    bias = options.BIAS.get(cfg.bias.name)
+    gated = options.get("act", act).gated
+    bias = options.get("bias", cfg.bias.name).value
     d = m.d_model
     plain_d_ff = int(m.ffn_ratio * d)
     matched = gated_d_ff(plain_d_ff, d, m.ffn_multiple_of, bias)
@@ -124,31 +124,15 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
     }
 
 
-def built_counts(spec: ModelSpec) -> dict:
-    """The same breakdown, counted on a model built on the meta device."""
-    import torch
-
-    from ablate.model.transformer import Transformer
-
-    with torch.device("meta"):
-        model = Transformer(spec)
-    out = {"embedding": model.tok_emb.weight.numel() + sum(p.numel() for p in model.pos.parameters()),
-           "attention": sum(p.numel() for b in model.blocks for p in b.attn.parameters()),
-           "ffn": sum(p.numel() for b in model.blocks for p in b.ffn.parameters()),
-           "head": sum(p.numel() for p in model.mtp.parameters())
-           + (0 if model.lm_head is None else model.lm_head.weight.numel())}
-    out["total"] = sum(p.numel() for p in model.parameters())
-    out["norm"] = out["total"] - sum(v for k, v in out.items() if k != "total")
-    return out
-
-
 def cross_check(report: dict) -> dict:
     """Adds `built_params` and raises if the analytic count disagrees with the built model."""
+    import torch
+
+    from ablate.model.transformer import Transformer, check_counts
+
     spec = ModelSpec(**report["spec"])
-    built = built_counts(spec)
-    bad = {k: (report["params"][k], built[k]) for k in built if built[k] != report["params"][k]}
-    if bad:
-        raise ConfigError(f"analytic parameter count disagrees with the built model: {bad}")
+    with torch.device("meta"):  # no memory, no init cost
+        built = check_counts(Transformer(spec))
     return {**report, "built_params": built}
 
 

@@ -1,17 +1,21 @@
 """Your own variant without forking: plugin modules that register options for any axis.
 
-A plugin is an importable module (on PYTHONPATH or installed) that calls `register_option` at
-import time, with the option's config file in a `conf/<axis>/<name>.yaml` next to it:
+A plugin is an importable module (on PYTHONPATH or installed) that declares each option with one
+`register_option` call at import time, as the built-in options are declared
+(ablate/model/options.py; ablate/model/axis.py says what each axis expects):
 
-    my_pkg/my_norm.py             register_option("norm", "crmsnorm", CRMSNorm)
-    my_pkg/conf/norm/crmsnorm.yaml    name: crmsnorm
+    my_pkg/my_norm.py     register_option("norm", "crmsnorm", CRMSNorm, params=lambda spec, d: d)
+
+The option is then an option of its config group (`norm=crmsnorm`), with the config values its
+registration gives (config={...}); a `conf/` directory beside the module may add config files
+of its own (e.g. `conf/arch/<preset>.yaml`), put on Hydra's search path. Without `params=` the
+option's parameters are counted on its class, built on the meta device.
 
 It is loaded by `plugins=[my_pkg.my_norm]` on the command line (recorded in the run's config, so
 torchrun ranks, SLURM jobs and `ablate resume` load it too) or, for an installed package, by an
 entry point in the group `ablate.plugins` (loaded always). Loading happens before Hydra composes
 (ablate.compose, and the search-path plugin in hydra_plugins/ablate_sweeper for `@hydra.main`),
-and each plugin's conf dir is put on Hydra's search path, so `norm=crmsnorm` is an ordinary
-option of `run`, `sweep`, `inspect`.
+so `norm=crmsnorm` is an ordinary option of `run`, `sweep`, `inspect`.
 """
 
 from __future__ import annotations
@@ -22,63 +26,14 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from ablate.errors import ConfigError
+from ablate.model.axis import registering_for
+from ablate.model.options import register_option  # noqa: F401  (the plugin API, re-exported)
 
 ENTRY_POINT_GROUP = "ablate.plugins"
 KEY = "plugins"  # the config key (top level) that lists plugin modules
 
 _loaded: dict[str, Optional[Path]] = {}  # module name -> its conf dir (None: it has none)
 _entry_points_loaded = False
-
-
-def _add_name(attr: str, name: str) -> None:
-    """Add to a torch-free tuple of option names (ModelSpec checks names against it)."""
-    from ablate.model import options
-
-    names = getattr(options, attr)
-    if name not in names:
-        setattr(options, attr, names + (name,))
-
-
-def register_option(axis: str, name: str, obj: Any, *, gated: bool = False) -> Any:
-    """Register `obj` as option `name` of `axis`, beside the built-in options:
-    norm: an nn.Module class `cls(d, eps=, bias=)`; norm_pos: a Block class (ablate.model.blocks);
-    act: an ablate.model.ffn.Activation, or a function of a tensor (`gated=True`: a GLU);
-    pos: a Positional class; attn: `fn(n_heads, kv_group) -> n_kv_heads`; tie, bias, dropout,
-    qk_norm: a bool. Parameters a module creates must be tagged with a role (ablate.model.roles).
-    Returns `obj`, so it can be used as a class decorator's body."""
-    if axis == "norm":
-        from ablate.model.norms import NORMS
-
-        NORMS.add(name, obj)
-        _add_name("NORM_NAMES", name)
-    elif axis == "norm_pos":
-        from ablate.model.blocks import BLOCKS
-
-        BLOCKS.add(name, obj)
-        _add_name("NORM_POS_NAMES", name)
-    elif axis == "act":
-        from ablate.model.ffn import ACTIVATIONS, Activation
-
-        act = obj if isinstance(obj, Activation) else Activation(obj, gated=gated)
-        ACTIVATIONS.add(name, act)
-        _add_name("ACT_NAMES", name)
-        if act.gated:
-            _add_name("GATED_ACTS", name)
-    elif axis == "pos":
-        from ablate.model.positions import POSITIONS
-
-        POSITIONS.add(name, obj)
-        _add_name("POS_NAMES", name)
-    else:
-        from ablate.model import options
-
-        registries = {"attn": options.ATTENTION, "tie": options.TIE, "bias": options.BIAS,
-                      "dropout": options.DROPOUT, "qk_norm": options.QK_NORM}
-        if axis not in registries:
-            axes = ["norm", "norm_pos", "act", "pos", *registries]
-            raise ValueError(f"register_option: unknown axis '{axis}'; axes: {', '.join(axes)}")
-        registries[axis].add(name, obj)
-    return obj
 
 
 def _conf_dir(module: Any) -> Optional[Path]:
@@ -99,7 +54,8 @@ def load(names: Iterable[str]) -> list[Path]:
         if not name or name in _loaded:
             continue
         try:
-            module = importlib.import_module(name)
+            with registering_for(name):
+                module = importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name and name.startswith(e.name):  # the plugin itself, not one of its imports
                 raise ConfigError(
@@ -124,7 +80,8 @@ def load_entry_points() -> None:
         if ep.module in _loaded:
             continue
         try:
-            module = importlib.import_module(ep.module)
+            with registering_for(ep.module):
+                module = importlib.import_module(ep.module)
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"plugin '{ep.name}' (entry point {ep.value} in group "
                               f"{ENTRY_POINT_GROUP}) failed to import: {type(e).__name__}: {e}") from None

@@ -32,16 +32,11 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def config_groups_help() -> str:
-    """`ablate run --help`: every config group and its options, read from conf/ (no import of
-    the package's heavy parts: `ablate --help` builds this too)."""
-    from ablate.axes import CONF_DIR
+    """`ablate run --help`: every config group and its options, from the axes' declarations and
+    conf/ (no import of the package's heavy parts: `ablate --help` builds this too)."""
+    from ablate.axes import config_groups
 
-    lines = []
-    for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
-        options = sorted(f.stem for f in group.glob("*.yaml"))
-        if options:
-            lines.append(f"{group.name}: {', '.join(options)}")
-    return "\n".join(lines)
+    return "\n".join(f"{group}: {', '.join(options)}" for group, options in config_groups().items())
 
 
 RUN_HELP = """Train one variant. Arguments are Hydra overrides, e.g. `norm=rmsnorm attn=gqa train.steps=200`.

@@ -1,24 +1,16 @@
-"""conf option files, the registries, `ablate axes --json`, presets and bad input agree with DESIGN.md."""
+"""The declared options, Hydra's config groups, `ablate axes --json`, presets and bad input agree
+with DESIGN.md."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import yaml
 
-from ablate.axes import conf_dir
 from ablate.config import AXES
 from ablate.model import options
-from ablate.model.blocks import BLOCKS
-from ablate.model.ffn import ACTIVATIONS
-from ablate.model.norms import NORMS
-from ablate.model.positions import POSITIONS
 from tests.conftest import TINY, compose, find_run_dirs, run_ablate
 
-REGISTRIES = {"norm": NORMS, "norm_pos": BLOCKS, "act": ACTIVATIONS, "pos": POSITIONS,
-              "attn": options.ATTENTION, "tie": options.TIE, "bias": options.BIAS,
-              "dropout": options.DROPOUT, "qk_norm": options.QK_NORM}
 DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
     "norm": {"layernorm", "rmsnorm"}, "norm_pos": {"pre", "post", "sandwich", "reordered"},
     "act": {"relu", "gelu", "silu", "swiglu", "geglu", "reglu"},
@@ -27,20 +19,32 @@ DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
 }
 
 
-def conf_options(group: str) -> dict[str, dict]:
-    return {p.stem: yaml.safe_load(p.read_text()) for p in (conf_dir() / group).glob("*.yaml")}
+def hydra_group_options(group: str) -> list[str]:
+    """The options Hydra finds for a config group, as `norm=...` resolves them."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ablate.axes import CONF_DIR
+    from ablate.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return GlobalHydra.instance().config_loader().get_group_options(group)
+    finally:
+        GlobalHydra.instance().clear()
 
 
-def test_conf_files_registries_and_axes_listing_agree():
+def test_declarations_config_groups_and_axes_listing_agree():
     r = run_ablate("axes", "--json")
     assert r.returncode == 0, r.stderr
     listing = {row["group"]: row for row in json.loads(r.stdout)}
-    assert set(REGISTRIES) == set(AXES)
-    for axis, registry in REGISTRIES.items():
-        files = conf_options(axis)
-        assert set(files) == set(registry.names()) == set(listing[axis]["options"]) == DESIGN[axis], axis
-        for option, content in files.items():
-            assert str(content["name"]) == option, f"conf/{axis}/{option}.yaml names itself {content['name']}"
+    assert tuple(options.AXES) == AXES == tuple(DESIGN)
+    for axis in AXES:
+        declared = options.names(axis)
+        assert set(declared) == set(hydra_group_options(axis)) == set(listing[axis]["options"]) \
+            == DESIGN[axis], axis
         assert listing[axis]["axis"] is True
     defaults = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
                 "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off", "arch": "gpt2"}
@@ -48,19 +52,32 @@ def test_conf_files_registries_and_axes_listing_agree():
     assert set(listing["arch"]["options"]) >= {"gpt2", "llama", "vaswani"}
 
 
-def test_torch_free_option_names_equal_registry_keys():
-    assert options.NORM_NAMES == tuple(NORMS.names())
-    assert options.NORM_POS_NAMES == tuple(BLOCKS.names())
-    assert options.ACT_NAMES == tuple(ACTIVATIONS.names())
-    assert options.POS_NAMES == tuple(POSITIONS.names())
-    assert set(options.GATED_ACTS) == {n for n in ACTIVATIONS if ACTIVATIONS.get(n).gated}
+def test_every_declared_implementation_loads_as_its_axis_expects():
+    """A built-in's class is named by its path (imported on first use): a typo fails here."""
+    from torch import nn
+
+    from ablate.model.blocks import Block
+    from ablate.model.positions import Positional
+
+    expected = {"norm": nn.Module, "norm_pos": Block, "pos": Positional}
+    for axis in AXES:
+        for option in options.declared(axis):
+            impl = option.load()
+            if axis in expected:
+                assert issubclass(impl, expected[axis]), option
+            elif axis == "act":
+                assert callable(impl), option
+            elif axis == "attn":
+                assert impl(8, 4) in (1, 2, 8), option
+            else:
+                assert isinstance(impl, bool), option
 
 
 def test_every_option_composes_and_builds_a_spec():
     from ablate.model.spec import ModelSpec
 
     for axis in AXES:
-        for option in conf_options(axis):
+        for option in options.names(axis):
             cfg = compose([f"{axis}={option}"])
             assert cfg[axis].name == option
             ModelSpec.from_config(cfg)

@@ -56,12 +56,12 @@ def test_cpu_training_never_takes_the_flex_path(monkeypatch):
 @pytest.mark.parametrize("n_kv", [1, 2, 4])
 def test_sdpa_path_with_native_gqa_matches_explicit_attention(pos, n_kv):
     """The fast path (SDPA, enable_gqa, ALiBi as a float mask) equals the explicit one."""
-    from ablate.model.positions import POSITIONS
+    from ablate.model import options
 
     s = spec(pos=pos, n_kv_heads=n_kv)
     torch.manual_seed(0)
     attn = CausalSelfAttention(s)
-    ctx = POSITIONS.get(pos)(s).context(16, torch.device("cpu"), torch.float32)
+    ctx = options.get("pos", pos).build(s).context(16, torch.device("cpu"), torch.float32)
     x = torch.randn(2, 16, 32)
     fast = attn(x, ctx)
     attn.record_max_logit = True  # forces the explicit path

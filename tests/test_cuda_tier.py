@@ -70,7 +70,7 @@ def test_flex_attention_matches_the_explicit_path_on_cuda(pos, softcap, n_kv):
     """The model's CUDA path for ALiBi / soft-capping (FlexAttention, compiled) against the
     explicit one (forced by record_max_logit), forward and gradients, in fp32 without TF32."""
     from ablate.model.attention import CausalSelfAttention
-    from ablate.model.positions import POSITIONS
+    from ablate.model import options
     from ablate.model.spec import ModelSpec
 
     spec = ModelSpec(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=n_kv, d_ff=128,
@@ -81,7 +81,7 @@ def test_flex_attention_matches_the_explicit_path_on_cuda(pos, softcap, n_kv):
     try:
         torch.manual_seed(0)
         attn = CausalSelfAttention(spec).to(dev)
-        ctx = POSITIONS.get(pos)(spec).to(dev).context(128, dev, torch.float32)
+        ctx = options.get("pos", pos).build(spec).to(dev).context(128, dev, torch.float32)
         x = torch.randn(2, 128, 64, device=dev, requires_grad=True)
         results = []
         for explicit in (False, True):

@@ -8,11 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from ablate.model import options
 from ablate.model.attention import CausalSelfAttention
-from ablate.model.blocks import BLOCKS
 from ablate.model.ffn import build_ffn
-from ablate.model.norms import LayerNorm, RMSNorm, norm_factory
-from ablate.model.positions import (POSITIONS, alibi_bias, alibi_slopes, apply_rope, rope_tables,
+from ablate.model.norms import LayerNorm, RMSNorm
+from ablate.model.options import norm_factory
+from ablate.model.positions import (alibi_bias, alibi_slopes, apply_rope, rope_tables,
                                     sinusoidal_table)
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import Transformer
@@ -114,7 +115,7 @@ def test_sinusoidal_table_formula():
 
 def test_sinusoidal_is_added_to_embeddings_and_has_no_parameters():
     spec = make_spec(pos="sinusoidal")
-    pos = POSITIONS.get("sinusoidal")(spec)
+    pos = options.get("pos", "sinusoidal").build(spec)
     x = torch.zeros(2, 5, 32)
     # scaled by the token embeddings' init RMS (init_std): the paper's token:position proportion
     scaled = spec.init_std * sinusoidal_table(5, 32)
@@ -191,7 +192,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads(n_kv_heads, pos):
         mha.qkv.bias.copy_(torch.cat([qb, rep_rows(kb), rep_rows(vb)]))
         mha.proj.load_state_dict(gqa.proj.state_dict())
     spec = make_spec(pos=pos)
-    ctx = POSITIONS.get(pos)(spec).context(10, torch.device("cpu"), torch.float32)
+    ctx = options.get("pos", pos).build(spec).context(10, torch.device("cpu"), torch.float32)
     x = torch.randn(2, 10, 32)
     torch.testing.assert_close(gqa(x, ctx), mha(x, ctx), rtol=1e-5, atol=1e-5)
     assert gqa.qkv.weight.shape[0] == d + 2 * n_kv_heads * hd
@@ -204,7 +205,7 @@ def test_attention_matches_explicit_softmax_formula():
     q, k, v = (t.view(1, 6, 4, 8).transpose(1, 2) for t in (x @ attn.qkv.weight.T).split(32, -1))
     scores = q @ k.transpose(-1, -2) / math.sqrt(8) + torch.full((6, 6), float("-inf")).triu(1)
     y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, 6, 32) @ attn.proj.weight.T
-    torch.testing.assert_close(attn(x, POSITIONS.get("nope")(make_spec()).context(6, None, None)), y,
+    torch.testing.assert_close(attn(x, options.get("pos", "nope").build(make_spec()).context(6, None, None)), y,
                                rtol=1e-5, atol=1e-5)
 
 
@@ -213,7 +214,7 @@ def test_qk_norm_normalizes_each_head():
     torch.manual_seed(0)
     attn = randomize_(CausalSelfAttention(make_spec(qk_norm=True, norm_eps=1e-8)))
     assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (8,)
-    ctx = POSITIONS.get("rope")(make_spec(pos="rope")).context(6, torch.device("cpu"), torch.float32)
+    ctx = options.get("pos", "rope").build(make_spec(pos="rope")).context(6, torch.device("cpu"), torch.float32)
     x = torch.randn(2, 6, 32)
     before = attn(x, ctx)
     with torch.no_grad():
@@ -254,21 +255,21 @@ def _rms(x):
 def test_norm_position_ordering(norm_pos, norm, expected):
     """attn(x) = 2x, ffn(x) = x + 1: the block's output follows its diagram."""
     spec = make_spec(norm_pos=norm_pos, norm=norm)
-    block = BLOCKS.get(norm_pos)(spec, norm_factory(norm, 1e-5, True))
+    block = options.get("norm_pos", norm_pos).build(spec, norm_factory(norm, 1e-5, True))
     block.attn, block.ffn = Double(), PlusOne()
     x = torch.tensor([[[1.0, -2.0, 0.5, 3.0] * 8]])
     torch.testing.assert_close(block(x, None), expected(x))
 
 
 def test_only_post_norm_drops_the_final_norm():
-    for norm_pos in BLOCKS:
+    for norm_pos in options.names("norm_pos"):
         model = Transformer(make_spec(norm_pos=norm_pos))
         assert isinstance(model.final_norm, nn.Identity) == (norm_pos == "post")
 
 
 def test_parallel_block_reads_one_norm():
     spec = make_spec(parallel_block=True)
-    block = BLOCKS.get("pre")(spec, norm_factory("layernorm", 1e-5, True))
+    block = options.get("norm_pos", "pre").build(spec, norm_factory("layernorm", 1e-5, True))
     block.attn, block.ffn = Double(), PlusOne()
     x = torch.tensor([[[1.0, -2.0, 0.5, 3.0] * 8]])
     torch.testing.assert_close(block(x, None), x + 2 * _ln(x) + _ln(x) + 1)
@@ -324,10 +325,10 @@ def test_dropout_only_in_train_mode():
 @pytest.mark.parametrize("where", ["attn", "ffn"])
 def test_dropout_hits_both_residual_branches(where):
     torch.manual_seed(0)
-    block = BLOCKS.get("pre")(make_spec(dropout=0.5), norm_factory("layernorm", 1e-5, True)).train()
+    block = options.get("norm_pos", "pre").build(make_spec(dropout=0.5), norm_factory("layernorm", 1e-5, True)).train()
     sub = getattr(block, where)
     x = torch.randn(2, 8, 32)
-    ctx = POSITIONS.get("learned")(make_spec()).context(8, torch.device("cpu"), torch.float32)
+    ctx = options.get("pos", "learned").build(make_spec()).context(8, torch.device("cpu"), torch.float32)
     out = sub(x, ctx) if where == "attn" else sub(x)
     assert (out == 0).float().mean() > 0.3  # about half the outputs dropped
 

@@ -9,36 +9,24 @@ import pytest
 import torch
 
 from ablate.model import options
-from ablate.model.blocks import BLOCKS
-from ablate.model.ffn import ACTIVATIONS
-from ablate.model.norms import NORMS
-from ablate.model.positions import POSITIONS
 from ablate.model.roles import param_groups, role_of
 from ablate.model.spec import ModelSpec, count_params, non_embedding_params
-from ablate.model.transformer import Transformer
+from ablate.model.transformer import Transformer, built_counts
 
 BASE = ModelSpec(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=64, max_seq_len=16)
-
-# (axis, option) -> the ModelSpec fields that option sets
-VARIANTS = {}
-for name in NORMS:
-    VARIANTS[("norm", name)] = dict(norm=name)
-for name in BLOCKS:
-    VARIANTS[("norm_pos", name)] = dict(norm_pos=name)
-for name in ACTIVATIONS:
-    VARIANTS[("act", name)] = dict(act=name, d_ff=48 if ACTIVATIONS.get(name).gated else 64)
-for name in POSITIONS:
-    VARIANTS[("pos", name)] = dict(pos=name)
-for name in options.ATTENTION:
-    VARIANTS[("attn", name)] = dict(n_kv_heads=options.ATTENTION.get(name)(4, 2))
-for name in options.TIE:
-    VARIANTS[("tie", name)] = dict(tied=options.TIE.get(name))
-for name in options.BIAS:
-    VARIANTS[("bias", name)] = dict(bias=options.BIAS.get(name))
-for name in options.DROPOUT:
-    VARIANTS[("dropout", name)] = dict(dropout=0.1 if options.DROPOUT.get(name) else 0.0)
-for name in options.QK_NORM:
-    VARIANTS[("qk_norm", name)] = dict(qk_norm=options.QK_NORM.get(name))
+# (axis, option) -> the ModelSpec fields that option sets, for every declared option
+SETS = {
+    "norm": lambda o: dict(norm=o.name),
+    "norm_pos": lambda o: dict(norm_pos=o.name),
+    "act": lambda o: dict(act=o.name, d_ff=48 if o.gated else 64),
+    "pos": lambda o: dict(pos=o.name),
+    "attn": lambda o: dict(n_kv_heads=o.kv_heads(4, 2)),
+    "tie": lambda o: dict(tied=o.value),
+    "bias": lambda o: dict(bias=o.value),
+    "dropout": lambda o: dict(dropout=0.1 if o.value else 0.0),
+    "qk_norm": lambda o: dict(qk_norm=o.value),
+}
+VARIANTS = {(axis, o.name): SETS[axis](o) for axis in options.AXES for o in options.declared(axis)}
 COMBOS = {  # options interact in the counts: a few mixed variants
     "llama-like": dict(norm="rmsnorm", act="swiglu", d_ff=48, pos="rope", n_kv_heads=1, tied=False, bias=False),
     "sandwich-layernorm-nobias": dict(norm_pos="sandwich", bias=False, qk_norm=True),
@@ -64,12 +52,8 @@ def test_analytic_params_equal_real(variant):
     p = count_params(spec)
     assert p["total"] == sum(t.numel() for t in model.parameters())
     # the breakdown `ablate inspect` prints, module by module
-    real = {"embedding": model.tok_emb.weight.numel() + sum(t.numel() for t in model.pos.parameters()),
-            "attention": sum(t.numel() for b in model.blocks for t in b.attn.parameters()),
-            "ffn": sum(t.numel() for b in model.blocks for t in b.ffn.parameters()),
-            "head": 0 if model.lm_head is None else model.lm_head.weight.numel()}
-    real["norm"] = p["total"] - sum(real.values())
-    assert {k: p[k] for k in real} == real
+    real = built_counts(model)
+    assert p == real
     assert non_embedding_params(spec) == real["attention"] + real["ffn"] + real["norm"]
 
 
@@ -105,7 +89,7 @@ def test_gated_width_is_the_nearest_in_parameters(d_model, multiple, bias):
     assert abs(ffn_layer_params(d_model, width, True, bias) - plain) == best
 
 
-@pytest.mark.parametrize("pos", list(POSITIONS))
+@pytest.mark.parametrize("pos", options.names("pos"))
 def test_causal_mask_holds(pos):
     """Changing a future token never changes earlier logits (and does change its own)."""
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from ablate.errors import ConfigError
 from ablate.model.attention import CausalSelfAttention
 from ablate.model.blocks import ReorderedBlock
-from ablate.model.norms import norm_factory
+from ablate.model.options import norm_factory
 from ablate.model.positions import AttnContext
 from ablate.model.spec import ModelSpec, count_params
 from ablate.model.transformer import build_model

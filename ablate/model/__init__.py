@@ -1,1 +1,1 @@
-"""Model architecture. `spec` and `options` are torch-free; the rest builds nn.Modules."""
+"""Model architecture. `spec`, `axis` and `options` are torch-free; the rest builds nn.Modules."""

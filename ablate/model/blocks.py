@@ -1,22 +1,24 @@
 """Axis `norm_pos`: where the norms sit in a block. One small class per option, so the
-structural difference is visible in `forward`."""
+structural difference is visible in `forward`. Declared (name, norms per block, whether the model
+adds a final norm) in ablate/model/options.py."""
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ablate.model.attention import CausalSelfAttention
 from ablate.model.ffn import build_ffn
-from ablate.model.norms import NormFactory, norm_factory
+from ablate.model.options import norm_factory
 from ablate.model.positions import AttnContext
 from ablate.model.spec import ModelSpec
-from ablate.registry import Registry
+
+NormFactory = Callable[[int], Any]  # width -> a norm module (ablate.model.options.norm_factory)
 
 
 class Block(nn.Module):
-    needs_final_norm = True  # whether the model applies a norm before the output head
-
     def __init__(self, spec: ModelSpec, make_norm: NormFactory):
         super().__init__()
         self.attn = CausalSelfAttention(spec)
@@ -24,7 +26,7 @@ class Block(nn.Module):
 
 
 class PreNormBlock(Block):
-    """Pre-norm (GPT-2, Llama); the model adds a final norm.
+    """Pre-norm (GPT-2, Llama); the model adds a final norm (as after sandwich and reordered).
 
         x ─┬─ norm1 ─ attn ─(+)─┬─ norm2 ─ ffn ─(+)─>
            └────────────────┘   └──────────────┘
@@ -52,8 +54,6 @@ class PostNormBlock(Block):
         x ─┬─ attn ─(+)─ norm1 ─┬─ ffn ─(+)─ norm2 ─>
            └────────┘           └───────┘
     """
-
-    needs_final_norm = False
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
@@ -117,10 +117,3 @@ class ReorderedBlock(Block):
     def forward(self, x, ctx):
         x = x + self.norm1(self.attn(x, ctx))
         return x + self.norm2(self.ffn(x))
-
-
-BLOCKS: Registry[type[Block]] = Registry("norm_pos")
-BLOCKS.add("pre", PreNormBlock)
-BLOCKS.add("post", PostNormBlock)
-BLOCKS.add("sandwich", SandwichBlock)
-BLOCKS.add("reordered", ReorderedBlock)

@@ -1,5 +1,6 @@
 """Axis `act`: the feed-forward sublayer. Plain options use two matrices, gated ones three
-(Shazeer 2020, "GLU Variants Improve Transformer"): FFN(x) = down(act(gate(x)) * up(x))."""
+(Shazeer 2020, "GLU Variants Improve Transformer"): FFN(x) = down(act(gate(x)) * up(x)).
+Declared (name, function, gated or not) in ablate/model/options.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ablate.model import options
 from ablate.model.roles import Role, linear
 from ablate.model.spec import ModelSpec
-from ablate.registry import Registry
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -22,18 +23,11 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Activation:
+    """An act option as the FFN uses it (a plugin may also register one: register_option("act",
+    name, Activation(fn, gated=True)))."""
     fn: Callable[[torch.Tensor], torch.Tensor]
     gated: bool
     relu_family: bool = False  # outputs exact zeros, so a unit can die (diagnostics count them)
-
-
-ACTIVATIONS: Registry[Activation] = Registry("act")
-ACTIVATIONS.add("relu", Activation(F.relu, gated=False, relu_family=True))
-ACTIVATIONS.add("gelu", Activation(gelu_tanh, gated=False))
-ACTIVATIONS.add("silu", Activation(F.silu, gated=False))
-ACTIVATIONS.add("swiglu", Activation(F.silu, gated=True))
-ACTIVATIONS.add("geglu", Activation(gelu_tanh, gated=True))
-ACTIVATIONS.add("reglu", Activation(F.relu, gated=True, relu_family=True))
 
 
 class MLP(nn.Module):
@@ -79,5 +73,6 @@ class GatedMLP(nn.Module):
 
 
 def build_ffn(spec: ModelSpec) -> nn.Module:
-    act = ACTIVATIONS.get(spec.act)
+    option = options.get("act", spec.act)
+    act = Activation(option.load(), option.gated, option.relu_family)
     return (GatedMLP if act.gated else MLP)(spec, act)

@@ -1,15 +1,13 @@
-"""Axis `norm`: LayerNorm and RMSNorm. Both compute in fp32 so low precision does not bias stats."""
+"""Axis `norm`: LayerNorm and RMSNorm. Both compute in fp32 so low precision does not bias stats.
+Declared (name, parameter count) in ablate/model/options.py."""
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ablate.model.roles import Role, tag
-from ablate.registry import Registry
 
 
 class LayerNorm(nn.Module):
@@ -45,14 +43,3 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
         y = F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps)
         return y.to(x.dtype)
-
-
-NormFactory = Callable[[int], nn.Module]
-NORMS: Registry[type[nn.Module]] = Registry("norm")
-NORMS.add("layernorm", LayerNorm)
-NORMS.add("rmsnorm", RMSNorm)
-
-
-def norm_factory(name: str, eps: float, bias: bool) -> NormFactory:
-    cls = NORMS.get(name)
-    return lambda d: cls(d, eps=eps, bias=bias)

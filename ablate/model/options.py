@@ -1,15 +1,21 @@
-"""Registries of the axes whose options are values rather than modules (torch-free).
-
-The module-valued axes have their registries beside their classes: NORMS (norms.py),
-BLOCKS (blocks.py, axis norm_pos), ACTIVATIONS (ffn.py, axis act), POSITIONS (positions.py).
+"""Every axis and every built-in option, each declared once (torch-free; ablate/model/axis.py
+says what a declaration holds). A new option is one `register_option` call here, its class in
+the axis's file (norms.py, blocks.py, ffn.py, positions.py); a plugin makes the same call from
+its own module. Parameter counts are per option; ablate/model/spec.py adds them up.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from ablate.errors import ConfigError
-from ablate.registry import Registry
+from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FlagOption, NormOption,
+                               PosOption, declare_axis, declared, default, get, names, norm_factory,
+                               register_option, store_in_hydra)
+
+__all__ = ["AXES", "declared", "default", "get", "names", "norm_factory", "register_option",
+           "store_in_hydra"]
+
+# model.init: weight-init schemes (roles.init_weights); not an axis, a model key.
+INIT_NAMES = ("normal", "xavier")
 
 
 def gqa_kv_heads(n_heads: int, kv_group: int) -> int:
@@ -29,50 +35,71 @@ def gqa_kv_heads(n_heads: int, kv_group: int) -> int:
 
 def check_kv_heads(attn: str, n_heads: int, n_kv_heads: int) -> None:
     """An explicit model.n_kv_heads must be what the attn option means, or it says another."""
-    means = {"mha": n_kv_heads == n_heads, "mqa": n_kv_heads == 1, "gqa": 1 < n_kv_heads < n_heads}
-    need = {"mha": f"model.n_kv_heads == model.n_heads={n_heads}", "mqa": "model.n_kv_heads=1",
-            "gqa": f"1 < model.n_kv_heads < model.n_heads={n_heads}"}
-    if attn in means and not means[attn]:
-        fits = next((a for a, ok in means.items() if ok), None)
-        hint = (f"use attn={fits} for that value, or change model.n_kv_heads" if fits else
-                "model.n_kv_heads must be between 1 and model.n_heads")
-        raise ConfigError(f"model.n_kv_heads={n_kv_heads} contradicts attn={attn}, which needs "
-                          f"{need[attn]}; {hint}")
+    option = get("attn", attn)
+    if option.fits is None or option.fits(n_heads, n_kv_heads):
+        return
+    fits = next((o.name for o in declared("attn") if o.fits and o.fits(n_heads, n_kv_heads)), None)
+    hint = (f"use attn={fits} for that value, or change model.n_kv_heads" if fits else
+            "model.n_kv_heads must be between 1 and model.n_heads")
+    raise ConfigError(f"model.n_kv_heads={n_kv_heads} contradicts attn={attn}, which needs "
+                      f"{option.needs.format(n_heads=n_heads)}; {hint}")
 
 
-# attn: n_kv_heads as a function of (n_heads, kv_group)
-ATTENTION: Registry[Callable[[int, int], int]] = Registry("attn")
-ATTENTION.add("mha", lambda n_heads, kv_group: n_heads)
-ATTENTION.add("gqa", gqa_kv_heads)
-ATTENTION.add("mqa", lambda n_heads, kv_group: 1)
+# ---- norm (ablate/model/norms.py): params of one norm of width d --------------------------------
+declare_axis("norm", NormOption, default="layernorm", eps=1e-5)
+register_option("norm", "layernorm", "ablate.model.norms:LayerNorm",
+                params=lambda spec, d: d * (2 if spec.bias else 1))  # gain (+ beta with bias=on)
+register_option("norm", "rmsnorm", "ablate.model.norms:RMSNorm", params=lambda spec, d: d)  # gain
 
-# tie: whether the output head shares the token embedding matrix
-TIE: Registry[bool] = Registry("tie")
-TIE.add("tied", True)
-TIE.add("untied", False)
+# ---- norm_pos (ablate/model/blocks.py): a block's norms, given one norm's params ----------------
+declare_axis("norm_pos", BlockOption, default="pre")
+register_option("norm_pos", "pre", "ablate.model.blocks:PreNormBlock",  # parallel: one shared norm
+                params=lambda spec, norm: norm * (1 if spec.parallel_block else 2))
+register_option("norm_pos", "post", "ablate.model.blocks:PostNormBlock",
+                params=lambda spec, norm: 2 * norm, final_norm=False)
+register_option("norm_pos", "sandwich", "ablate.model.blocks:SandwichBlock",
+                params=lambda spec, norm: 4 * norm)
+register_option("norm_pos", "reordered", "ablate.model.blocks:ReorderedBlock",
+                params=lambda spec, norm: 2 * norm)
 
-# bias: whether linear layers (and LayerNorm) carry an additive bias
-BIAS: Registry[bool] = Registry("bias")
-BIAS.add("on", True)
-BIAS.add("off", False)
+# ---- act (ablate/model/ffn.py): plain FFNs have two matrices, gated ones three ----------------
+declare_axis("act", ActOption, default="gelu")
+register_option("act", "relu", "torch.nn.functional:relu", relu_family=True)
+register_option("act", "gelu", "ablate.model.ffn:gelu_tanh")
+register_option("act", "silu", "torch.nn.functional:silu")
+register_option("act", "swiglu", "torch.nn.functional:silu", gated=True)
+register_option("act", "geglu", "ablate.model.ffn:gelu_tanh", gated=True)
+register_option("act", "reglu", "torch.nn.functional:relu", gated=True, relu_family=True)
 
-# dropout: whether dropout.rate applies (embedding, residual branches; attention probabilities:
-# dropout.attn, null = the same rate)
-DROPOUT: Registry[bool] = Registry("dropout")
-DROPOUT.add("off", False)
-DROPOUT.add("on", True)
+# ---- pos (ablate/model/positions.py): only learned positions are parameters --------------------
+declare_axis("pos", PosOption, default="learned", base=10000.0)  # base: RoPE's theta
+register_option("pos", "learned", "ablate.model.positions:Learned",
+                params=lambda spec: spec.max_seq_len * spec.d_model)
+for _name, _cls in (("sinusoidal", "Sinusoidal"), ("rope", "RoPE"), ("alibi", "ALiBi"), ("nope", "NoPE")):
+    register_option("pos", _name, f"ablate.model.positions:{_cls}", params=lambda spec: 0)
 
-# qk_norm: RMSNorm on queries and keys per head before the dot product
-QK_NORM: Registry[bool] = Registry("qk_norm")
-QK_NORM.add("off", False)
-QK_NORM.add("on", True)
+# ---- attn (ablate/model/attention.py): the KV head count; params follow from it ----------------
+# kv_group: gqa's n_kv_heads ~ n_heads / kv_group (gqa_kv_heads); an explicit model.n_kv_heads wins
+declare_axis("attn", AttnOption, default="mha", kv_group=4)
+register_option("attn", "mha", lambda n_heads, kv_group: n_heads,
+                fits=lambda n_heads, n_kv: n_kv == n_heads, needs="model.n_kv_heads == model.n_heads={n_heads}")
+register_option("attn", "gqa", gqa_kv_heads,
+                fits=lambda n_heads, n_kv: 1 < n_kv < n_heads, needs="1 < model.n_kv_heads < model.n_heads={n_heads}")
+register_option("attn", "mqa", lambda n_heads, kv_group: 1,
+                fits=lambda n_heads, n_kv: n_kv == 1, needs="model.n_kv_heads=1")
 
-# Option names of the module-valued axes, so torch-free code (spec validation, `ablate axes`)
-# can check them; tests assert they equal the keys of the registries in the torch modules.
-NORM_NAMES = ("layernorm", "rmsnorm")
-NORM_POS_NAMES = ("pre", "post", "sandwich", "reordered")
-ACT_NAMES = ("relu", "gelu", "silu", "swiglu", "geglu", "reglu")
-GATED_ACTS = ("swiglu", "geglu", "reglu")
-POS_NAMES = ("learned", "sinusoidal", "rope", "alibi", "nope")
-# model.init: weight-init schemes (roles.init_weights); not an axis, a model key.
-INIT_NAMES = ("normal", "xavier")
+# ---- flags: what each option sets in the ModelSpec ---------------------------------------------
+declare_axis("tie", FlagOption, default="tied")  # the output head shares the embedding matrix
+register_option("tie", "tied", True)
+register_option("tie", "untied", False)
+declare_axis("bias", FlagOption, default="on")  # linear layers (and LayerNorm) carry a bias
+register_option("bias", "on", True)
+register_option("bias", "off", False)
+# dropout.rate on the embedding sum and each sublayer output; dropout.attn on attention
+# probabilities (null: the same rate)
+declare_axis("dropout", FlagOption, default="off", rate=0.0, attn=None)
+register_option("dropout", "off", False)
+register_option("dropout", "on", True, config={"rate": 0.1})
+declare_axis("qk_norm", FlagOption, default="off")  # RMSNorm on queries and keys, per head
+register_option("qk_norm", "off", False)
+register_option("qk_norm", "on", True)

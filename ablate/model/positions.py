@@ -4,6 +4,7 @@ Each option is a module with three hooks, so the forward pass shows where positi
   add_to_embeddings(x)   absolute encodings (learned, sinusoidal) are added to the embeddings;
   context(T)             per-forward tensors the attention layers use: RoPE's (cos, sin) or
                          ALiBi's additive bias (with the causal -inf folded in, for SDPA).
+Declared (name, parameter count) in ablate/model/options.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from torch import nn
 
 from ablate.model.roles import Role, tag
 from ablate.model.spec import ModelSpec
-from ablate.registry import Registry
 
 
 @dataclass
@@ -165,11 +165,3 @@ class ALiBi(Positional):
 
 class NoPE(Positional):
     """No positional information: the causal mask alone (Kazemnejad et al. 2023)."""
-
-
-POSITIONS: Registry[type[Positional]] = Registry("pos")
-POSITIONS.add("learned", Learned)
-POSITIONS.add("sinusoidal", Sinusoidal)
-POSITIONS.add("rope", RoPE)
-POSITIONS.add("alibi", ALiBi)
-POSITIONS.add("nope", NoPE)

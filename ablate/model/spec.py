@@ -47,17 +47,18 @@ class ModelSpec:
     n_kv_heads: int
     d_ff: int
     max_seq_len: int
-    norm: str = "layernorm"
-    norm_eps: float = 1e-5
-    norm_pos: str = "pre"
-    act: str = "gelu"
-    pos: str = "learned"
-    rope_base: float = 10000.0
-    tied: bool = True
-    bias: bool = True
+    # The axes' defaults: what a run without overrides trains (ablate/model/options.py)
+    norm: str = options.AXES["norm"].default
+    norm_eps: float = options.AXES["norm"].config["eps"]
+    norm_pos: str = options.AXES["norm_pos"].default
+    act: str = options.AXES["act"].default
+    pos: str = options.AXES["pos"].default
+    rope_base: float = options.AXES["pos"].config["base"]
+    tied: bool = options.default("tie").value
+    bias: bool = options.default("bias").value
     dropout: float = 0.0  # embedding sum and sublayer outputs (residual dropout)
     attn_dropout: Optional[float] = None  # attention probabilities; None: the same as dropout
-    qk_norm: bool = False
+    qk_norm: bool = options.default("qk_norm").value
     init: str = "normal"  # normal | xavier (roles.init_weights)
     init_std: float = 0.02
     depth_scaled_init: bool = True
@@ -80,7 +81,7 @@ class ModelSpec:
 
     @property
     def gated(self) -> bool:
-        return self.act in options.GATED_ACTS
+        return options.get("act", self.act).gated
 
     @property
     def attn_dropout_rate(self) -> float:
@@ -94,10 +95,10 @@ class ModelSpec:
 
     def check(self) -> None:
         for axis, value, names in (
-            ("norm", self.norm, options.NORM_NAMES),
-            ("norm_pos", self.norm_pos, options.NORM_POS_NAMES),
-            ("act", self.act, options.ACT_NAMES),
-            ("pos", self.pos, options.POS_NAMES),
+            ("norm", self.norm, options.names("norm")),
+            ("norm_pos", self.norm_pos, options.names("norm_pos")),
+            ("act", self.act, options.names("act")),
+            ("pos", self.pos, options.names("pos")),
             ("model.init", self.init, options.INIT_NAMES),
         ):
             if value not in names:
@@ -137,8 +138,9 @@ class ModelSpec:
             raise ConfigError(f"model.z_loss and model.mtp_weight must be >= 0, got "
                               f"{self.z_loss} and {self.mtp_weight}")
         if self.act_clamp is not None and not self.gated:  # it clamps act(gate) * up
+            gated = [o.name for o in options.declared("act") if o.gated]
             raise ConfigError(f"model.act_clamp clamps a gated FFN's activations; act={self.act} is "
-                              f"not gated (use {', '.join(options.GATED_ACTS)}) or set it to null")
+                              f"not gated (use {', '.join(gated)}) or set it to null")
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer_vocab: Optional[int] = None) -> "ModelSpec":
@@ -160,25 +162,26 @@ class ModelSpec:
             n_kv = int(m.n_kv_heads)
             options.check_kv_heads(cfg.attn.name, m.n_heads, n_kv)
         else:
-            n_kv = options.ATTENTION.get(cfg.attn.name)(m.n_heads, cfg.attn.kv_group)
+            n_kv = options.get("attn", cfg.attn.name).kv_heads(m.n_heads, cfg.attn.kv_group)
         act = cfg.act.name
+        bias = options.get("bias", cfg.bias.name).value
         if m.d_ff is not None:
             d_ff = int(m.d_ff)
         else:
             d_ff = int(m.ffn_ratio * m.d_model)
-            if act in options.GATED_ACTS:  # three matrices: ~2/3 of the width keeps params equal
-                d_ff = gated_d_ff(d_ff, m.d_model, m.ffn_multiple_of, options.BIAS.get(cfg.bias.name))
-        dropout_on = options.DROPOUT.get(cfg.dropout.name)
+            if options.get("act", act).gated:  # three matrices: ~2/3 of the width keeps params equal
+                d_ff = gated_d_ff(d_ff, m.d_model, m.ffn_multiple_of, bias)
+        dropout_on = options.get("dropout", cfg.dropout.name).value
         attn_rate = cfg.dropout.get("attn")  # absent from configs saved before it existed
         return cls(
             vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
             n_kv_heads=n_kv, d_ff=d_ff, max_seq_len=m.max_seq_len,
             norm=cfg.norm.name, norm_eps=float(cfg.norm.eps), norm_pos=cfg.norm_pos.name,
             act=act, pos=cfg.pos.name, rope_base=float(cfg.pos.base),
-            tied=options.TIE.get(cfg.tie.name), bias=options.BIAS.get(cfg.bias.name),
+            tied=options.get("tie", cfg.tie.name).value, bias=bias,
             dropout=float(cfg.dropout.rate) if dropout_on else 0.0,
             attn_dropout=float(attn_rate) if dropout_on and attn_rate is not None else None,
-            qk_norm=options.QK_NORM.get(cfg.qk_norm.name),
+            qk_norm=options.get("qk_norm", cfg.qk_norm.name).value,
             init=str(m.get("init", "normal")), init_std=m.init_std, depth_scaled_init=m.depth_scaled_init, emb_scale=m.emb_scale,
             parallel_block=m.parallel_block, z_loss=m.z_loss, attn_softcap=m.attn_softcap,
             logit_softcap=m.logit_softcap, act_clamp=m.act_clamp, mtp_heads=m.mtp_heads,
@@ -189,19 +192,9 @@ class ModelSpec:
         return asdict(self)
 
 
-def norm_params(spec: ModelSpec, d: int) -> int:
-    # LayerNorm: gain (+ beta with bias=on); RMSNorm: gain only.
-    return d * (2 if spec.norm == "layernorm" and spec.bias else 1)
-
-
-def norms_per_block(spec: ModelSpec) -> int:
-    if spec.parallel_block:
-        return 1
-    return 4 if spec.norm_pos == "sandwich" else 2
-
-
 def count_params(spec: ModelSpec) -> dict[str, int]:
-    """Analytic parameter count by component (tied weights counted once, in `embedding`)."""
+    """Analytic parameter count by component (tied weights counted once, in `embedding`), from
+    each option's declared count (ablate/model/options.py)."""
     d, L, hd = spec.d_model, spec.n_layers, spec.head_dim
     b = 1 if spec.bias else 0
     q_out, kv_out = spec.n_heads * hd, spec.n_kv_heads * hd
@@ -209,17 +202,18 @@ def count_params(spec: ModelSpec) -> dict[str, int]:
     if spec.qk_norm:
         attn += 2 * hd  # RMSNorm gains shared across heads
     ffn = ffn_layer_params(d, spec.d_ff, spec.gated, spec.bias)
-    norm_block = norms_per_block(spec) * norm_params(spec, d)
-    final_norm = 0 if spec.norm_pos == "post" else norm_params(spec, d)
+    norm = options.get("norm", spec.norm).count(spec, d)  # one norm of width d
+    block = options.get("norm_pos", spec.norm_pos)
+    final_norm = norm if block.final_norm else 0
     embedding = spec.vocab_size * d
-    position = spec.max_seq_len * d if spec.pos == "learned" else 0
+    position = options.get("pos", spec.pos).count(spec)
     head = 0 if spec.tied else spec.vocab_size * d
-    mtp = spec.mtp_heads * (norm_params(spec, d) + d * d)  # each: norm + d x d projection, shared unembedding
+    mtp = spec.mtp_heads * (norm + d * d)  # each: norm + d x d projection, shared unembedding
     out = {
         "embedding": embedding + position,
         "attention": L * attn,
         "ffn": L * ffn,
-        "norm": L * norm_block + final_norm,
+        "norm": L * block.count(spec, norm) + final_norm,
         "head": head + mtp,
     }
     out["total"] = sum(out.values())

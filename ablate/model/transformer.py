@@ -1,4 +1,4 @@
-"""The decoder-only transformer, assembled from one registry entry per axis."""
+"""The decoder-only transformer, assembled from one declared option per axis (ablate/model/options.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.model.blocks import BLOCKS
+from ablate.errors import ConfigError
+from ablate.model import options
 from ablate.model.loss import linear_cross_entropy
-from ablate.model.norms import norm_factory
-from ablate.model.positions import POSITIONS
 from ablate.model.roles import Role, init_weights, linear, tag
-from ablate.model.spec import ModelSpec
+from ablate.model.spec import ModelSpec, count_params
 
 
 @dataclass
@@ -30,14 +29,14 @@ class Transformer(nn.Module):
         """seed: keys every parameter's init (None: the current torch seed, see init_weights)."""
         super().__init__()
         self.spec = spec
-        make_norm = norm_factory(spec.norm, spec.norm_eps, spec.bias)
-        block_cls = BLOCKS.get(spec.norm_pos)
+        make_norm = options.norm_factory(spec.norm, spec.norm_eps, spec.bias)
+        block = options.get("norm_pos", spec.norm_pos)
         self.tok_emb = nn.Embedding(spec.vocab_size, spec.d_model)
         tag(self.tok_emb.weight, Role.EMBEDDING)
-        self.pos = POSITIONS.get(spec.pos)(spec)
+        self.pos = options.get("pos", spec.pos).build(spec)
         self.emb_drop = nn.Dropout(spec.dropout)
-        self.blocks = nn.ModuleList(block_cls(spec, make_norm) for _ in range(spec.n_layers))
-        self.final_norm = make_norm(spec.d_model) if block_cls.needs_final_norm else nn.Identity()
+        self.blocks = nn.ModuleList(block.build(spec, make_norm) for _ in range(spec.n_layers))
+        self.final_norm = make_norm(spec.d_model) if block.final_norm else nn.Identity()
         self.lm_head = None if spec.tied else linear(spec.d_model, spec.vocab_size, False, Role.HEAD)
         # Multi-token prediction: head k maps h_t to a state predicting token t+1+k through the
         # shared unembedding. Each head is a norm plus one d x d linear map: far lighter than the
@@ -110,5 +109,31 @@ class Transformer(nn.Module):
         return LMOutput(None, loss, lm_loss)
 
 
+def built_counts(model: Transformer) -> dict[str, int]:
+    """The breakdown of ablate.model.spec.count_params, counted on a built model."""
+    out = {"embedding": model.tok_emb.weight.numel() + sum(p.numel() for p in model.pos.parameters()),
+           "attention": sum(p.numel() for b in model.blocks for p in b.attn.parameters()),
+           "ffn": sum(p.numel() for b in model.blocks for p in b.ffn.parameters()),
+           "head": sum(p.numel() for p in model.mtp.parameters())
+           + (0 if model.lm_head is None else model.lm_head.weight.numel())}
+    out["total"] = sum(p.numel() for p in model.parameters())
+    out["norm"] = out["total"] - sum(v for k, v in out.items() if k != "total")
+    return out
+
+
+def check_counts(model: Transformer) -> dict[str, int]:
+    """The built model's counts, refused unless they equal the analytic ones: summary.json,
+    FLOPs and MFU report the analytic count, so an option whose declared `params` is wrong (a
+    plugin's) must not train."""
+    analytic, built = count_params(model.spec), built_counts(model)
+    bad = {k: (analytic[k], built[k]) for k in built if built[k] != analytic[k]}
+    if bad:
+        raise ConfigError(f"analytic parameter count disagrees with the built model: {bad} "
+                          "(analytic, built); fix the params= an option declares in its register_option")
+    return built
+
+
 def build_model(spec: ModelSpec, seed: Optional[int] = None) -> Transformer:
-    return Transformer(spec, seed)
+    model = Transformer(spec, seed)
+    check_counts(model)
+    return model
