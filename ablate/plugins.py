@@ -7,9 +7,10 @@ A plugin is an importable module (on PYTHONPATH or installed) that declares each
     my_pkg/my_norm.py     register_option("norm", "crmsnorm", CRMSNorm, params=lambda spec, d: d)
 
 The option is then an option of its config group (`norm=crmsnorm`), with the config values its
-registration gives (config={...}); a `conf/` directory beside the module may add config files
-of its own (e.g. `conf/arch/<preset>.yaml`), put on Hydra's search path. Without `params=` the
-option's parameters are counted on its class, built on the meta device.
+registration gives (config={...}). Without `params=` its parameters are counted on its class,
+built on the meta device. A `conf/` directory beside the module may add config files of its own
+(e.g. `conf/arch/<preset>.yaml`), put on Hydra's search path; a file for an option it registers
+(`conf/norm/crmsnorm.yaml`) is used instead of the registration's config values.
 
 It is loaded by `plugins=[my_pkg.my_norm]` on the command line (recorded in the run's config, so
 torchrun ranks, SLURM jobs and `ablate resume` load it too) or, for an installed package, by an
@@ -23,10 +24,10 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from ablate.errors import ConfigError
-from ablate.model.axis import registering_for
+from ablate.model.axis import conf_dir_of, registering_for
 from ablate.model.options import register_option  # noqa: F401  (the plugin API, re-exported)
 
 ENTRY_POINT_GROUP = "ablate.plugins"
@@ -34,15 +35,6 @@ KEY = "plugins"  # the config key (top level) that lists plugin modules
 
 _loaded: dict[str, Optional[Path]] = {}  # module name -> its conf dir (None: it has none)
 _entry_points_loaded = False
-
-
-def _conf_dir(module: Any) -> Optional[Path]:
-    """`conf/` beside the module's file (for a package's __init__, inside the package)."""
-    file = getattr(module, "__file__", None)
-    if not file:
-        return None
-    conf = Path(file).resolve().parent / "conf"
-    return conf if conf.is_dir() else None
 
 
 def load(names: Iterable[str]) -> list[Path]:
@@ -64,7 +56,7 @@ def load(names: Iterable[str]) -> list[Path]:
             raise ConfigError(f"plugin module '{name}' failed to import: {e}") from None
         except Exception as e:  # noqa: BLE001 - a broken plugin is bad input, in one line
             raise ConfigError(f"plugin module '{name}' failed to import: {type(e).__name__}: {e}") from None
-        _loaded[name] = _conf_dir(module)
+        _loaded[name] = conf_dir_of(module)
     return conf_dirs()
 
 
@@ -85,7 +77,7 @@ def load_entry_points() -> None:
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"plugin '{ep.name}' (entry point {ep.value} in group "
                               f"{ENTRY_POINT_GROUP}) failed to import: {type(e).__name__}: {e}") from None
-        _loaded[ep.module] = _conf_dir(module)
+        _loaded[ep.module] = conf_dir_of(module)
 
 
 def loaded_confs() -> dict[str, Path]:

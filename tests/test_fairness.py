@@ -1,23 +1,35 @@
 """Every option changes only its axis: built next to the baseline at the same seed, each option
 (every axis in `ablate axes`, and the arch presets) differs in size exactly by what `inspect`
 reports, starts every tensor both models have (same name and shape) at the same values, and
-keeps the signal at init within a stated band of the baseline's."""
+keeps the signal at init within a stated band of the baseline's.
+
+Your own options are held to the same checks: `ABLATE_TEST_PLUGINS=my_pkg.my_module pytest
+tests/test_fairness.py` loads those plugin modules and tests their options beside the built-ins.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from ablate.axes import default_axes, group_options
 from ablate.config import AXES
+from ablate.model import options
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import build_model
 from tests.conftest import compose
 
+PLUGINS = [m for m in os.environ.get("ABLATE_TEST_PLUGINS", "").split(",") if m]
+if PLUGINS:
+    from ablate.plugins import load
+
+    load(PLUGINS)
 # Tiny dims (4 heads so that attn=gqa has a KV head count, 2 < 4); seq_len within max_seq_len.
 DIMS = ["model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=64",
-        "train.seq_len=32", "logger=none"]
-OPTIONS = [(axis, o) for axis in AXES for o in group_options(axis) if o != default_axes()[axis]]
+        "train.seq_len=32", "logger=none"] + ([f"plugins=[{','.join(PLUGINS)}]"] if PLUGINS else [])
+OPTIONS = [(axis, o) for axis in AXES for o in options.names(axis) if o != default_axes()[axis]]
 PRESETS = [("arch", o) for o in group_options("arch") if o != "gpt2"]
 SEED = 3
 

@@ -192,3 +192,46 @@ def test_an_explicit_n_kv_heads_must_mean_the_attn_option(attn, n_kv, fits):
     with pytest.raises(ConfigError, match=f"model.n_kv_heads={n_kv} contradicts attn={attn}.*use attn={fits}"):
         options.check_kv_heads(attn, 8, n_kv)
     options.check_kv_heads(fits, 8, n_kv)  # the option it names accepts it
+
+
+# ---- declared counts: what a plugin's option gets without params=, and with a wrong one -------
+def without_declared_count(monkeypatch, axis: str, name: str, **changes) -> None:
+    from ablate.model import axis as declarations
+
+    option = options.get(axis, name)
+    monkeypatch.setitem(declarations._OPTIONS[axis], name, dataclasses.replace(option, **changes))
+
+
+@pytest.mark.parametrize("variant", ["norm=layernorm", "norm=rmsnorm", "norm_pos=sandwich", "norm_pos=post",
+                                     "pos=learned", "pos=rope", "parallel", "sandwich-layernorm-nobias"])
+def test_an_option_without_params_is_counted_on_its_class(monkeypatch, variant):
+    """Built-ins declare their count (torch-free); a plugin may leave it out: the class, built on
+    the meta device, gives the same numbers."""
+    spec = spec_of(ALL[variant])
+    declared = count_params(spec)
+    for axis, name in (("norm", spec.norm), ("norm_pos", spec.norm_pos), ("pos", spec.pos)):
+        without_declared_count(monkeypatch, axis, name, params=None, impl=options.get(axis, name).load())
+    assert count_params(spec) == declared == built_counts(Transformer(spec))
+
+
+def test_a_wrong_declared_count_is_refused_before_training(monkeypatch):
+    """summary.json, FLOPs and MFU report the declared count: a model that disagrees is not built."""
+    from ablate.errors import ConfigError
+    from ablate.model.transformer import build_model
+
+    without_declared_count(monkeypatch, "norm", "rmsnorm", params=lambda spec, d: 2 * d)  # no beta
+    with pytest.raises(ConfigError, match=r"analytic parameter count disagrees with the built model: "
+                                          r"\{'total': \(19712, 19552\), 'norm': \(320, 160\)\}.*params="):
+        build_model(spec_of(dict(norm="rmsnorm")))
+
+
+@pytest.mark.parametrize("call, message", [
+    (("nope", "x", None), "register_option: unknown axis 'nope'; axes: norm, norm_pos, act"),
+    (("norm", "x", None, {"gated": True}), "norm option 'x' got 'gated'; norm takes params and config keys eps"),
+    (("act", "x", None, {"config": {"eps": 1e-6}}), "act option 'x' got 'eps'"),
+    (("norm", "rmsnorm", None), "norm: option 'rmsnorm' registered twice"),
+])
+def test_register_option_refuses_what_its_axis_does_not_take(call, message):
+    axis, name, impl, *kw = call
+    with pytest.raises(ValueError, match=message):
+        options.register_option(axis, name, impl, **(kw[0] if kw else {}))

@@ -5,9 +5,12 @@ found on Hydra's search path, and it is run and swept against the built-ins."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import TINY, find_run_dirs, run_ablate
+from conftest import ROOT, TINY, find_run_dirs, run_ablate
 
 # The README's example, as written there.
 MY_NORM = '''\
@@ -122,3 +125,82 @@ def test_axes_refuses_other_overrides_and_missing_plugins_in_one_line():
         res = run_ablate("axes", arg)
         assert res.returncode == 2 and res.stderr.startswith(message), res.stderr
         assert len(res.stderr.strip().splitlines()) == 1
+
+
+# ---- issue 24: an option is one declaration ----------------------------------------------------
+# A norm with a bias and a gated activation, one registration each, from outside the package and
+# with no config file: structurally LayerNorm and SwiGLU, so every count must equal theirs.
+OUR_OPTIONS = '''\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ablate.model.roles import Role, tag
+from ablate.plugins import register_option
+
+
+class BiasRMSNorm(nn.Module):
+    """RMSNorm with LayerNorm's beta: y = x / rms(x) * g + b (b only with bias=on)."""
+
+    def __init__(self, d: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+        tag(self.weight, Role.GAIN)
+        tag(self.bias, Role.BIAS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, T, d)
+        y = F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        return y if self.bias is None else y + self.bias
+
+
+register_option("norm", "biasrms", BiasRMSNorm, params=lambda spec, d: d * (2 if spec.bias else 1))
+register_option("act", "sqreglu", lambda x: F.relu(x).square(), gated=True)  # Primer's ReLU^2, gated
+'''
+
+
+def make_options_plugin(root: Path) -> dict:
+    root.mkdir(parents=True)
+    (root / "our_options.py").write_text(OUR_OPTIONS)
+    return {"PYTHONPATH": str(root)}
+
+
+def inspect_json(*args: str, env: dict | None = None) -> dict:
+    res = run_ablate("inspect", *args, "--json", "--build", env=env)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_options_from_outside_are_counted_listed_tested_and_trained_like_builtins(tmp_path):
+    env = make_options_plugin(tmp_path / "src")
+    ours = inspect_json("plugins=[our_options]", "norm=biasrms", "act=sqreglu", env=env)
+    same_shape = inspect_json("norm=layernorm", "act=swiglu")
+    # inspect: the counts (by component), the FFN width and the FLOPs of LayerNorm + SwiGLU ...
+    for key in ("params", "non_embedding_params", "flops_per_token", "vs_baseline"):
+        assert ours[key] == same_shape[key], key
+    assert ours["spec"]["d_ff"] == same_shape["spec"]["d_ff"] == 336  # gated: size-matched
+    assert ours["ffn"]["gated"] is True
+    # ... and the model built from the declarations has exactly that many parameters
+    assert ours["built_params"] == ours["params"]
+    # axes: both listed, marked as the plugin's
+    res = run_ablate("axes", "plugins=[our_options]", "--json", env=env)
+    rows = {r["group"]: r for r in json.loads(res.stdout)}
+    assert rows["norm"]["plugins"] == {"biasrms": "our_options"} and "biasrms" in rows["norm"]["options"]
+    assert rows["act"]["plugins"] == {"sqreglu": "our_options"} and "sqreglu" in rows["act"]["options"]
+    # the fairness test holds them to its checks (size delta = inspect's, shared init, signal)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          "tests/test_fairness.py", "-k", "option_changes_only_its_axis and (biasrms or sqreglu)"],
+                         cwd=ROOT, env={**os.environ, **env, "ABLATE_TEST_PLUGINS": "our_options"},
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout + res.stderr
+    # a real run: summary.json's params and FLOPs are the built model's
+    run_dir = tmp_path / "run"
+    res = run_ablate("run", *TINY, "train.steps=2", "plugins=[our_options]", "norm=biasrms",
+                     "act=sqreglu", f"hydra.run.dir={run_dir}", env=env)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tiny = inspect_json(*TINY, "plugins=[our_options]", "norm=biasrms", "act=sqreglu", env=env)
+    assert summary["status"] == "completed"
+    assert summary["params"] == tiny["built_params"]["total"] == tiny["params"]["total"]
+    assert summary["flops_per_token"] == tiny["flops_per_token"]

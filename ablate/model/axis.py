@@ -8,13 +8,14 @@ values its config group sets. The name lists, the Hydra config groups, `inspect`
 FLOPs, `ablate axes` and the tests all read these declarations. The built-in options are declared
 in ablate/model/options.py; a plugin module (ablate/plugins.py) calls the same function.
 
-What each axis's implementation is (`impl`), and its count (`params`, None: counted on the class,
-built on the meta device; only an object, not a path, can be counted that way):
+What each axis's implementation is (`impl`), and its count (`params`; None: counted on the class,
+built on the meta device, which imports torch: built-in options declare theirs):
   norm      a class `impl(d, eps=, bias=)` -> nn.Module;   params(spec, d): one norm of width d
   norm_pos  a Block class `impl(spec, make_norm)`;          params(spec, norm): a block's own
             parameters besides attention and FFN, given one norm's count; final_norm: whether
             the model norms the last block's output
-  act       a function of a tensor;                        gated: a GLU (three FFN matrices)
+  act       a function of a tensor;                        gated: a GLU (three FFN matrices);
+            relu_family: it outputs exact zeros (diagnostics count dead units)
   pos       a Positional class `impl(spec)`;                params(spec)
   attn      a function `(n_heads, kv_group) -> n_kv_heads`; fits(n_heads, n_kv): what an
             explicit model.n_kv_heads must satisfy, `needs` says it in words
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ablate.errors import ConfigError
@@ -212,9 +215,21 @@ def registering_for(module: str) -> Iterator[None]:
 AXES_DEFAULTS = "axes"  # conf/config.yaml lists it: every axis at its default option
 
 
+def conf_dir_of(module: Any) -> Optional[Path]:
+    """A plugin's `conf/`, beside the module's file (for a package's __init__, inside the package)."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    conf = Path(file).resolve().parent / "conf"
+    return conf if conf.is_dir() else None
+
+
 def _store(option: Option) -> None:
     from hydra.core.config_store import ConfigStore
 
+    conf = conf_dir_of(sys.modules.get(option.plugin)) if option.plugin else None
+    if conf is not None and (conf / option.axis / f"{option.name}.yaml").is_file():
+        return  # the plugin's own file is the option's config (both: Hydra warns, schema matching)
     ConfigStore.instance().store(group=option.axis, name=option.name,
                                  node={"name": option.name, **option.config}, provider="ablate")
 
