@@ -1,4 +1,4 @@
-"""One registry per architectural axis, keyed by the option name that `conf/<axis>/` uses."""
+"""A name -> object table (data sources, tokenizers, HF families); a wrong name lists the valid ones."""
 
 from __future__ import annotations
 
