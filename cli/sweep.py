@@ -34,15 +34,13 @@ def register(app: typer.Typer) -> None:
         sweeper is chosen with hydra/sweeper=NAME (e.g. basic, optuna); it plans its own jobs.
         """
         from ablate.errors import AblateError
-        from ablate.sweep import MODES, preflight
+        from ablate.sweep import check_options, preflight
         from cli.common import call_hydra, fail
 
-        if mode not in MODES:
-            fail(f"unknown --mode '{mode}'; choose one of {', '.join(MODES)}")
-        if seeds < 0:
-            fail(f"--seeds must be >= 0, got {seeds}")
-        if jobs_per_gpu is not None and jobs_per_gpu < 1:
-            fail(f"--jobs-per-gpu must be >= 1, got {jobs_per_gpu}")
+        try:
+            check_options(mode, seeds, jobs_per_gpu)
+        except AblateError as e:
+            fail(str(e), e.exit_code)
         args = list(ctx.args)
         other = other_sweeper(args)
         if other:  # its own options are hydra.sweeper.* overrides; ablate's do not exist there

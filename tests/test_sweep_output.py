@@ -43,7 +43,8 @@ def test_hydra_basic_sweeper_runs_through_ablate_sweep(tmp_path):
 
 
 def test_eta_is_the_mean_job_time_times_the_jobs_left():
-    from ablate.sweep import Job, JobResult, Progress
+    from ablate.sweep import Job
+    from ablate.sweep.report import JobResult, Progress
 
     now = [100.0]
     p = Progress(4, clock=lambda: now[0])
@@ -55,7 +56,7 @@ def test_eta_is_the_mean_job_time_times_the_jobs_left():
 
 
 def test_launcher_logs_are_hidden_unless_hydra_verbose():
-    from ablate.sweep import quiet_launcher_logs
+    from ablate.sweep.report import quiet_launcher_logs
 
     lg = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
     before = lg.level

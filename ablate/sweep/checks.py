@@ -1,0 +1,105 @@
+"""The checks before a sweep launches anything: bad input is refused in one line, with no
+directory made. `preflight` runs before Hydra starts (the first job composes, the plan is made,
+the launcher is installed); `check_jobs` runs in the sweeper on every job's composed config, for
+a real sweep and for its --dry-run alike: a check of one job goes in `check_job`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ablate.errors import AblateError, ConfigError
+from ablate.sweep.launchers import Launcher, missing_launcher_message
+from ablate.sweep.placement import check_jobs_per_gpu
+from ablate.sweep.planning import Job, check_mode, check_seeds, parse, plan
+
+
+def check_options(mode: str, seeds: int, jobs_per_gpu: Optional[int]) -> None:
+    """The sweep's own options, as `ablate sweep` takes them (--mode, --seeds, --jobs-per-gpu)."""
+    check_mode(mode)
+    check_seeds(seeds)
+    check_jobs_per_gpu(jobs_per_gpu)
+
+
+def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> list[Job]:
+    """Compose the sweep's first job (with the hydra node) and plan the jobs, so a wrong option,
+    a launcher that is not installed or an empty ofat sweep is refused in one line before
+    Hydra makes any directory. The sweeper checks every job (check_jobs) before launching."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ablate.axes import CONF_DIR
+    from ablate.compose import check_no_secrets, hydra_message, load_plugins
+    from ablate.config import register_configs
+
+    check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
+    load_plugins(list(arguments))  # their options are swept like built-in ones
+    p = parse(arguments)
+    first = p.fixed + [values[0] for _, values in p.swept]
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        message = hydra_message(e)
+        raise ConfigError(missing_launcher_message(message, first) or message) from None
+    finally:
+        GlobalHydra.instance().clear()
+    sweeper = cfg.hydra.sweeper
+    if not str(sweeper.get("_target_", "")).startswith("hydra_plugins.ablate_sweeper"):
+        return []  # another sweeper was chosen (hydra/sweeper=...): it plans its own jobs
+    jobs = sweeper.get("jobs")
+    return plan(arguments, mode, seeds, OmegaConf.to_container(jobs, resolve=True) if jobs else None)
+
+
+def check_job(config: Any, launcher: Launcher) -> None:
+    """One job's composed config (with its hydra node): ablate's invariants, and where the job
+    will run on this machine, torchrun's process count and what tokenizing needs (hub, files)."""
+    from ablate.config import validate
+
+    validate(config)
+    if launcher.local:
+        from ablate.data.cache import preflight as data_preflight
+        from ablate.train.distributed import check_nproc
+
+        check_nproc(config)
+        data_preflight(config.data, config.tokenizer.name)
+
+
+def check_jobs(jobs: Sequence[Job], load: Callable[[Job], Any], launcher: Launcher) -> list:
+    """Every job's config, composed by `load` and checked by check_job; the first bad job refuses
+    the sweep (an AblateError naming it). Returns the configs, in the jobs' order."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ablate.compose import hydra_message
+
+    configs = []
+    for i, job in enumerate(jobs):
+        try:
+            config = load(job)
+            check_job(config, launcher)
+        except AblateError as e:
+            raise type(e)(f"job #{i} ({job.name}): {e}") from None
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(f"job #{i} ({job.name}): {hydra_message(e)}") from None
+        configs.append(config)
+    return configs
+
+
+def check_can_launch(launcher: Launcher, sweep_dir: Path) -> None:
+    """What launching needs here: the launcher's command (sbatch) and a writable sweep directory."""
+    from ablate.compose import check_writable
+
+    if launcher.command and shutil.which(launcher.command) is None:
+        raise ConfigError(f"{launcher.who()} submits with {launcher.command}, which is not on PATH here: "
+                          "run the sweep on the cluster's login node, or preview it with --dry-run")
+    try:
+        check_writable(sweep_dir, "sweep directory")
+    except AblateError as e:
+        raise type(e)(f"{e}; choose another out_dir or hydra.sweep.dir") from None
