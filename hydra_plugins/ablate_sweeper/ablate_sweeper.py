@@ -77,11 +77,10 @@ class AblateSweeper(Sweeper):
                 check_launcher_packs(kind)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         with _refusing():
-            if self.dry_run:
-                configs = [self._load(jobs[0])]  # for the placement line
-            else:
+            if not self.dry_run:
                 check_can_launch(kind, sweep_dir)
-                configs = check_jobs(jobs, self._load, kind)  # every job is valid, or nothing runs
+            # every job is valid, or nothing runs; a dry run refuses what the sweep would
+            configs = check_jobs(jobs, self._load, kind)
             packing = self._packing(configs) if self.jobs_per_gpu else None
         if self.dry_run:
             self._print_dry_run(jobs, sweep_dir, kind, packing, configs[0])
