@@ -21,6 +21,7 @@ class JobResult:
     status: str
     run_dir: Optional[str] = None
     error: str = ""
+    earlier: bool = False  # this launch only returned the outcome the job had (a resumed sweep)
 
 
 def result_of(job: Job, ret: Any) -> JobResult:
@@ -70,6 +71,26 @@ def recover(job: Job, run_dir: Optional[str], stamp_before: Optional[tuple], los
     return JobResult(job, "failed", run_dir, lost)
 
 
+def earlier_outcome(run_dir: Optional[str]) -> Optional[tuple]:
+    """Taken before a launch: (summary stamp, status, step) of a job that has finished, else None."""
+    summary = _summary(run_dir)
+    if summary.get("status") not in FINISHED:
+        return None
+    return summary_stamp(run_dir), summary["status"], summary.get("step")
+
+
+def done_earlier(before: Optional[tuple], run_dir: Optional[str]) -> bool:
+    """Whether the launch only returned the outcome the job had before it (`before`): a resumed
+    sweep's finished job, whose summary is as it was or re-entered at its last step."""
+    if before is None:
+        return False
+    stamp, status, step = before
+    summary = _summary(run_dir)
+    if (summary.get("status"), summary.get("step")) != (status, step):
+        return False
+    return summary_stamp(run_dir) == stamp or summary.get("resumed_from") == step
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(max(seconds, 0)))
     if seconds < 60:
@@ -81,23 +102,25 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     """One line per job as it ends: `[3/12] name  status  val_loss 4.1234  12s  9 left  ETA 1m48s`.
-    The ETA is the sweep's mean time per finished job so far times the jobs left (for parallel
-    launchers a chunk of jobs ends at once, so it is a bound, not a schedule)."""
+    The ETA is the mean time per job run so far times the jobs left (for parallel launchers a
+    chunk of jobs ends at once, so it is a bound, not a schedule). A job a resumed sweep did not
+    run again says `done earlier` and does not count in the mean."""
 
     def __init__(self, total: int, out=None, clock=None):
         import time
 
-        self.total, self.done, self.out = total, 0, out
+        self.total, self.done, self.ran, self.out = total, 0, 0, out
         self.clock = clock or time.monotonic
         self.start = self.clock()
 
     def line(self, r: JobResult, seconds: Optional[float]) -> str:
         self.done += 1
+        self.ran += not r.earlier
         left = self.total - self.done
         elapsed = self.clock() - self.start
-        eta = f"ETA {_duration(elapsed / self.done * left)}" if left else "done"
-        took = _duration(seconds) if seconds is not None else "-"
-        return (f"[{self.done}/{self.total}] {r.job.name}  {r.status}  val_loss {_val_loss(r.run_dir)}"
+        eta = "done" if not left else f"ETA {_duration(elapsed / self.ran * left)}" if self.ran else "ETA -"
+        took = "done earlier" if r.earlier else _duration(seconds) if seconds is not None else "-"
+        return (f"[{self.done}/{self.total}] {r.job.name}  {r.status}  val_loss {_final_loss(r)}"
                 f"  {took}  {left} left  {eta}")
 
     def report(self, r: JobResult, seconds: Optional[float] = None) -> None:
@@ -140,7 +163,7 @@ def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False) -> i
     printed = _print_compare(sweep_dir) if done else False
     if not printed:
         for i, r in enumerate(results):
-            print(f"  #{i} {r.job.name:<28} {r.status:<11} {_val_loss(r.run_dir):<9} {r.run_dir or ''}")
+            print(f"  #{i} {r.job.name:<28} {r.status:<11} {_final_loss(r):<9} {r.run_dir or ''}")
     print(f"sweep: {len(done)}/{len(results)} jobs finished "
           f"({sum(r.status == 'diverged' for r in results)} diverged); sweep dir {sweep_dir}")
     for i, r in enumerate(results):
@@ -179,16 +202,23 @@ def write_record(results: list[JobResult], sweep_dir: Path) -> None:
         print(f"warning: could not write {Path(sweep_dir) / 'sweep.json'}: {e.strerror}", file=sys.stderr)
 
 
-def _summary_value(run_dir: Optional[str], key: str) -> Optional[float]:
+def _summary(run_dir: Optional[str]) -> dict:
     try:
-        v = json.loads((Path(run_dir) / "summary.json").read_text()).get(key)
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _summary_value(run_dir: Optional[str], key: str) -> Optional[float]:
+    v = _summary(run_dir).get(key)
     return v if isinstance(v, (int, float)) else None
 
 
-def _val_loss(run_dir: Optional[str]) -> str:
-    v = _summary_value(run_dir, "val_loss")
+def _final_loss(r: JobResult) -> str:
+    """The job's final val_loss; `-` for a job that has none (diverged, stopped, failed): the loss
+    a diverged run measured before diverging is not its result."""
+    v = _summary_value(r.run_dir, "val_loss") if r.status == "completed" else None
     return f"{v:.4f}" if v is not None else "-"
 
 

@@ -166,6 +166,7 @@ class AblateSweeper(Sweeper):
         from ablate.sweep import report as R
 
         stamps = [R.summary_stamp(d) for d in run_dirs]
+        earlier = [R.earlier_outcome(d) for d in run_dirs]
         submitted: list = []
         try:
             with _keep_submitit_jobs(submitted, collect), \
@@ -176,9 +177,12 @@ class AblateSweeper(Sweeper):
             print(f"warning: the launcher failed ({_one_line(e)}); reading each job's outcome "
                   "from its directory", file=sys.stderr)
             returns = _collect(submitted, len(batch), _one_line(e))
-        return [R.result_of(job, ret) if ret is not None else
-                R.recover(job, run_dir, stamp, f"the launcher lost the job: {why}")
-                for job, (ret, why), run_dir, stamp in zip(jobs, returns, run_dirs, stamps)]
+        results = [R.result_of(job, ret) if ret is not None else
+                   R.recover(job, run_dir, stamp, f"the launcher lost the job: {why}")
+                   for job, (ret, why), run_dir, stamp in zip(jobs, returns, run_dirs, stamps)]
+        for r, before in zip(results, earlier):
+            r.earlier = r.status in R.FINISHED and R.done_earlier(before, r.run_dir)
+        return results
 
     def _prepare_data(self, jobs, configs) -> None:
         """Tokenize each of the sweep's datasets once, here, before any job starts: the jobs then
