@@ -33,10 +33,11 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> l
     from omegaconf.errors import OmegaConfBaseException
 
     from ablate.axes import CONF_DIR
-    from ablate.compose import check_no_secrets, hydra_message, load_plugins
+    from ablate.compose import check_no_secrets, check_quoted, hydra_message, load_plugins
     from ablate.config import register_configs
 
     check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
+    check_quoted(list(arguments))
     load_plugins(list(arguments))  # their options are swept like built-in ones
     p = parse(arguments)
     first = p.fixed + [values[0] for _, values in p.swept]

