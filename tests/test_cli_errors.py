@@ -44,3 +44,32 @@ def test_a_directory_that_cannot_be_made_is_one_line(command, override, what):
     swept = ["norm=layernorm,rmsnorm"] if command == "sweep" else []
     line = one_line(run_ablate(command, *TINY, override, *swept))
     assert line.startswith(f"error: {what} cannot be created"), line
+
+
+@pytest.mark.parametrize("args", [["--seeds", "0"], ["--seeds", "-1"], ["hydra.sweeper.seeds=-2"]])
+def test_seeds_below_one_are_refused(args, tmp_path):
+    line = one_line(run_ablate("sweep", *TINY, *args, "norm=layernorm,rmsnorm", f"out_dir={tmp_path}"))
+    assert "--seeds must be >= 1" in line and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_an_override_written_as_an_option_gets_our_hint(command, tmp_path):
+    res = run_ablate(command, *TINY, "--norm=rmsnorm", f"out_dir={tmp_path}")
+    line = one_line(res)
+    assert "unknown option '--norm=rmsnorm'" in line and "`norm=rmsnorm`" in line
+    assert "usage" not in res.stderr.lower() and "--shell-completion" not in res.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args", [
+    ["export"],  # a missing argument (click)
+    ["compare", "--bogus"],  # an unknown option (click)
+    ["no-such-command"],
+    ["sweep", "--seeds", "x"],  # a value of the wrong type (click)
+    ["sweep", "--mode", "random", "norm=layernorm,rmsnorm"],  # ours
+    ["run", "norm=bogus"],  # Hydra's, as ours
+])
+def test_every_error_line_begins_the_same_way(args):
+    res = run_ablate(*args)
+    one_line(res)
+    assert "Error" not in res.stderr and "Usage" not in res.stderr

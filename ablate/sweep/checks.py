@@ -15,8 +15,9 @@ from ablate.sweep.placement import check_jobs_per_gpu
 from ablate.sweep.planning import Job, check_mode, check_seeds, parse, plan
 
 
-def check_options(mode: str, seeds: int, jobs_per_gpu: Optional[int]) -> None:
-    """The sweep's own options, as `ablate sweep` takes them (--mode, --seeds, --jobs-per-gpu)."""
+def check_options(mode: str, seeds: Optional[int], jobs_per_gpu: Optional[int]) -> None:
+    """The sweep's own options, as `ablate sweep` takes them (--mode, --seeds, --jobs-per-gpu;
+    None: not given)."""
     check_mode(mode)
     check_seeds(seeds)
     check_jobs_per_gpu(jobs_per_gpu)

@@ -53,9 +53,11 @@ def check_mode(mode: str) -> None:
         raise ConfigError(f"unknown --mode '{mode}'; choose one of {', '.join(MODES)}")
 
 
-def check_seeds(seeds: int) -> None:
-    if seeds < 0:
-        raise ConfigError(f"--seeds must be >= 0, got {seeds}")
+def check_seeds(seeds: Optional[int]) -> None:
+    """None: not given (the config's seed); N >= 1: every variant with seed=0..N-1."""
+    if seeds is not None and seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1 (--seeds N runs every variant with seed=0..N-1), "
+                          f"got {seeds}")
 
 
 def parse(arguments: Sequence[str]) -> Parsed:
@@ -198,9 +200,9 @@ def with_seeds(jobs: list[Job], seeds: Sequence[int]) -> list[Job]:
 
 def plan(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0,
          jobs: Optional[Iterable[Any]] = None) -> list[Job]:
-    """The sweep's jobs, in launch order."""
+    """The sweep's jobs, in launch order. seeds: 0 (the sweeper's default) runs the config's seed."""
     check_mode(mode)
-    check_seeds(seeds)
+    check_seeds(seeds or None)
     p = parse(arguments)
     if seeds and (p.seeds or any(o.lstrip("+").split("=", 1)[0] == SEED_KEY for o in p.fixed)):
         raise ConfigError("give seeds either as --seeds N or as seed=..., not both")
