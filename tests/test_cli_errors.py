@@ -1,14 +1,17 @@
 """Issue 22's first-hour mistakes, each refused in one line that says what to do (exit 2, no
 traceback, nothing written): a run directory pasted from a banner, a directory that cannot be
-made, flags written for overrides, `--seeds 0`; and every error line begins `error: `."""
+made, flags written for overrides, `--seeds 0`; every error line begins `error: `; and
+`make clean` leaves the user's runs alone."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY, find_run_dirs, run_ablate
+from conftest import ROOT, TINY, find_run_dirs, run_ablate
 
 
 def one_line(res) -> str:
@@ -73,3 +76,17 @@ def test_every_error_line_begins_the_same_way(args):
     res = run_ablate(*args)
     one_line(res)
     assert "Error" not in res.stderr and "Usage" not in res.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_clean_keeps_the_users_runs(tmp_path):
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    summary = tmp_path / "runs" / "2026-11-23" / "12-00-00_norm=rmsnorm" / "summary.json"
+    sweep = tmp_path / "runs" / "sweeps" / "2026-11-23_12-00-00" / "sweep.json"
+    for f in (summary, sweep, tmp_path / ".venv" / "bin" / "python", tmp_path / ".pytest_cache" / "x"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("{}")
+    res = subprocess.run(["make", "clean"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert summary.is_file() and sweep.is_file()
+    assert not (tmp_path / ".venv").exists() and not (tmp_path / ".pytest_cache").exists()
