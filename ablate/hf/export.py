@@ -92,7 +92,7 @@ def export(run_dir, out_dir, family: Optional[str] = None, check: bool = True) -
     hf = to_hf_model(model, family)  # refuses an architecture no family represents
     for target in (hf.config, hf.generation_config):
         target.bos_token_id = target.eos_token_id = target.pad_token_id = eos
-    tok, tok_note = hf_tokenizer(name)
+    tok, tok_note = hf_tokenizer(name, context=model.spec.max_seq_len)
     out = Path(out_dir)
     existed = out.exists()
     notes = [f"special tokens: bos = eos = pad = {eos} ({name}'s end-of-text)", tok_note]

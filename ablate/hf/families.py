@@ -39,13 +39,14 @@ class Family:
     # (field, what it needs, test) for needs that are not one fixed value
     rules: tuple[tuple[str, str, Callable[[ModelSpec], bool]], ...] = ()
 
-    def mismatches(self, spec: ModelSpec) -> list[str]:
-        return [f"{k}={getattr(spec, k)!r} (needs {v!r})" for k, v in self.required.items()
-                if getattr(spec, k) != v] + \
-               [f"{k}={getattr(spec, k)!r} (needs {need})" for k, need, ok in self.rules if not ok(spec)]
+    def blocking(self, spec: ModelSpec) -> dict[str, str]:
+        """The spec's fields this family cannot represent: field -> `field=value (needs ...)`."""
+        return {**{k: f"{k}={getattr(spec, k)!r} (needs {v!r})" for k, v in self.required.items()
+                   if getattr(spec, k) != v},
+                **{k: f"{k}={getattr(spec, k)!r} (needs {need})" for k, need, ok in self.rules if not ok(spec)}}
 
-    def describe(self) -> str:
-        return ", ".join([f"{k}={v}" for k, v in self.required.items()] + [need for _, need, _ in self.rules])
+    def mismatches(self, spec: ModelSpec) -> list[str]:
+        return list(self.blocking(spec).values())
 
     def tensor_maps(self, spec: ModelSpec) -> list[TensorMap]:
         return tensor_maps(self.weights, spec, self.gain_offset)
@@ -222,8 +223,18 @@ def family_for(spec: ModelSpec, name: Optional[str] = None) -> Family:
         if bad:
             raise ConfigError(f"cannot export as HF {name}: {', '.join(bad)}")
         return fam
-    for n in FAMILIES:
-        if not FAMILIES.get(n).mismatches(spec):
+    blocking = {n: FAMILIES.get(n).blocking(spec) for n in FAMILIES}
+    for n, fields in blocking.items():
+        if not fields:
             return FAMILIES.get(n)
-    raise ConfigError("no Hugging Face family matches this architecture; supported: "
-                      + "; ".join(f"{n} ({FAMILIES.get(n).describe()})" for n in FAMILIES))
+    raise ConfigError(f"no Hugging Face family matches this architecture: {_what_blocks(spec, blocking)}")
+
+
+def _what_blocks(spec: ModelSpec, blocking: dict[str, dict[str, str]]) -> str:
+    """The keys that keep the model out of every family: those no family has, else what the
+    closest family (fewest keys apart) needs changed."""
+    everywhere = [k for k in next(iter(blocking.values())) if all(k in b for b in blocking.values())]
+    if everywhere:
+        return "no family has " + ", ".join(f"{k}={getattr(spec, k)!r}" for k in everywhere)
+    closest = min(blocking, key=lambda n: len(blocking[n]))
+    return f"the closest, {closest}, differs in {', '.join(blocking[closest].values())}"

@@ -4,7 +4,7 @@ with the same ids."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from ablate.errors import AblateError
 
@@ -44,8 +44,9 @@ def _from_ranks(ranks: dict, pattern: str, specials: dict) -> Any:
     return tok
 
 
-def hf_tokenizer(tokenizer_name: str) -> tuple[Any, str]:
-    """(a transformers PreTrainedTokenizerFast equal to the run's tokenizer, or None; a note)."""
+def hf_tokenizer(tokenizer_name: str, context: Optional[int] = None) -> tuple[Any, str]:
+    """(a transformers PreTrainedTokenizerFast equal to the run's tokenizer, or None; a note).
+    `context`: the model's, the tokenizer's model_max_length (else transformers' 1e30: no limit)."""
     if tokenizer_name == "byte":  # 256 bytes, no merges, end-of-text 256: exactly byte-level BPE
         # no merges: any split of the text into pieces gives the same ids
         tok = _from_ranks({bytes([b]): b for b in range(256)}, r"[\s\S]+", {EOT_TEXT: 256})
@@ -65,6 +66,7 @@ def hf_tokenizer(tokenizer_name: str) -> tuple[Any, str]:
         tok = _from_ranks(enc._mergeable_ranks, pattern, enc._special_tokens)
     from transformers import PreTrainedTokenizerFast
 
+    limit = {"model_max_length": context} if context else {}
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT_TEXT, eos_token=EOT_TEXT,
-                                   pad_token=EOT_TEXT)
+                                   pad_token=EOT_TEXT, **limit)
     return fast, f"tokenizer: {tokenizer_name} as a byte-level BPE tokenizer.json (same ids as ablate's)"
