@@ -62,3 +62,14 @@ def test_llama_run_exports_with_byte_tokens_and_a_wrong_family_is_one_line(tmp_p
     bad = run_ablate("export", str(run_dir), str(tmp_path / "g"), "--family", "gpt2")
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot export as HF gpt2")
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()
+
+
+def test_an_unknown_family_is_refused_before_the_run_is_read(tmp_path):
+    from ablate.errors import ConfigError
+    from ablate.hf import export
+
+    with pytest.raises(ConfigError, match="unknown --family 'gpt3'; choose one of gpt2, llama"):
+        export(tmp_path / "no-run", tmp_path / "hf", family="gpt3")
+    bad = run_ablate("export", str(tmp_path / "no-run"), str(tmp_path / "hf"), "--family", "gpt3")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown --family 'gpt3'")
+    assert not (tmp_path / "hf").exists()

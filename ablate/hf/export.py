@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.errors import CheckpointError
+from ablate.errors import CheckpointError, ConfigError
 from ablate.hf.convert import to_hf_model
-from ablate.hf.families import transformers_module
+from ablate.hf.families import FAMILIES, transformers_module
 from ablate.hf.tokenizer import eot_id, hf_tokenizer
 from ablate.model.spec import ModelSpec
 
@@ -85,6 +85,8 @@ def export(run_dir, out_dir, family: Optional[str] = None, check: bool = True) -
     test of the saved folder. Raises AblateError (nothing is left in out_dir then)."""
     import shutil
 
+    if family is not None and family not in FAMILIES:  # before the run's model is loaded
+        raise ConfigError(f"unknown --family '{family}'; choose one of {', '.join(FAMILIES.names())}")
     model = load_run_model(run_dir)
     name = run_tokenizer_name(run_dir)
     eos = eot_id(name)
