@@ -1,7 +1,8 @@
 """The checks before a sweep launches anything: bad input is refused in one line, with no
 directory made. `preflight` runs before Hydra starts (the first job composes, the plan is made,
-the launcher is installed); `check_jobs` runs in the sweeper on every job's composed config, for
-a real sweep and for its --dry-run alike: a check of one job goes in `check_job`."""
+the launcher is installed); `check_jobs` runs in the sweeper on every job's composed config and
+run directory, for a real sweep and for its --dry-run alike: a check of one job goes in
+`check_job`."""
 
 from __future__ import annotations
 
@@ -59,9 +60,11 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> l
     return plan(arguments, mode, seeds, OmegaConf.to_container(jobs, resolve=True) if jobs else None)
 
 
-def check_job(config: Any, launcher: Launcher) -> None:
-    """One job's composed config (with its hydra node): ablate's invariants, and where the job
-    will run on this machine, torchrun's process count and what tokenizing needs (hub, files)."""
+def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:
+    """One job's checks, before anything of the sweep is launched (a real sweep and its dry run
+    alike): its composed config (with its hydra node), ablate's invariants, and where the job
+    will run on this machine, torchrun's process count and what tokenizing needs (hub, files).
+    run_dir: where the launcher will put the job (None: its subdir resolves only in the job)."""
     from ablate.config import validate
 
     validate(config)
@@ -73,25 +76,48 @@ def check_job(config: Any, launcher: Launcher) -> None:
         data_preflight(config.data, config.tokenizer.name)
 
 
-def check_jobs(jobs: Sequence[Job], load: Callable[[Job], Any], launcher: Launcher) -> list:
-    """Every job's config, composed by `load` and checked by check_job; the first bad job refuses
-    the sweep (an AblateError naming it). Returns the configs, in the jobs' order."""
+def check_jobs(jobs: Sequence[Job], load: Callable[[Job], Any], launcher: Launcher) -> tuple[list, list]:
+    """Every job's config, composed by `load`, and its run directory, checked by check_job; the
+    first bad job refuses the sweep (an AblateError naming it). Returns (configs, run dirs)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from ablate.compose import hydra_message
 
-    configs = []
+    configs, run_dirs = [], []
     for i, job in enumerate(jobs):
         try:
             config = load(job)
-            check_job(config, launcher)
+            run_dir = job_dir(config, i)
+            check_job(config, launcher, run_dir)
         except AblateError as e:
             raise type(e)(f"job #{i} ({job.name}): {e}") from None
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(f"job #{i} ({job.name}): {hydra_message(e)}") from None
         configs.append(config)
-    return configs
+        run_dirs.append(run_dir)
+    return configs, run_dirs
+
+
+def job_dir(config: Any, num: int) -> Optional[str]:
+    """Where the launcher puts job `num` (hydra.sweep.dir/hydra.sweep.subdir). Resolved as
+    Hydra's run_job resolves it: ${hydra:...} in the subdir reads the job's own config."""
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    try:
+        with open_dict(config.hydra.job):
+            config.hydra.job.num = num
+        hydra_config.set_config(config)
+        return os.path.abspath(os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir)))
+    except Exception:  # noqa: BLE001 - an unresolvable subdir: only the launcher can tell then
+        return None
+    finally:
+        hydra_config.cfg = previous
 
 
 def check_can_launch(launcher: Launcher, sweep_dir: Path) -> None:

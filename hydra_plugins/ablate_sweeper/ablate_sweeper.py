@@ -10,7 +10,6 @@ before it is in sys.modules, and dataclasses then cannot resolve string annotati
 
 import contextlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 VARIANT_ENV = "ABLATE_VARIANT"  # the variant's name (what differs from the baseline)
 JOB_ENV = "ABLATE_JOB"  # the variant and its seed: the job directory's name
@@ -80,14 +79,14 @@ class AblateSweeper(Sweeper):
             if not self.dry_run:
                 check_can_launch(kind, sweep_dir)
             # every job is valid, or nothing runs; a dry run refuses what the sweep would
-            configs = check_jobs(jobs, self._load, kind)
+            configs, run_dirs = check_jobs(jobs, self._load, kind)
             packing = self._packing(configs) if self.jobs_per_gpu else None
         if self.dry_run:
             self._print_dry_run(jobs, sweep_dir, kind, packing, configs[0])
             return []
         if kind.local:
             self._prepare_data(jobs, configs)
-        return self._launch(jobs, configs, sweep_dir, kind, packing)
+        return self._launch(jobs, configs, run_dirs, sweep_dir, kind, packing)
 
     def _load(self, job) -> DictConfig:
         """A job's composed config (with its hydra node), as the launcher will compose it."""
@@ -118,7 +117,7 @@ class AblateSweeper(Sweeper):
             params = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
             print(kind.preview(params, len(jobs), self.max_batch_size, packing))
 
-    def _launch(self, jobs, configs, sweep_dir: Path, kind, packing) -> Any:
+    def _launch(self, jobs, configs, run_dirs, sweep_dir: Path, kind, packing) -> Any:
         """Hand the jobs to the launcher, a batch at a time: a line per job as it ends, the
         report at the end."""
         from hydra.core.plugins import Plugins
@@ -127,7 +126,6 @@ class AblateSweeper(Sweeper):
         from ablate.sweep.placement import pack_launcher, placement
 
         batches = [_job_overrides(j) for j in jobs]
-        run_dirs = [_run_dir(cfg, i) for i, cfg in enumerate(configs)]
         packed = False
         if packing is not None:
             batches = [b + placement(packing, i, cfg) for i, (b, cfg) in enumerate(zip(batches, configs))]
@@ -226,25 +224,6 @@ def _job_overrides(job) -> list:
     return list(job.overrides) + [
         f"+hydra.job.env_set.{VARIANT_ENV}={quote(job.variant)}",
         f"+hydra.job.env_set.{JOB_ENV}={quote(dir_safe(job.name))}"]
-
-
-def _run_dir(cfg: DictConfig, num: int) -> Optional[str]:
-    """Where the launcher puts job `num` (hydra.sweep.dir/hydra.sweep.subdir), to read the job's
-    summary.json when the launcher loses the job. Resolved as run_job resolves it: ${hydra:...}
-    in the subdir reads the job's own config through HydraConfig."""
-    from hydra.core.hydra_config import HydraConfig
-
-    hydra_config = HydraConfig.instance()
-    previous = hydra_config.cfg
-    try:
-        with open_dict(cfg.hydra.job):
-            cfg.hydra.job.num = num
-        hydra_config.set_config(cfg)
-        return os.path.abspath(os.path.join(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)))
-    except Exception:  # noqa: BLE001 - an unresolvable subdir: only the launcher can tell then
-        return None
-    finally:
-        hydra_config.cfg = previous
 
 
 def _one_line(e: BaseException) -> str:
