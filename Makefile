@@ -35,5 +35,6 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 
+# runs/ holds your results: `make clean` never touches it.
 clean:
-	rm -rf $(VENV) runs/*/ .pytest_cache
+	rm -rf $(VENV) .pytest_cache

@@ -82,6 +82,21 @@ def check_no_secrets(overrides: list[str]) -> None:
             raise ConfigError(f"'{key}': {SECRET_MESSAGE}")
 
 
+def check_quoted(overrides: list[str]) -> None:
+    """Hydra reads a value holding '=' only quoted, and says just "mismatched input '='" when it
+    is not: a run directory's name holds its overrides (`..._norm=rmsnorm`), so a directory pasted
+    from a run's banner fails so. Say how to quote it, and that `ablate resume` takes it as it is."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if "=" not in value or value[:1] in ("'", '"') or "${" in value:
+            continue
+        key = key.lstrip("+~")
+        again = {"hydra.run.dir": "run", "hydra.sweep.dir": "sweep"}.get(key)
+        resume = f"; to continue that {again}, `ablate resume {value}` takes it as it is" if again else ""
+        raise ConfigError(f"{o}: Hydra reads a value with '=' only in quotes: write "
+                          f"'{key}=\"{value}\"' (the outer quotes for the shell){resume}")
+
+
 def _without_hydra_refs(node: Any) -> Any:
     """`${hydra:...}` resolves only inside a Hydra job: blank it out to resolve the rest."""
     if isinstance(node, dict):
@@ -133,6 +148,7 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
     from ablate.config import validate as check
 
     check_no_secrets(list(overrides))
+    check_quoted(list(overrides))
     load_plugins(list(overrides))
     register_configs()
     GlobalHydra.instance().clear()
@@ -172,6 +188,13 @@ def check_writable(target: Path, what: str) -> None:
         raise RunDirError(f"{what} {target} cannot be created: {p} is not a directory")
     if not os.access(p, os.W_OK | os.X_OK):
         raise RunDirError(f"{what} {target} is not writable (no write permission on {p})")
+    import tempfile
+
+    try:  # what the permission bits do not say: /proc, a read-only mount, root's access()
+        os.rmdir(tempfile.mkdtemp(prefix=".ablate-probe-", dir=p))
+    except OSError as e:
+        raise RunDirError(f"{what} {target} cannot be created: {p} takes no new directory "
+                          f"({e.strerror})") from None
 
 
 def check_data(data_cfg: Any) -> None:

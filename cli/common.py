@@ -65,6 +65,25 @@ def split_flags(args: list[str]) -> tuple[list[str], list[str]]:
     return overrides, flags
 
 
+# Every flag Hydra's command line takes (hydra/_internal/utils.py: get_args_parser).
+HYDRA_FLAGS = HYDRA_VALUE_FLAGS | {"--resolve", "--info", "-i", "--hydra-help", "--help", "-h",
+                                   "--version", "--run", "-r", "--multirun", "-m",
+                                   "--shell-completion", "-sc"}
+
+
+def check_flags(args: list[str]) -> None:
+    """A flag Hydra does not take (`--norm=rmsnorm`, an override written as an option) is ours
+    to explain, not argparse's usage of Hydra's own command line."""
+    _, flags = split_flags(args)
+    for f in flags:
+        name = f.split("=", 1)[0]
+        if not name.startswith("-") or name in HYDRA_FLAGS:
+            continue  # a flag's value, or a flag Hydra takes
+        key = f.lstrip("-")
+        fail(f"unknown option '{f}': overrides are written without dashes, e.g. "
+             f"`{key if '=' in key else key + '=VALUE'}` (Hydra's flags: --hydra-help)")
+
+
 def check_flags_config(args: list[str]) -> None:
     """`--cfg` prints the composed config: refuse a config a run would refuse (one line, exit 2)
     instead of printing it. Only the config: no data, device or directory is checked."""

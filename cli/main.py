@@ -8,7 +8,7 @@ import importlib
 
 import typer
 
-from cli.common import call_hydra, check_flags_config, compose_checked, fail
+from cli.common import call_hydra, check_flags, check_flags_config, compose_checked, fail
 
 app = typer.Typer(
     help="Architecture ablations of decoder-only transformer language models.",
@@ -52,6 +52,7 @@ Config groups (group=option):
 @app.command(context_settings=PASSTHROUGH, help=RUN_HELP.format(groups=config_groups_help()))
 def run(ctx: typer.Context) -> None:
     args = list(ctx.args)
+    check_flags(args)
     if not any(a.startswith("-") for a in args):
         compose_checked(args, prepare_data=True)
     else:
@@ -109,7 +110,26 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
-    app()
+    """`ablate`. A usage error (a missing argument, an unknown option or command) is one `error:`
+    line like every other error, not a usage block with a boxed "Error"."""
+    try:  # typer vendors click from 0.2x on; the exceptions are the ones it raises
+        from typer._click import exceptions
+    except ImportError:  # pragma: no cover - an older typer on click
+        from click import exceptions
+    try:
+        code = app(prog_name="ablate", standalone_mode=False)
+    except exceptions.NoArgsIsHelpError as e:  # `ablate` alone: the help, as before
+        e.show()
+        raise SystemExit(e.exit_code) from None
+    except exceptions.ClickException as e:
+        message = e.format_message().rstrip(".")
+        where = f" (usage: {e.ctx.command_path} --help)" if getattr(e, "ctx", None) else ""
+        typer.echo(f"error: {message[:1].lower()}{message[1:]}{where}", err=True)
+        raise SystemExit(e.exit_code) from None
+    except typer.Abort:  # end of input at a prompt
+        typer.echo("aborted", err=True)
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     def sweep(
         ctx: typer.Context,
         mode: str = typer.Option("ofat", "--mode", help="ofat: baseline + one change at a time; grid: every combination."),
-        seeds: int = typer.Option(0, "--seeds", help="Run every variant with seed=0..N-1 (same data_seed: paired)."),
+        seeds: Optional[int] = typer.Option(None, "--seeds", help="Run every variant with seed=0..N-1 (same data_seed: paired)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs (overrides per job; with launcher=slurm, the sbatch script); run nothing."),
         json_out: bool = typer.Option(False, "--json", help="With --dry-run: a JSON list of the jobs' override lists."),
         strict: bool = typer.Option(False, "--strict", help="Exit non-zero if any job failed, diverged or did not finish."),
@@ -34,19 +34,18 @@ def register(app: typer.Typer) -> None:
         sweeper is chosen with hydra/sweeper=NAME (e.g. basic, optuna); it plans its own jobs.
         """
         from ablate.errors import AblateError
-        from ablate.sweep import MODES, preflight
-        from cli.common import call_hydra, fail
+        from ablate.sweep import check_options, preflight
+        from cli.common import call_hydra, check_flags, fail
 
-        if mode not in MODES:
-            fail(f"unknown --mode '{mode}'; choose one of {', '.join(MODES)}")
-        if seeds < 0:
-            fail(f"--seeds must be >= 0, got {seeds}")
-        if jobs_per_gpu is not None and jobs_per_gpu < 1:
-            fail(f"--jobs-per-gpu must be >= 1, got {jobs_per_gpu}")
+        try:
+            check_options(mode, seeds, jobs_per_gpu)
+        except AblateError as e:
+            fail(str(e), e.exit_code)
         args = list(ctx.args)
+        check_flags(args)
         other = other_sweeper(args)
         if other:  # its own options are hydra.sweeper.* overrides; ablate's do not exist there
-            given = [flag for flag, on in (("--mode", mode != "ofat"), ("--seeds", seeds != 0),
+            given = [flag for flag, on in (("--mode", mode != "ofat"), ("--seeds", seeds is not None),
                                            ("--dry-run", dry_run), ("--json", json_out),
                                            ("--strict", strict),
                                            ("--jobs-per-gpu", jobs_per_gpu is not None)) if on]
@@ -55,10 +54,12 @@ def register(app: typer.Typer) -> None:
                      f"runs its own jobs (set its options as hydra.sweeper.* overrides)")
         if not any(a.startswith("-") for a in args):
             try:
-                preflight(args, mode, seeds)
+                preflight(args, mode, seeds or 0)
             except AblateError as e:
                 fail(str(e), e.exit_code)
-        sweeper = [] if other else [f"hydra.sweeper.mode={mode}", f"hydra.sweeper.seeds={seeds}"]
+        sweeper = [] if other else [f"hydra.sweeper.mode={mode}"]
+        if seeds is not None:
+            sweeper.append(f"hydra.sweeper.seeds={seeds}")
         if strict:
             sweeper.append("hydra.sweeper.strict=true")
         if jobs_per_gpu is not None:

@@ -55,7 +55,21 @@ def test_llama_run_exports_with_byte_tokens_and_a_wrong_family_is_one_line(tmp_p
     assert config["model_type"] == "llama"
     assert config["bos_token_id"] == config["eos_token_id"] == config["pad_token_id"] == 256
     assert (out / "tokenizer.json").is_file() and "generation check:" in res.stdout
+    # issue 22: the tokenizer knows the model's context (not transformers' "no limit", 1e30)
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64
+    assert transformers.AutoTokenizer.from_pretrained(out).model_max_length == config["max_position_embeddings"]
     # the architecture is not GPT-2's: refused in one line, nothing written
     bad = run_ablate("export", str(run_dir), str(tmp_path / "g"), "--family", "gpt2")
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot export as HF gpt2")
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()
+
+
+def test_an_unknown_family_is_refused_before_the_run_is_read(tmp_path):
+    from ablate.errors import ConfigError
+    from ablate.hf import export
+
+    with pytest.raises(ConfigError, match="unknown --family 'gpt3'; choose one of gpt2, llama"):
+        export(tmp_path / "no-run", tmp_path / "hf", family="gpt3")
+    bad = run_ablate("export", str(tmp_path / "no-run"), str(tmp_path / "hf"), "--family", "gpt3")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown --family 'gpt3'")
+    assert not (tmp_path / "hf").exists()

@@ -3,32 +3,28 @@ the run's logits."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from ablate.hf import export_run, load_run_model  # noqa: E402
-from tests.conftest import ROOT, TINY, run_ablate  # noqa: E402
+from ablate.hf import export, load_run_model  # noqa: E402
+from tests.conftest import TINY, run_ablate  # noqa: E402
 
 
 def test_trained_run_exports_to_hf_folder(tmp_path):
     run_dir = tmp_path / "run"
     r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr
-    out = export_run(run_dir, tmp_path / "hf")
+    out = export(run_dir, tmp_path / "hf", check=False).path
     ours = load_run_model(run_dir)
     ref = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(ref).__name__ == "LlamaForCausalLM" and ref.config.num_key_value_heads == 2
     idx = torch.randint(0, 257, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx).logits, ref(idx).logits, rtol=1e-5, atol=1e-5)
-    # the command-line form refuses a family the architecture does not match, in one line
-    bad = subprocess.run([sys.executable, "-m", "ablate.hf", str(run_dir), str(tmp_path / "g"),
-                          "--family", "gpt2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # the command refuses a family the architecture does not match, in one line
+    bad = run_ablate("export", str(run_dir), str(tmp_path / "g"), "--family", "gpt2")
     assert bad.returncode != 0 and bad.stderr.strip().startswith("error: cannot export as HF gpt2")
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()
 
@@ -39,9 +35,11 @@ def test_a_run_with_act_clamp_is_refused_not_exported_wrong(tmp_path):
     r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", "model.act_clamp=0.01",
                    "train.steps=1", f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr
-    bad = subprocess.run([sys.executable, "-m", "ablate.hf", str(run_dir), str(tmp_path / "hf")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = run_ablate("export", str(run_dir), str(tmp_path / "hf"))
     assert bad.returncode == 2, bad.stderr
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
-    assert bad.stderr.startswith("error: no Hugging Face family matches") and "act_clamp=None" in bad.stderr
+    # issue 22: the key that blocks the export, not every family's requirements
+    assert bad.stderr.startswith("error: no Hugging Face family matches this architecture: "
+                                 "no family has act_clamp=0.01"), bad.stderr
+    assert "gemma2" not in bad.stderr and "supported" not in bad.stderr
     assert not (tmp_path / "hf").exists()

@@ -157,6 +157,16 @@ def test_gpt2_style_with_grouped_kv_heads_is_not_gpt2():
         hf.to_hf(Transformer(spec))
 
 
+def test_a_model_no_family_has_is_refused_by_its_keys():
+    """Issue 22: the refusal names what keeps the model out (the closest family's differences, or
+    the key no family has), not every family's requirements."""
+    spec = ModelSpec(**{**BASE, **CASES["llama-gqa"][1], "norm": "layernorm"})
+    with pytest.raises(ConfigError) as e:
+        hf.to_hf(Transformer(spec))
+    assert str(e.value) == ("no Hugging Face family matches this architecture: the closest, llama, "
+                            "differs in norm='layernorm' (needs 'rmsnorm')")
+
+
 def test_act_clamp_blocks_every_family():
     spec = ModelSpec(**{**BASE, **CASES["llama-gqa"][1], "act_clamp": 1.0})
     with pytest.raises(ConfigError, match="no Hugging Face family matches"):

@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 
 from conftest import TINY, find_run_dirs, run_ablate
 
-from ablate import sweep as S
+from ablate.sweep import machine
+from ablate.sweep import placement as S
+from ablate.sweep.launchers import LAUNCHERS
 from ablate.errors import ConfigError
 
 NOT_CPU = [o for o in TINY if not o.startswith("train.device=")]  # device: auto (no GPU here)
@@ -39,7 +41,7 @@ def two_gpus(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(S, "usable_cores", lambda: 16)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 16)
 
 
 def test_joblib_on_two_gpus_runs_k_per_gpu_and_cycles_devices(two_gpus):
@@ -65,7 +67,7 @@ def test_a_cpu_only_machine_is_one_device(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(S, "usable_cores", lambda: 2)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
     p = S.plan_packing(2, fake_config(JOBLIB, n_jobs=2), job())
     assert (p.n_jobs, p.devices, p.overrides(0)) == (2, [], ["train.threads=1"])
 
@@ -79,7 +81,7 @@ def test_slurm_groups_k_jobs_per_gpu_of_the_allocation(two_gpus):
 
 def test_packing_refuses_what_it_cannot_pack():
     with pytest.raises(ConfigError, match="launcher=basic"):
-        S.check_launcher_packs("basic")
+        S.check_launcher_packs(LAUNCHERS["basic"])
     with pytest.raises(ConfigError, match="single-process"):
         S.plan_packing(2, fake_config(SLURM, gpus_per_node=1, cpus_per_task=8, tasks_per_node=2), job())
     with pytest.raises(ConfigError, match="single-process"):
@@ -90,7 +92,7 @@ def test_packing_refuses_what_it_cannot_pack():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--jobs-per-gpu", "0", "launcher=joblib"], "--jobs-per-gpu must be >= 1"),
+    (["--jobs-per-gpu", "0", "launcher=joblib"], "jobs_per_gpu must be an integer >= 1, got 0"),
     (["hydra.sweeper.jobs_per_gpu=-1", "launcher=joblib"], "jobs_per_gpu must be an integer >= 1"),
     (["--jobs-per-gpu", "2"], "launcher=basic"),  # the default launcher runs one job at a time
 ])

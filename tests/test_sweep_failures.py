@@ -75,7 +75,8 @@ def _summary(run_dir, **fields):
 
 
 def test_recover_trusts_only_an_outcome_this_launch_wrote(tmp_path):
-    from ablate.sweep import Job, recover, summary_stamp
+    from ablate.sweep import Job
+    from ablate.sweep.report import recover, summary_stamp
 
     job = Job(["norm=rmsnorm"], "norm=rmsnorm")
     done, stale, dead, never = (tmp_path / n for n in ("done", "stale", "dead", "never"))

@@ -13,19 +13,30 @@ from conftest import TINY, find_run_dirs, run_ablate
 ONE_THREAD = ["train.threads=1"]
 
 
+def job_lines(res) -> list[str]:
+    return [ln for ln in res.stdout.splitlines() if re.match(r"\[\d+/\d+\] ", ln)]
+
+
 def test_one_line_per_job_no_hydra_chatter_and_strict_fails_on_a_diverged_job(tmp_path):
     sweep_dir = tmp_path / "s"
     res = run_ablate("sweep", *TINY, *ONE_THREAD, f"hydra.sweep.dir={sweep_dir}", "--strict",
-                     "train.warmup_steps=0", "train.grad_clip=0", "train.lr=0.003,1000")
+                     "train.warmup_steps=0", "train.grad_clip=0", "train.eval_every=1",
+                     "train.lr=0.003,1000")
     assert res.returncode == 1, res.stderr  # a job diverged: --strict fails the sweep
     assert "Launching" not in res.stdout + res.stderr and "#0 :" not in res.stdout + res.stderr
-    lines = [ln for ln in res.stdout.splitlines() if re.match(r"\[\d+/\d+\] ", ln)]
+    lines = job_lines(res)
     assert len(lines) == 2, res.stdout
     val = json.loads((sweep_dir / "0_baseline" / "summary.json").read_text())["val_loss"]
     assert re.fullmatch(rf"\[1/2\] baseline  completed  val_loss {val:.4f}  \d+s  1 left  ETA \d+s",
                         lines[0]), lines[0]
-    assert re.fullmatch(r"\[2/2\] train\.lr=1000  diverged  val_loss \S+  \d+s  0 left  done", lines[1])
+    # issue 22: the loss it measured before diverging is not a result: `-`, as compare's table says
+    assert json.loads((sweep_dir / "1_train.lr=1000" / "summary.json").read_text())["val_loss"] is not None
+    assert re.fullmatch(r"\[2/2\] train\.lr=1000  diverged  val_loss -  \d+s  0 left  done", lines[1])
     assert "--strict: 1 of 2 jobs did not complete (train.lr=1000: diverged)" in res.stderr
+    # issue 22: resumed, the sweep runs neither job again and says so instead of a time
+    again = job_lines(run_ablate("resume", str(sweep_dir)))
+    assert again == [f"[1/2] baseline  completed  val_loss {val:.4f}  done earlier  1 left  ETA -",
+                     "[2/2] train.lr=1000  diverged  val_loss -  done earlier  0 left  done"], again
 
 
 def test_hydra_basic_sweeper_runs_through_ablate_sweep(tmp_path):
@@ -43,7 +54,8 @@ def test_hydra_basic_sweeper_runs_through_ablate_sweep(tmp_path):
 
 
 def test_eta_is_the_mean_job_time_times_the_jobs_left():
-    from ablate.sweep import Job, JobResult, Progress
+    from ablate.sweep import Job
+    from ablate.sweep.report import JobResult, Progress
 
     now = [100.0]
     p = Progress(4, clock=lambda: now[0])
@@ -55,7 +67,7 @@ def test_eta_is_the_mean_job_time_times_the_jobs_left():
 
 
 def test_launcher_logs_are_hidden_unless_hydra_verbose():
-    from ablate.sweep import quiet_launcher_logs
+    from ablate.sweep.report import quiet_launcher_logs
 
     lg = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
     before = lg.level

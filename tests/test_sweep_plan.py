@@ -177,3 +177,14 @@ def test_ofat_preset_keeps_fixed_keys_and_its_plain_values():
     seeded = plan(["arch=gpt2,llama", "norm=layernorm,rmsnorm"], seeds=2)
     assert [j.overrides for j in seeded if j.variant == "arch=llama"] == [["arch=llama", "seed=0"],
                                                                           ["arch=llama", "seed=1"]]
+
+
+def test_a_dry_run_checks_every_job_as_the_sweep_does(tmp_path):
+    """Issue 22: a dry run exists to catch a bad job before launching; it refuses what the real
+    sweep refuses, in the same one line (the first job composes, so only the sweeper sees #1)."""
+    for dry in (["--dry-run"], []):
+        res = run_ablate("sweep", "norm=layernorm,rmsnrom", f"out_dir={tmp_path}", *dry)
+        assert res.returncode == 2, res.stdout
+        assert res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr
+        assert res.stderr.startswith("error: job #1 (norm=rmsnrom): ") and "rmsnorm" in res.stderr
+        assert "#0" not in res.stdout and not list(tmp_path.iterdir())

@@ -8,8 +8,9 @@ directory), waits for all of them and returns their JobReturns in order.
 Preemption: SLURM's USR2 (and USR1, TERM, INT) reaching the task is passed on to every job, each
 of which checkpoints and stops as `preempted`; then submitit's own handler requeues the task,
 and each job of the group resumes from its checkpoint (a finished one returns its outcome).
-The sweeper switches to these classes itself when a group holds more than one job;
-`jobs_per_task` is not a submitit parameter.
+The sweeper switches to these classes itself when a group holds more than one job (each is the
+`packed_target` of its launcher's description, ablate/sweep/launchers.py); `jobs_per_task` is not
+a submitit parameter.
 
 No `from __future__ import annotations`: see hydra_plugins/ablate_sweeper/ablate_sweeper.py."""
 
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Sequence
 
 try:
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
@@ -143,7 +144,3 @@ if BaseSubmititLauncher is not None:
 
     class PackedSlurmLauncher(_Packed, SlurmLauncher):
         pass
-
-
-PACKED = {"LocalLauncher": "hydra_plugins.ablate_pack.pack_launcher.PackedLocalLauncher",
-          "SlurmLauncher": "hydra_plugins.ablate_pack.pack_launcher.PackedSlurmLauncher"}

@@ -10,8 +10,6 @@ before it is in sys.modules, and dataclasses then cannot resolve string annotati
 
 import contextlib
 import json
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 VARIANT_ENV = "ABLATE_VARIANT"  # the variant's name (what differs from the baseline)
 JOB_ENV = "ABLATE_JOB"  # the variant and its seed: the job directory's name
@@ -38,7 +36,7 @@ class AblateSweeperConf:
     max_batch_size: Optional[int] = None  # jobs handed to the launcher at once (null: all)
     strict: bool = False  # exit non-zero if any job failed, diverged or did not finish
     # K jobs share each GPU (or the CPU): the launcher runs K x GPUs at once, each job placed on
-    # GPU (job number mod GPUs) with its share of the cores (ablate.sweep.plan_packing).
+    # GPU (job number mod GPUs) with its share of the cores (ablate/sweep/placement.py).
     jobs_per_gpu: Optional[int] = None
 
 
@@ -63,178 +61,126 @@ class AblateSweeper(Sweeper):
               config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
-    def _fail(self, message: str) -> None:
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
     def sweep(self, arguments: List[str]) -> Any:
-        from ablate import sweep as S
-        from ablate.compose import check_writable
-        from ablate.errors import AblateError
+        from ablate.sweep.checks import check_can_launch, check_jobs
+        from ablate.sweep.launchers import launcher_of
+        from ablate.sweep.placement import check_jobs_per_gpu, check_launcher_packs
+        from ablate.sweep.planning import plan
 
         assert self.config is not None and self.hydra_context is not None
-        try:
-            jobs = S.plan(arguments, self.mode, self.seeds, self.jobs)
-            S.check_jobs_per_gpu(self.jobs_per_gpu)
+        kind = launcher_of(self.config)
+        with _refusing(""):
+            jobs = plan(arguments, self.mode, self.seeds, self.jobs)
+            check_jobs_per_gpu(self.jobs_per_gpu)
             if self.jobs_per_gpu:  # before any data is prepared
-                S.check_launcher_packs(S.launcher_kind(self.config))
-        except AblateError as e:
-            self._fail(str(e))
+                check_launcher_packs(kind)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        local = S.is_local_launcher(self.config)
+        with _refusing():
+            if not self.dry_run:
+                check_can_launch(kind, sweep_dir)
+            # every job is valid, or nothing runs; a dry run refuses what the sweep would
+            configs, run_dirs = check_jobs(jobs, self._load, kind)
+            packing = self._packing(configs) if self.jobs_per_gpu else None
         if self.dry_run:
-            packing, placed = None, []
-            if self.jobs_per_gpu:
-                first = self.hydra_context.config_loader.load_sweep_config(
-                    self.config, self._job_overrides(jobs[0]))
-                packing = self._packing(first)
-                placed = _placement(packing, 0, first)
-            self._print_plan(jobs, sweep_dir, local, packing, placed)
+            self._print_dry_run(jobs, sweep_dir, kind, packing, configs[0])
             return []
-        if not local and shutil.which("sbatch") is None:
-            self._fail("launcher=slurm submits with sbatch, which is not on PATH here: run the sweep "
-                       "on the cluster's login node, or preview it with --dry-run (nothing was launched)")
-        try:
-            check_writable(sweep_dir, "sweep directory")
-        except AblateError as e:
-            self._fail(f"{e}; choose another out_dir or hydra.sweep.dir (nothing was launched)")
-
-        batches = [self._job_overrides(j) for j in jobs]
-        configs = self._check(jobs, batches, local)  # every job composes and validates, or nothing runs
-        if local:
+        if kind.local:
             self._prepare_data(jobs, configs)
-        run_dirs = [_run_dir(cfg, i) for i, cfg in enumerate(configs)]
-        if self.jobs_per_gpu:
-            packing = self._packing(configs[0], configs[1:])
-            batches = [b + _placement(packing, i, cfg) for i, (b, cfg) in enumerate(zip(batches, configs))]
-            self._pack_launcher(packing)
-            print(f"sweep: {packing.describe()}", flush=True)
+        return self._launch(jobs, configs, run_dirs, sweep_dir, kind, packing)
 
+    def _load(self, job) -> DictConfig:
+        """A job's composed config (with its hydra node), as the launcher will compose it."""
+        return self.hydra_context.config_loader.load_sweep_config(self.config, _job_overrides(job))
+
+    def _packing(self, configs):
+        """The placement, from the first job's config; every job is checked (one with
+        train.nproc=2 cannot share a GPU)."""
+        from ablate.sweep.placement import plan_packing
+
+        for cfg in configs[1:]:
+            plan_packing(self.jobs_per_gpu, self.config, cfg)
+        return plan_packing(self.jobs_per_gpu, self.config, configs[0])
+
+    def _print_dry_run(self, jobs, sweep_dir: Path, kind, packing, first: DictConfig) -> None:
+        from ablate.sweep.placement import placement
+        from ablate.sweep.planning import print_plan
+
+        mode = "study" if self.jobs else self.mode
+        print_plan(jobs, self.as_json, f"{mode} sweep: {len(jobs)} jobs -> {sweep_dir}")
+        if self.as_json:
+            return
+        if packing is not None:
+            placed = placement(packing, 0, first)
+            print(f"placement: {packing.describe()}; job #0 adds {' '.join(placed) or 'nothing'}"
+                  f"{' (job i: cuda:(i mod GPUs))' if len(packing.devices) > 1 else ''}")
+        if kind.preview is not None:
+            params = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
+            print(kind.preview(params, len(jobs), self.max_batch_size, packing))
+
+    def _launch(self, jobs, configs, run_dirs, sweep_dir: Path, kind, packing) -> Any:
+        """Hand the jobs to the launcher, a batch at a time: a line per job as it ends, the
+        report at the end."""
         from hydra.core.plugins import Plugins
 
+        from ablate.sweep import report as R
+        from ablate.sweep.placement import pack_launcher, placement
+
+        batches = [_job_overrides(j) for j in jobs]
+        packed = False
+        if packing is not None:
+            batches = [b + placement(packing, i, cfg) for i, (b, cfg) in enumerate(zip(batches, configs))]
+            packed = pack_launcher(self.config.hydra.launcher, kind, packing)
+            print(f"sweep: {packing.describe()}", flush=True)
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         # In-process launchers get one job at a time, so a Ctrl-C or SIGTERM (which stops the
         # running job with a checkpoint) stops the sweep too instead of starting the next job.
-        target = str(self.config.hydra.launcher.get("_target_", ""))
-        sequential = target.endswith("BasicLauncher")
-        size = self.max_batch_size or (1 if sequential else len(batches))
-        results = []
-        progress = S.Progress(len(jobs))
+        size = self.max_batch_size or (1 if kind.sequential else len(batches))
+        # a packed task returns its group's results: its jobs are read from their directories
+        collect = kind.submitit and not packed
+        results, progress = [], R.Progress(len(jobs))
         print(f"sweep: {len(jobs)} jobs -> {sweep_dir}", flush=True)
         for start in range(0, len(batches), size):
             end = start + size
-            if sequential and any(r.status in S.STOPPED for r in results):
-                results += [S.JobResult(j, "not run") for j in jobs[start:end]]
+            if kind.sequential and any(r.status in R.STOPPED for r in results):
+                results += [R.JobResult(j, "not run") for j in jobs[start:end]]
                 continue
-            chunk = batches[start:end]
-            stamps = [S.summary_stamp(d) for d in run_dirs[start:end]]
-            submitted: list = []
             began = time.monotonic()
-            try:
-                with _keep_submitit_jobs(submitted, "submitit" in target), \
-                        S.quiet_launcher_logs(self.config.hydra.get("verbose")):
-                    returns = [(ret, "" if ret is not None else "its process ended without a result")
-                               for ret in self.launcher.launch(chunk, initial_job_idx=start)]
-            except Exception as e:  # noqa: BLE001 - e.g. a job that died: read each job's own outcome
-                print(f"warning: the launcher failed ({_one_line(e)}); reading each job's outcome "
-                      "from its directory", file=sys.stderr)
-                returns = _collect(submitted, len(chunk), _one_line(e))
-            # one job per launch: the launch's wall time is the job's (setup included)
-            took = time.monotonic() - began if len(chunk) == 1 else None
-            for job, (ret, why), run_dir, stamp in zip(jobs[start:end], returns, run_dirs[start:end], stamps):
-                results.append(S.result_of(job, ret) if ret is not None else
-                               S.recover(job, run_dir, stamp, f"the launcher lost the job: {why}"))
-                progress.report(results[-1], took)
-        code = S.finish(results, sweep_dir, self.strict)
+            chunk = self._launch_batch(batches[start:end], start, jobs[start:end], run_dirs[start:end],
+                                       collect)
+            took = time.monotonic() - began if len(chunk) == 1 else None  # the launch's time is the job's
+            for r in chunk:
+                results.append(r)
+                progress.report(r, took)
+        code = R.finish(results, sweep_dir, self.strict)
         if code:
             raise SystemExit(code)
         return results
 
-    def _print_plan(self, jobs, sweep_dir: Path, local: bool, packing=None, placed=()) -> None:
-        from ablate import sweep as S
+    def _launch_batch(self, batch, start: int, jobs, run_dirs, collect: bool) -> list:
+        """One launch: each job's result, or, for a job the launcher lost, what its directory says."""
+        from ablate.sweep import report as R
 
-        mode = "study" if self.jobs else self.mode
-        S.print_plan(jobs, self.as_json, f"{mode} sweep: {len(jobs)} jobs -> {sweep_dir}")
-        if self.as_json:
-            return
-        if packing is not None:
-            print(f"placement: {packing.describe()}; job #0 adds {' '.join(placed) or 'nothing'}"
-                  f"{' (job i: cuda:(i mod GPUs))' if len(packing.devices) > 1 else ''}")
-        if local:
-            return
-        params = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
-        size = min(self.max_batch_size or len(jobs), len(jobs))
-        group = packing.group if packing is not None else 1
-        tasks = -(-size // group)  # array tasks of the first submission
-        n_submits = -(-len(jobs) // size)
-        what = (f"one array job of {tasks} tasks" if n_submits == 1 and tasks > 1 else
-                "one job" if n_submits == 1 else f"the first of {n_submits} submissions")
-        if group > 1:
-            what += f", {group} sweep jobs at once in each task"
-        by = "ablate's packed submitit launcher" if group > 1 else "hydra-submitit-launcher"
-        print(f"\nsbatch script, as {by} submits it ({what}; rendered by submitit):")
-        print(S.sbatch_script(params, tasks))
-
-    def _packing(self, job_config, others=()):
-        """The placement, from the first job's config; `others` (the other jobs) are checked too."""
-        from ablate import sweep as S
-        from ablate.errors import AblateError
-
+        stamps = [R.summary_stamp(d) for d in run_dirs]
+        earlier = [R.earlier_outcome(d) for d in run_dirs]
+        submitted: list = []
         try:
-            for cfg in others:
-                S.plan_packing(self.jobs_per_gpu, self.config, cfg)  # e.g. one job with train.nproc=2
-            return S.plan_packing(self.jobs_per_gpu, self.config, job_config)
-        except AblateError as e:
-            self._fail(f"{e} (nothing was launched)")
-
-    def _pack_launcher(self, packing) -> None:
-        """The launcher settings that run `packing`: joblib's n_jobs; for submitit, ablate's packed
-        launcher (hydra_plugins/ablate_pack) when a task holds more than one job."""
-        from hydra_plugins.ablate_pack.pack_launcher import PACKED
-
-        launcher = self.config.hydra.launcher
-        target = str(launcher.get("_target_", ""))
-        with open_dict(launcher):
-            if target.endswith("JoblibLauncher"):
-                launcher.n_jobs = packing.n_jobs
-            elif packing.group > 1:
-                launcher._target_ = PACKED[target.rsplit(".", 1)[-1]]
-                launcher.jobs_per_task = packing.group
-
-    @staticmethod
-    def _job_overrides(job) -> list[str]:
-        from ablate.overrides import quote
-        from ablate.sweep import dir_safe
-
-        # env_set is applied around the task function; the sweep subdir reads it too.
-        return list(job.overrides) + [
-            f"+hydra.job.env_set.{VARIANT_ENV}={quote(job.variant)}",
-            f"+hydra.job.env_set.{JOB_ENV}={quote(dir_safe(job.name))}"]
-
-    def _check(self, jobs, batches, local: bool) -> list:
-        """Every job's composed config, checked; refuses the sweep at the first bad job."""
-        from hydra.errors import HydraException
-        from omegaconf.errors import OmegaConfBaseException
-
-        from ablate import sweep as S
-        from ablate.compose import hydra_message
-        from ablate.errors import AblateError
-
-        loader = self.hydra_context.config_loader
-        configs = []
-        for i, (job, overrides) in enumerate(zip(jobs, batches)):
-            try:
-                cfg = loader.load_sweep_config(self.config, overrides)
-                S.check_job(cfg, local)
-            except AblateError as e:
-                self._fail(f"job #{i} ({job.name}): {e} (nothing was launched)")
-            except (HydraException, OmegaConfBaseException) as e:
-                self._fail(f"job #{i} ({job.name}): {hydra_message(e)} (nothing was launched)")
-            configs.append(cfg)
-        return configs
+            with _keep_submitit_jobs(submitted, collect), \
+                    R.quiet_launcher_logs(self.config.hydra.get("verbose")):
+                returns = [(ret, "" if ret is not None else "its process ended without a result")
+                           for ret in self.launcher.launch(batch, initial_job_idx=start)]
+        except Exception as e:  # noqa: BLE001 - e.g. a job that died: read each job's own outcome
+            print(f"warning: the launcher failed ({_one_line(e)}); reading each job's outcome "
+                  "from its directory", file=sys.stderr)
+            returns = _collect(submitted, len(batch), _one_line(e))
+        results = [R.result_of(job, ret) if ret is not None else
+                   R.recover(job, run_dir, stamp, f"the launcher lost the job: {why}")
+                   for job, (ret, why), run_dir, stamp in zip(jobs, returns, run_dirs, stamps)]
+        for r, before in zip(results, earlier):
+            r.earlier = r.status in R.FINISHED and R.done_earlier(before, r.run_dir)
+        return results
 
     def _prepare_data(self, jobs, configs) -> None:
         """Tokenize each of the sweep's datasets once, here, before any job starts: the jobs then
@@ -251,37 +197,33 @@ class AblateSweeper(Sweeper):
             if key in seen:
                 continue
             seen.add(key)
-            try:
-                prepare_checked(cfg)  # tokenized once, and holds one batch
-            except AblateError as e:
-                self._fail(f"job #{i} ({job.name}): {e} (nothing was launched)")
+            with _refusing():
+                try:
+                    prepare_checked(cfg)  # tokenized once, and holds one batch
+                except AblateError as e:
+                    raise type(e)(f"job #{i} ({job.name}): {e}") from None
 
 
-def _placement(packing, index: int, cfg: DictConfig) -> list:
-    """Job `index`'s device and threads, except what its own config chose (a preset or an
-    override that sets train.device or train.threads wins)."""
-    chosen = {"train.device": str(cfg.train.device) not in ("auto", "cuda"),
-              "train.threads": int(cfg.train.threads) > 0}
-    return [o for o in packing.overrides(index) if not chosen[o.split("=", 1)[0]]]
+@contextlib.contextmanager
+def _refusing(suffix: str = " (nothing was launched)"):
+    """An AblateError inside refuses the sweep in one line (`error: ...`, exit 2)."""
+    from ablate.errors import AblateError
 
-
-def _run_dir(cfg: DictConfig, num: int) -> Optional[str]:
-    """Where the launcher puts job `num` (hydra.sweep.dir/hydra.sweep.subdir), to read the job's
-    summary.json when the launcher loses the job. Resolved as run_job resolves it: ${hydra:...}
-    in the subdir reads the job's own config through HydraConfig."""
-    from hydra.core.hydra_config import HydraConfig
-
-    hydra_config = HydraConfig.instance()
-    previous = hydra_config.cfg
     try:
-        with open_dict(cfg.hydra.job):
-            cfg.hydra.job.num = num
-        hydra_config.set_config(cfg)
-        return os.path.abspath(os.path.join(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)))
-    except Exception:  # noqa: BLE001 - an unresolvable subdir: only the launcher can tell then
-        return None
-    finally:
-        hydra_config.cfg = previous
+        yield
+    except AblateError as e:
+        print(f"error: {e}{suffix}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from None
+
+
+def _job_overrides(job) -> list:
+    from ablate.overrides import quote
+    from ablate.sweep.planning import dir_safe
+
+    # env_set is applied around the task function; the sweep subdir reads it too.
+    return list(job.overrides) + [
+        f"+hydra.job.env_set.{VARIANT_ENV}={quote(job.variant)}",
+        f"+hydra.job.env_set.{JOB_ENV}={quote(dir_safe(job.name))}"]
 
 
 def _one_line(e: BaseException) -> str:

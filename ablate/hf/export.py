@@ -1,0 +1,114 @@
+"""`ablate export RUN_DIR OUT_DIR`: a run's checkpoint as a save_pretrained folder, with the
+special tokens and tokenizer files of the run's tokenizer, smoke-tested by generating from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ablate.errors import CheckpointError, ConfigError
+from ablate.hf.convert import to_hf_model
+from ablate.hf.families import FAMILIES, transformers_module
+from ablate.hf.tokenizer import eot_id, hf_tokenizer
+from ablate.model.spec import ModelSpec
+
+
+def load_run_model(run_dir) -> Any:
+    """The model of an ablate run directory: its config.yaml and newest usable checkpoint."""
+    from omegaconf import OmegaConf
+
+    from ablate.model.transformer import Transformer
+    from ablate.plugins import load as load_plugins
+    from ablate.train import checkpoint
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"{run_dir}: no config.yaml (not an ablate run directory)")
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    load_plugins(cfg.get("plugins") or [])  # a plugin's option builds as it did in the run
+    spec = ModelSpec.from_config(cfg)
+    state = checkpoint.latest_valid(run_dir)
+    if state is None:
+        raise CheckpointError(f"{run_dir}: no checkpoint to export")
+    model = Transformer(spec)
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def run_tokenizer_name(run_dir) -> str:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    return str(OmegaConf.select(cfg, "tokenizer.name", default="byte"))
+
+
+def _greedy_ours(model, prompt: list, n: int) -> list:
+    import torch
+
+    idx = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = model(idx[:, -model.spec.max_seq_len:]).logits[:, -1].argmax(-1, keepdim=True)
+            idx = torch.cat([idx, nxt], dim=1)
+    return idx[0, len(prompt):].tolist()
+
+
+def generation_check(model, out_dir, prompt: list, eos: int, n: int = 8) -> list:
+    """Load the saved folder with AutoModelForCausalLM, generate `n` tokens greedily and compare
+    them with our model's greedy tokens (HF stops at eos: ours are cut there too)."""
+    import torch
+
+    transformers = transformers_module()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out_dir).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
+    theirs = out[0, len(prompt):].tolist()
+    ours = _greedy_ours(model, prompt, n)
+    if eos in ours:
+        ours = ours[:ours.index(eos) + 1]
+    if theirs != ours:
+        raise CheckpointError(f"generation smoke test failed: the exported model generates {theirs}, "
+                              f"the run's model {ours} (greedy, from {prompt})")
+    return theirs
+
+
+@dataclass
+class Export:
+    path: Path
+    notes: list  # one line each: special tokens, tokenizer, generation check
+
+
+def export(run_dir, out_dir, family: Optional[str] = None, check: bool = True) -> Export:
+    """A run's model as a Hugging Face folder: config.json + safetensors, special tokens from the
+    run's tokenizer, its tokenizer files where HF represents it, and (check) a generation smoke
+    test of the saved folder. Raises AblateError (nothing is left in out_dir then)."""
+    import shutil
+
+    if family is not None and family not in FAMILIES:  # before the run's model is loaded
+        raise ConfigError(f"unknown --family '{family}'; choose one of {', '.join(FAMILIES.names())}")
+    model = load_run_model(run_dir)
+    name = run_tokenizer_name(run_dir)
+    eos = eot_id(name)
+    transformers_module().utils.logging.disable_progress_bar()  # our lines, not loading bars
+    hf = to_hf_model(model, family)  # refuses an architecture no family represents
+    for target in (hf.config, hf.generation_config):
+        target.bos_token_id = target.eos_token_id = target.pad_token_id = eos
+    tok, tok_note = hf_tokenizer(name, context=model.spec.max_seq_len)
+    out = Path(out_dir)
+    existed = out.exists()
+    notes = [f"special tokens: bos = eos = pad = {eos} ({name}'s end-of-text)", tok_note]
+    try:
+        hf.save_pretrained(out)
+        if tok is not None:
+            tok.save_pretrained(out)
+        if check:
+            prompt = tok.encode("The") if tok is not None else [eos]
+            tokens = generation_check(model, out, prompt, eos)
+            notes.append(f"generation check: AutoModelForCausalLM from {out} generates the run's "
+                         f"greedy tokens ({len(tokens)} from {prompt})")
+    except BaseException:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)  # nothing half-written
+        raise
+    return Export(out, notes)

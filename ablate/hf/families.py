@@ -1,0 +1,240 @@
+"""The Hugging Face families a model exports to and imports from, keyed by the HF config's
+`model_type`: what each requires of our spec, how its config maps to and from our ModelSpec,
+and its weight map (weights.py).
+
+`gpt2` (GPT2LMHeadModel: arch=gpt2, MHA only), `llama` (LlamaForCausalLM: arch=llama, any
+n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama qk_norm=on) and `gemma2` (Gemma2ForCausalLM:
+rmsnorm, sandwich norm, geglu, rope, tied, emb_scale, soft-caps). A spec field a family cannot
+represent (model.act_clamp, MTP heads: none can) blocks that family, so an export is exact or
+refused. Our `gelu` is the tanh approximation, HF's "gelu_new" / "gelu_pytorch_tanh". Dropout is
+a training-time setting: Llama-style configs only have attention dropout, so a model trained
+with dropout=on exports exactly for inference, and an imported one gets dropout.rate everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ablate.errors import ConfigError
+from ablate.hf.weights import GPT2, ROPE, TensorMap, tensor_maps
+from ablate.model.spec import ModelSpec
+from ablate.registry import Registry
+
+GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+# What every family lacks: none has the gated FFN's activation clamp or multi-token heads.
+NOT_IN_HF = dict(act_clamp=None, mtp_heads=0)
+MIN_TRANSFORMERS = 5  # RoPE's base goes in `rope_parameters`, new in transformers v5
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    model_class: str  # transformers class name of the causal LM
+    required: dict  # spec field -> value the family needs (checked on export)
+    spec_from_config: Callable[[Any], ModelSpec]
+    config_from_spec: Callable[[ModelSpec], Any]
+    weights: tuple  # its weight map (entries of weights.py)
+    gain_offset: float = 0.0  # HF norm gain = ours - gain_offset
+    # (field, what it needs, test) for needs that are not one fixed value
+    rules: tuple[tuple[str, str, Callable[[ModelSpec], bool]], ...] = ()
+
+    def blocking(self, spec: ModelSpec) -> dict[str, str]:
+        """The spec's fields this family cannot represent: field -> `field=value (needs ...)`."""
+        return {**{k: f"{k}={getattr(spec, k)!r} (needs {v!r})" for k, v in self.required.items()
+                   if getattr(spec, k) != v},
+                **{k: f"{k}={getattr(spec, k)!r} (needs {need})" for k, need, ok in self.rules if not ok(spec)}}
+
+    def mismatches(self, spec: ModelSpec) -> list[str]:
+        return list(self.blocking(spec).values())
+
+    def tensor_maps(self, spec: ModelSpec) -> list[TensorMap]:
+        return tensor_maps(self.weights, spec, self.gain_offset)
+
+
+def transformers_module():
+    """transformers, if new enough: v4 ignores `rope_parameters` and would export RoPE base 10000."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("Hugging Face import/export needs the 'transformers' package: "
+                          f"pip install 'transformers>={MIN_TRANSFORMERS}'") from None
+    major = transformers.__version__.split(".")[0]
+    if not major.isdigit() or int(major) < MIN_TRANSFORMERS:
+        raise ConfigError(f"Hugging Face import/export needs transformers>={MIN_TRANSFORMERS} (for "
+                          f"rope_parameters); found {transformers.__version__}: "
+                          f"pip install -U 'transformers>={MIN_TRANSFORMERS}'")
+    return transformers
+
+
+FAMILIES: Registry[Family] = Registry("hf family")
+
+
+# ---- shared pieces -------------------------------------------------------------------------------
+def _rope_theta(c: Any) -> float:
+    params = getattr(c, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") != "default":
+        raise ConfigError(f"HF rope_type={params['rope_type']!r} is not supported (only 'default' RoPE)")
+    return float(params.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
+
+
+def _check_head_dim(c: Any) -> None:
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if head_dim * c.num_attention_heads != c.hidden_size:
+        raise ConfigError(
+            f"HF model has head_dim={head_dim} with {c.num_attention_heads} heads != hidden_size="
+            f"{c.hidden_size}; ablate's head dim is d_model / n_heads")
+
+
+def _rope_config_kwargs(spec: ModelSpec) -> dict:
+    return dict(vocab_size=spec.vocab_size, hidden_size=spec.d_model, intermediate_size=spec.d_ff,
+                num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
+                num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
+                max_position_embeddings=spec.max_seq_len, rms_norm_eps=spec.norm_eps,
+                tie_word_embeddings=spec.tied, attention_dropout=spec.attn_dropout_rate,
+                rope_parameters={"rope_type": "default", "rope_theta": spec.rope_base})
+
+
+def _rope_spec_kwargs(c: Any) -> dict:
+    _check_head_dim(c)
+    return dict(vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+                n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
+                d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
+                norm_eps=float(c.rms_norm_eps), pos="rope", rope_base=_rope_theta(c),
+                tied=bool(c.tie_word_embeddings), init_std=float(c.initializer_range))
+
+
+# ---- GPT-2 -------------------------------------------------------------------------------------
+def _gpt2_spec(c: Any) -> ModelSpec:
+    if c.activation_function not in GELU_TANH:
+        raise ConfigError(f"HF GPT-2 activation {c.activation_function!r} is not supported (tanh GELU only)")
+    if c.scale_attn_by_inverse_layer_idx or not c.scale_attn_weights:
+        raise ConfigError("HF GPT-2 with non-standard attention scaling is not supported")
+    return ModelSpec(vocab_size=c.vocab_size, d_model=c.n_embd, n_layers=c.n_layer, n_heads=c.n_head,
+                     n_kv_heads=c.n_head, d_ff=c.n_inner or 4 * c.n_embd, max_seq_len=c.n_positions,
+                     norm="layernorm", norm_eps=float(c.layer_norm_epsilon), norm_pos="pre", act="gelu",
+                     pos="learned", tied=bool(getattr(c, "tie_word_embeddings", True)), bias=True,
+                     dropout=float(c.resid_pdrop), init_std=float(c.initializer_range))
+
+
+def _gpt2_config(spec: ModelSpec) -> Any:
+    GPT2Config = transformers_module().GPT2Config
+    return GPT2Config(vocab_size=spec.vocab_size, n_positions=spec.max_seq_len, n_embd=spec.d_model,
+                      n_layer=spec.n_layers, n_head=spec.n_heads, n_inner=spec.d_ff,
+                      activation_function="gelu_new", resid_pdrop=spec.dropout, embd_pdrop=spec.dropout,
+                      attn_pdrop=spec.attn_dropout_rate, layer_norm_epsilon=spec.norm_eps,
+                      initializer_range=spec.init_std, tie_word_embeddings=spec.tied,
+                      # GPT-2's end-of-text id, where the vocab has it
+                      bos_token_id=50256 if spec.vocab_size > 50256 else None,
+                      eos_token_id=50256 if spec.vocab_size > 50256 else None)
+
+
+FAMILIES.add("gpt2", Family(
+    "gpt2", "GPT2LMHeadModel",
+    dict(norm="layernorm", norm_pos="pre", act="gelu", pos="learned", bias=True, qk_norm=False,
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
+    _gpt2_spec, _gpt2_config, GPT2,
+    # c_attn holds n_heads K and V heads: GPT-2 has no grouped-query attention
+    rules=(("n_kv_heads", "n_kv_heads == n_heads", lambda s: s.n_kv_heads == s.n_heads),)))
+
+
+# ---- Llama -------------------------------------------------------------------------------------
+def _llama_spec(c: Any) -> ModelSpec:
+    if c.hidden_act != "silu" or c.attention_bias != c.mlp_bias:
+        raise ConfigError(f"HF Llama with hidden_act={c.hidden_act!r}, attention_bias={c.attention_bias}, "
+                          f"mlp_bias={c.mlp_bias} is not supported (silu, equal biases)")
+    return ModelSpec(**_rope_spec_kwargs(c), norm_pos="pre", act="swiglu", bias=bool(c.attention_bias),
+                     dropout=float(c.attention_dropout or 0.0))
+
+
+def _llama_config(spec: ModelSpec) -> Any:
+    LlamaConfig = transformers_module().LlamaConfig
+    return LlamaConfig(**_rope_config_kwargs(spec), hidden_act="silu", attention_bias=spec.bias,
+                       mlp_bias=spec.bias, initializer_range=spec.init_std)
+
+
+FAMILIES.add("llama", Family(
+    "llama", "LlamaForCausalLM",
+    dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", qk_norm=False, emb_scale=False,
+         parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
+    _llama_spec, _llama_config, ROPE))
+
+
+# ---- Qwen 3 (QK-norm) --------------------------------------------------------------------------
+def _qwen3_spec(c: Any) -> ModelSpec:
+    if c.hidden_act != "silu" or c.attention_bias or c.use_sliding_window:
+        raise ConfigError("HF Qwen3 with attention_bias, a sliding window or hidden_act != silu "
+                          "is not supported")
+    return ModelSpec(**_rope_spec_kwargs(c), norm_pos="pre", act="swiglu", bias=False, qk_norm=True,
+                     dropout=float(c.attention_dropout or 0.0))
+
+
+def _qwen3_config(spec: ModelSpec) -> Any:
+    Qwen3Config = transformers_module().Qwen3Config
+    return Qwen3Config(**_rope_config_kwargs(spec), hidden_act="silu", attention_bias=False,
+                       use_sliding_window=False, initializer_range=spec.init_std)
+
+
+FAMILIES.add("qwen3", Family(
+    "qwen3", "Qwen3ForCausalLM",
+    dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=True,
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
+    _qwen3_spec, _qwen3_config, ROPE))
+
+
+# ---- Gemma 2 (sandwich norm, GeGLU, embedding scale, soft-caps) ---------------------------------
+def _gemma2_spec(c: Any) -> ModelSpec:
+    if c.hidden_activation not in GELU_TANH or c.attention_bias:
+        raise ConfigError("HF Gemma2 with attention_bias or a non-tanh GELU is not supported")
+    _check_head_dim(c)
+    head_dim = c.hidden_size // c.num_attention_heads
+    if c.query_pre_attn_scalar != head_dim:
+        raise ConfigError(f"HF Gemma2 query_pre_attn_scalar={c.query_pre_attn_scalar} != head_dim "
+                          f"{head_dim}: ablate scales attention by 1/sqrt(head_dim)")
+    kw = _rope_spec_kwargs(c)
+    # Sliding-window layers equal full attention on sequences no longer than the window.
+    if c.sliding_window is not None:
+        kw["max_seq_len"] = min(kw["max_seq_len"], c.sliding_window)
+    return ModelSpec(**kw, norm_pos="sandwich", act="geglu", bias=False, emb_scale=True,
+                     attn_softcap=c.attn_logit_softcapping, logit_softcap=c.final_logit_softcapping,
+                     dropout=float(c.attention_dropout or 0.0))
+
+
+def _gemma2_config(spec: ModelSpec) -> Any:
+    Gemma2Config = transformers_module().Gemma2Config
+    return Gemma2Config(**_rope_config_kwargs(spec), hidden_activation="gelu_pytorch_tanh",
+                        attention_bias=False, query_pre_attn_scalar=spec.head_dim,
+                        sliding_window=spec.max_seq_len, attn_logit_softcapping=spec.attn_softcap,
+                        final_logit_softcapping=spec.logit_softcap, initializer_range=spec.init_std)
+
+
+FAMILIES.add("gemma2", Family(
+    "gemma2", "Gemma2ForCausalLM",
+    dict(norm="rmsnorm", norm_pos="sandwich", act="geglu", pos="rope", bias=False, tied=True,
+         qk_norm=False, emb_scale=True, parallel_block=False, **NOT_IN_HF),
+    _gemma2_spec, _gemma2_config, ROPE, gain_offset=1.0))
+
+
+def family_for(spec: ModelSpec, name: Optional[str] = None) -> Family:
+    """The named family, or the first whose architecture matches the spec."""
+    if name is not None:
+        fam = FAMILIES.get(name)
+        bad = fam.mismatches(spec)
+        if bad:
+            raise ConfigError(f"cannot export as HF {name}: {', '.join(bad)}")
+        return fam
+    blocking = {n: FAMILIES.get(n).blocking(spec) for n in FAMILIES}
+    for n, fields in blocking.items():
+        if not fields:
+            return FAMILIES.get(n)
+    raise ConfigError(f"no Hugging Face family matches this architecture: {_what_blocks(spec, blocking)}")
+
+
+def _what_blocks(spec: ModelSpec, blocking: dict[str, dict[str, str]]) -> str:
+    """The keys that keep the model out of every family: those no family has, else what the
+    closest family (fewest keys apart) needs changed."""
+    everywhere = [k for k in next(iter(blocking.values())) if all(k in b for b in blocking.values())]
+    if everywhere:
+        return "no family has " + ", ".join(f"{k}={getattr(spec, k)!r}" for k in everywhere)
+    closest = min(blocking, key=lambda n: len(blocking[n]))
+    return f"the closest, {closest}, differs in {', '.join(blocking[closest].values())}"

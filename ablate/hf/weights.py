@@ -1,0 +1,105 @@
+"""Which HF tensor each of our tensors is, per family, as data: one entry per tensor name, with
+`{i}` for every layer and `{p}` for the weight (and the bias, where the model has biases).
+
+Layout differences the entries carry:
+  - GPT-2 stores linear weights as Conv1D, (in, out): transposed on the way (`transpose`).
+  - Our attention has one fused `qkv` Linear with rows [q; k; v] (GPT-2's c_attn has the same
+    order); Llama-style models have q_proj, k_proj, v_proj (`split="qkv"`).
+  - Our gated FFN has one fused `gate_up` Linear with rows [gate; up] (`split="gate_up"`).
+  - Gemma's RMSNorm multiplies by (1 + w): its stored gain is ours minus 1 (`gain`, with the
+    family's gain offset).
+  - RoPE: both sides use the half-split (rotate_half) layout, so q/k rows need no permutation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ablate.model.spec import ModelSpec
+
+EMBEDDING = "tok_emb.weight"  # a tied head is the embedding: HF keeps it in its state dict too
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """One of our tensors <-> one or more HF tensors (concatenated along dim 0 on our side)."""
+
+    ours: str
+    theirs: tuple[str, ...]
+    sizes: Optional[tuple[int, ...]] = None  # row counts of the parts when theirs has several
+    transpose: bool = False  # HF Conv1D: (in, out)
+    offset: float = 0.0  # HF value = ours - offset (Gemma's 1 + w gains)
+
+
+@dataclass(frozen=True)
+class W:
+    """One entry of a family's weight map (see the module's docstring)."""
+
+    ours: str
+    theirs: tuple[str, ...]
+    split: str = ""  # "qkv" | "gate_up": the HF tensors are row blocks of ours
+    transpose: bool = False
+    gain: bool = False  # a norm gain: the family's gain offset applies
+    when: str = ""  # "untied" | "qk_norm" | "pre" | "sandwich": only in such models
+
+
+WHEN: dict[str, Callable[[ModelSpec], bool]] = {
+    "": lambda s: True, "untied": lambda s: not s.tied, "qk_norm": lambda s: s.qk_norm,
+    "pre": lambda s: s.norm_pos == "pre", "sandwich": lambda s: s.norm_pos == "sandwich"}
+SPLITS: dict[str, Callable[[ModelSpec], tuple[int, ...]]] = {
+    "qkv": lambda s: (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.n_kv_heads * s.head_dim),
+    "gate_up": lambda s: (s.d_ff, s.d_ff)}
+
+_H = "transformer.h.{i}."
+GPT2 = (
+    W("tok_emb.weight", ("transformer.wte.weight",)),
+    W("pos.emb.weight", ("transformer.wpe.weight",)),
+    W("final_norm.{p}", ("transformer.ln_f.{p}",)),
+    W("lm_head.weight", ("lm_head.weight",), when="untied"),
+    W("blocks.{i}.norm1.{p}", (_H + "ln_1.{p}",)),
+    W("blocks.{i}.norm2.{p}", (_H + "ln_2.{p}",)),
+    W("blocks.{i}.attn.qkv.{p}", (_H + "attn.c_attn.{p}",), transpose=True),
+    W("blocks.{i}.attn.proj.{p}", (_H + "attn.c_proj.{p}",), transpose=True),
+    W("blocks.{i}.ffn.up.{p}", (_H + "mlp.c_fc.{p}",), transpose=True),
+    W("blocks.{i}.ffn.down.{p}", (_H + "mlp.c_proj.{p}",), transpose=True),
+)
+
+_L = "model.layers.{i}."
+ROPE = (  # Llama, Qwen 3, Gemma 2
+    W("tok_emb.weight", ("model.embed_tokens.weight",)),
+    W("final_norm.weight", ("model.norm.weight",), gain=True),
+    W("lm_head.weight", ("lm_head.weight",), when="untied"),
+    W("blocks.{i}.attn.qkv.{p}", tuple(_L + f"self_attn.{x}_proj.{{p}}" for x in "qkv"), split="qkv"),
+    W("blocks.{i}.attn.proj.{p}", (_L + "self_attn.o_proj.{p}",)),
+    W("blocks.{i}.ffn.gate_up.{p}", (_L + "mlp.gate_proj.{p}", _L + "mlp.up_proj.{p}"), split="gate_up"),
+    W("blocks.{i}.ffn.down.{p}", (_L + "mlp.down_proj.{p}",)),
+    W("blocks.{i}.norm1.weight", (_L + "input_layernorm.weight",), gain=True, when="pre"),
+    W("blocks.{i}.norm2.weight", (_L + "post_attention_layernorm.weight",), gain=True, when="pre"),
+    W("blocks.{i}.pre_attn_norm.weight", (_L + "input_layernorm.weight",), gain=True, when="sandwich"),
+    W("blocks.{i}.post_attn_norm.weight", (_L + "post_attention_layernorm.weight",), gain=True,
+      when="sandwich"),
+    W("blocks.{i}.pre_ffn_norm.weight", (_L + "pre_feedforward_layernorm.weight",), gain=True,
+      when="sandwich"),
+    W("blocks.{i}.post_ffn_norm.weight", (_L + "post_feedforward_layernorm.weight",), gain=True,
+      when="sandwich"),
+    W("blocks.{i}.attn.q_norm.weight", (_L + "self_attn.q_norm.weight",), gain=True, when="qk_norm"),
+    W("blocks.{i}.attn.k_norm.weight", (_L + "self_attn.k_norm.weight",), gain=True, when="qk_norm"),
+)
+
+
+def tensor_maps(entries: tuple[W, ...], spec: ModelSpec, gain_offset: float = 0.0) -> list[TensorMap]:
+    """A family's entries for one model: every layer, the bias where it has biases, and only the
+    entries that hold for it."""
+    params = ["weight"] + (["bias"] if spec.bias else [])
+    out = []
+    for e in entries:
+        if not WHEN[e.when](spec):
+            continue
+        layers = range(spec.n_layers) if "{i}" in e.ours else [None]
+        for i in layers:
+            for p in params if "{p}" in e.ours else ["weight"]:
+                out.append(TensorMap(e.ours.format(i=i, p=p), tuple(t.format(i=i, p=p) for t in e.theirs),
+                                     SPLITS[e.split](spec) if e.split else None, e.transpose,
+                                     gain_offset if e.gain else 0.0))
+    return out

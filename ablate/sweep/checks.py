@@ -1,0 +1,133 @@
+"""The checks before a sweep launches anything: bad input is refused in one line, with no
+directory made. `preflight` runs before Hydra starts (the first job composes, the plan is made,
+the launcher is installed); `check_jobs` runs in the sweeper on every job's composed config and
+run directory, for a real sweep and for its --dry-run alike: a check of one job goes in
+`check_job`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ablate.errors import AblateError, ConfigError
+from ablate.sweep.launchers import Launcher, missing_launcher_message
+from ablate.sweep.placement import check_jobs_per_gpu
+from ablate.sweep.planning import Job, check_mode, check_seeds, parse, plan
+
+
+def check_options(mode: str, seeds: Optional[int], jobs_per_gpu: Optional[int]) -> None:
+    """The sweep's own options, as `ablate sweep` takes them (--mode, --seeds, --jobs-per-gpu;
+    None: not given)."""
+    check_mode(mode)
+    check_seeds(seeds)
+    check_jobs_per_gpu(jobs_per_gpu)
+
+
+def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> list[Job]:
+    """Compose the sweep's first job (with the hydra node) and plan the jobs, so a wrong option,
+    a launcher that is not installed or an empty ofat sweep is refused in one line before
+    Hydra makes any directory. The sweeper checks every job (check_jobs) before launching."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ablate.axes import CONF_DIR
+    from ablate.compose import check_no_secrets, check_quoted, hydra_message, load_plugins
+    from ablate.config import register_configs
+
+    check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
+    check_quoted(list(arguments))
+    load_plugins(list(arguments))  # their options are swept like built-in ones
+    p = parse(arguments)
+    first = p.fixed + [values[0] for _, values in p.swept]
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        message = hydra_message(e)
+        raise ConfigError(missing_launcher_message(message, first) or message) from None
+    finally:
+        GlobalHydra.instance().clear()
+    sweeper = cfg.hydra.sweeper
+    if not str(sweeper.get("_target_", "")).startswith("hydra_plugins.ablate_sweeper"):
+        return []  # another sweeper was chosen (hydra/sweeper=...): it plans its own jobs
+    jobs = sweeper.get("jobs")
+    return plan(arguments, mode, seeds, OmegaConf.to_container(jobs, resolve=True) if jobs else None)
+
+
+def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:
+    """One job's checks, before anything of the sweep is launched (a real sweep and its dry run
+    alike): its composed config (with its hydra node), ablate's invariants, and where the job
+    will run on this machine, torchrun's process count and what tokenizing needs (hub, files).
+    run_dir: where the launcher will put the job (None: its subdir resolves only in the job)."""
+    from ablate.config import validate
+
+    validate(config)
+    if launcher.local:
+        from ablate.data.cache import preflight as data_preflight
+        from ablate.train.distributed import check_nproc
+
+        check_nproc(config)
+        data_preflight(config.data, config.tokenizer.name)
+
+
+def check_jobs(jobs: Sequence[Job], load: Callable[[Job], Any], launcher: Launcher) -> tuple[list, list]:
+    """Every job's config, composed by `load`, and its run directory, checked by check_job; the
+    first bad job refuses the sweep (an AblateError naming it). Returns (configs, run dirs)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ablate.compose import hydra_message
+
+    configs, run_dirs = [], []
+    for i, job in enumerate(jobs):
+        try:
+            config = load(job)
+            run_dir = job_dir(config, i)
+            check_job(config, launcher, run_dir)
+        except AblateError as e:
+            raise type(e)(f"job #{i} ({job.name}): {e}") from None
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(f"job #{i} ({job.name}): {hydra_message(e)}") from None
+        configs.append(config)
+        run_dirs.append(run_dir)
+    return configs, run_dirs
+
+
+def job_dir(config: Any, num: int) -> Optional[str]:
+    """Where the launcher puts job `num` (hydra.sweep.dir/hydra.sweep.subdir). Resolved as
+    Hydra's run_job resolves it: ${hydra:...} in the subdir reads the job's own config."""
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    try:
+        with open_dict(config.hydra.job):
+            config.hydra.job.num = num
+        hydra_config.set_config(config)
+        return os.path.abspath(os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir)))
+    except Exception:  # noqa: BLE001 - an unresolvable subdir: only the launcher can tell then
+        return None
+    finally:
+        hydra_config.cfg = previous
+
+
+def check_can_launch(launcher: Launcher, sweep_dir: Path) -> None:
+    """What launching needs here: the launcher's command (sbatch) and a writable sweep directory."""
+    from ablate.compose import check_writable
+
+    if launcher.command and shutil.which(launcher.command) is None:
+        raise ConfigError(f"{launcher.who()} submits with {launcher.command}, which is not on PATH here: "
+                          "run the sweep on the cluster's login node, or preview it with --dry-run")
+    try:
+        check_writable(sweep_dir, "sweep directory")
+    except AblateError as e:
+        raise type(e)(f"{e}; choose another out_dir or hydra.sweep.dir") from None

@@ -1,0 +1,236 @@
+"""What a sweep says as it runs and when it ends: one line per job as it ends, then the
+comparison of its runs (ablate compare), the jobs that did not finish and the sweep's exit code;
+<sweep_dir>/sweep.json records every job's outcome for scripts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ablate.sweep.planning import Job
+from ablate.vocab import FINISHED, STOPPED, STOPPED_EXIT
+
+
+@dataclass
+class JobResult:
+    job: Job
+    status: str
+    run_dir: Optional[str] = None
+    error: str = ""
+    earlier: bool = False  # this launch only returned the outcome the job had (a resumed sweep)
+
+
+def result_of(job: Job, ret: Any) -> JobResult:
+    """A Hydra JobReturn as (status, dir); a job that raised or crashed counts as failed."""
+    run_dir = None
+    try:
+        run_dir = str(ret.hydra_cfg.hydra.runtime.output_dir)
+    except Exception:
+        pass
+    try:
+        value = ret.return_value  # re-raises the job's exception
+    except BaseException as e:  # noqa: BLE001 - a crashed job must not stop the summary
+        return JobResult(job, "failed", run_dir, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if isinstance(value, dict):
+        return JobResult(job, str(value.get("status", "failed")), run_dir, str(value.get("error", "")))
+    return JobResult(job, "failed", run_dir, "the job returned no summary")
+
+
+def summary_stamp(run_dir: Optional[str]) -> Optional[tuple]:
+    """Tells one write of a run's summary.json from another (it is replaced whole, so each write
+    is a new file): taken before a launch, it shows which summaries the launch wrote."""
+    try:
+        st = (Path(run_dir) / "summary.json").stat()
+    except (OSError, TypeError):
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def recover(job: Job, run_dir: Optional[str], stamp_before: Optional[tuple], lost: str) -> JobResult:
+    """The outcome of a job the launcher lost (it raised instead of returning the job: a job
+    killed by SIGKILL, the OOM killer or a node failure, submitit's UncompletedJobError): what
+    the job's own summary.json says, if this launch wrote it and it holds an outcome; else failed."""
+    from ablate.rundir import live_status, read_json
+
+    stamp = summary_stamp(run_dir)
+    if run_dir is None or stamp is None or stamp == stamp_before:
+        return JobResult(job, "failed", run_dir, lost)  # never started, or an earlier sweep's
+    status = live_status(Path(run_dir))
+    if status in FINISHED + STOPPED + ("failed",):
+        try:
+            error = str(read_json(Path(run_dir) / "summary.json").get("error") or "")
+        except (OSError, ValueError, AttributeError):
+            error = ""
+        return JobResult(job, status, run_dir, error)
+    if status == "killed":
+        lost = "its process died before it wrote an outcome (SIGKILL, out of memory or node failure)"
+    return JobResult(job, "failed", run_dir, lost)
+
+
+def earlier_outcome(run_dir: Optional[str]) -> Optional[tuple]:
+    """Taken before a launch: (summary stamp, status, step) of a job that has finished, else None."""
+    summary = _summary(run_dir)
+    if summary.get("status") not in FINISHED:
+        return None
+    return summary_stamp(run_dir), summary["status"], summary.get("step")
+
+
+def done_earlier(before: Optional[tuple], run_dir: Optional[str]) -> bool:
+    """Whether the launch only returned the outcome the job had before it (`before`): a resumed
+    sweep's finished job, whose summary is as it was or re-entered at its last step."""
+    if before is None:
+        return False
+    stamp, status, step = before
+    summary = _summary(run_dir)
+    if (summary.get("status"), summary.get("step")) != (status, step):
+        return False
+    return summary_stamp(run_dir) == stamp or summary.get("resumed_from") == step
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(max(seconds, 0)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+    """One line per job as it ends: `[3/12] name  status  val_loss 4.1234  12s  9 left  ETA 1m48s`.
+    The ETA is the mean time per job run so far times the jobs left (for parallel launchers a
+    chunk of jobs ends at once, so it is a bound, not a schedule). A job a resumed sweep did not
+    run again says `done earlier` and does not count in the mean."""
+
+    def __init__(self, total: int, out=None, clock=None):
+        import time
+
+        self.total, self.done, self.ran, self.out = total, 0, 0, out
+        self.clock = clock or time.monotonic
+        self.start = self.clock()
+
+    def line(self, r: JobResult, seconds: Optional[float]) -> str:
+        self.done += 1
+        self.ran += not r.earlier
+        left = self.total - self.done
+        elapsed = self.clock() - self.start
+        eta = "done" if not left else f"ETA {_duration(elapsed / self.ran * left)}" if self.ran else "ETA -"
+        took = "done earlier" if r.earlier else _duration(seconds) if seconds is not None else "-"
+        return (f"[{self.done}/{self.total}] {r.job.name}  {r.status}  val_loss {_final_loss(r)}"
+                f"  {took}  {left} left  {eta}")
+
+    def report(self, r: JobResult, seconds: Optional[float] = None) -> None:
+        """Print the job's line; `seconds`: how long it took (None: its summary's wall time)."""
+        if seconds is None:
+            seconds = _summary_value(r.run_dir, "wall_time_s")
+        print(self.line(r, seconds), file=self.out or sys.stdout, flush=True)
+
+
+# Hydra's launchers log each launch ("Launching 1 jobs locally", "#0 : <overrides>") through
+# python logging; the per-job lines above say what a user needs, so these are hidden unless
+# hydra.verbose is set.
+LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher", "hydra_plugins")
+
+
+@contextlib.contextmanager
+def quiet_launcher_logs(verbose: Any):
+    import logging
+
+    if verbose:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in LAUNCHER_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False) -> int:
+    """Print the comparison (or a status list) and the jobs that did not finish; the sweep's
+    exit code: non-zero when no job finished (130 when it was stopped by a signal), and with
+    `strict` also when any job failed, diverged or did not finish."""
+    write_record(results, sweep_dir)
+    done = [r for r in results if r.status in FINISHED]
+    printed = _print_compare(sweep_dir) if done else False
+    if not printed:
+        for i, r in enumerate(results):
+            print(f"  #{i} {r.job.name:<28} {r.status:<11} {_final_loss(r):<9} {r.run_dir or ''}")
+    print(f"sweep: {len(done)}/{len(results)} jobs finished "
+          f"({sum(r.status == 'diverged' for r in results)} diverged); sweep dir {sweep_dir}")
+    for i, r in enumerate(results):
+        if r.status not in FINISHED:
+            label = "failed" if r.status == "failed" else "not finished"
+            print(f"{label}: #{i} {r.job.name} ({r.status}{': ' + r.error if r.error else ''})",
+                  file=sys.stderr)
+    if any(r.status in STOPPED for r in results):
+        print(f"sweep stopped; resume with: ablate resume {sweep_dir} "
+              "(finished jobs return at once, stopped ones resume from their checkpoints)",
+              file=sys.stderr)
+        if not done or results[-1].status == "not run":
+            return STOPPED_EXIT
+    if results and not done:
+        return 1
+    bad = [r for r in results if r.status != "completed"]
+    if strict and bad:
+        print(f"--strict: {len(bad)} of {len(results)} jobs did not complete "
+              f"({', '.join(f'{r.job.name}: {r.status}' for r in bad)})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def write_record(results: list[JobResult], sweep_dir: Path) -> None:
+    """<sweep_dir>/sweep.json: every job's outcome (what the end of a sweep prints), for scripts."""
+    from ablate.rundir import write_json
+
+    jobs = [{"index": i, "name": r.job.name, "variant": r.job.variant, "seed": r.job.seed,
+             "overrides": r.job.overrides, "status": r.status, "run_dir": r.run_dir,
+             "error": r.error or None} for i, r in enumerate(results)]
+    record = {"sweep_dir": str(sweep_dir), "jobs": jobs,
+              "finished": sum(r.status in FINISHED for r in results), "total": len(results)}
+    try:
+        write_json(Path(sweep_dir) / "sweep.json", record)
+    except OSError as e:
+        print(f"warning: could not write {Path(sweep_dir) / 'sweep.json'}: {e.strerror}", file=sys.stderr)
+
+
+def _summary(run_dir: Optional[str]) -> dict:
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _summary_value(run_dir: Optional[str], key: str) -> Optional[float]:
+    v = _summary(run_dir).get(key)
+    return v if isinstance(v, (int, float)) else None
+
+
+def _final_loss(r: JobResult) -> str:
+    """The job's final val_loss; `-` for a job that has none (diverged, stopped, failed): the loss
+    a diverged run measured before diverging is not its result."""
+    v = _summary_value(r.run_dir, "val_loss") if r.status == "completed" else None
+    return f"{v:.4f}" if v is not None else "-"
+
+
+def _print_compare(sweep_dir: Path) -> bool:
+    """`ablate compare` of the sweep directory: the one place the end of a sweep calls compare."""
+    try:
+        from ablate.tracking import compare
+    except ImportError:
+        return False
+    try:
+        compare.print_comparison(compare.compare_dirs([sweep_dir]))
+    except Exception as e:  # noqa: BLE001 - the runs are done; a report problem must not hide them
+        print(f"warning: could not compare the sweep's runs ({type(e).__name__}: {e})", file=sys.stderr)
+        return False
+    return True
