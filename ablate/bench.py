@@ -31,7 +31,7 @@ from torch import nn
 from ablate.axes import preset_axes
 
 # ---- device peak FLOP/s: ablate/train/peak.py (the trainer's MFU uses it too) ---------------
-from ablate.train.peak import GPU_PEAKS, Peak, device_peak, gpu_peak, measure_cpu_peak  # noqa: F401,E402
+from ablate.train.peak import GPU_PEAKS, Peak, device_peak, gpu_peak, mfu  # noqa: F401,E402
 
 
 def sync(device: torch.device) -> None:
@@ -160,7 +160,7 @@ def trainer_contender(name: str, trainer, params: int) -> Contender:
     def step(s: int) -> torch.Tensor:
         lm_loss, _, _ = trainer.train_step(s)
         trainer.apply_update()
-        trainer._flush_diagnostics(updated=True)  # as fit does: the update ratios after the step
+        trainer.finish_diagnostics(updated=True)  # as fit does: the update ratios after the step
         return lm_loss
 
     from ablate.train.backends import configure_backends
@@ -332,11 +332,11 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     rounds = min(rounds, steps)
     alternate(contenders, rounds, max(1, steps // rounds), warmup)
     fpt = flops_per_token(spec, cfg.train.seq_len)
-    peak = device_peak(device, trainer.precision, ours.clock, n=1024, reps=8)
+    peak = device_peak(device, trainer.precision, ours.clock)
     tps = ours.tokens_per_s
     result = {
         "tokens_per_s": tps, "step_ms": ours.step_s * 1e3,
-        "mfu": (tps * fpt / peak.flops) if peak.flops else None,
+        "mfu": mfu(tps, fpt, peak),
         "peak_flops": peak.flops, "peak_flops_source": peak.source,
         "flops_per_token": fpt, "achieved_flops": tps * fpt,
         "peak_memory_bytes": memory, "peak_memory_kind": memory_kind,
@@ -350,7 +350,7 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     if ref is not None:
         result["reference"] = {
             "tokens_per_s": ref.tokens_per_s, "step_ms": ref.step_s * 1e3, "params": ref.params,
-            "mfu": (ref.tokens_per_s * fpt / peak.flops) if peak.flops else None,
+            "mfu": mfu(ref.tokens_per_s, fpt, peak),
             "peak_memory_bytes": ref_memory, "loss_finite": _finite(ref),
             "differs_on": reference_differences(cfg),  # empty: the same model (arch=gpt2)
         }

@@ -225,46 +225,10 @@ def check_device(name: str) -> None:
         raise ConfigError(f"train.device={name} but only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
-# What a checkpoint's run must share with the config resuming it: otherwise the weights would
-# come from one run and summary.json would describe another.
-SAME_RUN_KEYS = ("model", "tokenizer", "data", "seed", "data_seed", "train.batch_size",
-                 "train.seq_len", "train.grad_accum")
-SAME_RUN_IGNORED = ("data.num_proc", "data.cache_dir")  # they do not change the tokens
-
-
 def _flat(node: Any, prefix: str) -> dict:
     if isinstance(node, dict):
         return {k: v for key, sub in node.items() for k, v in _flat(sub, f"{prefix}.{key}").items()}
     return {prefix: node}
-
-
-def _select(tree: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-
-def check_same_run(run_dir: Path, cfg: Any) -> None:
-    import yaml
-    from omegaconf import OmegaConf
-
-    from ablate.config import AXES
-
-    try:
-        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return  # nothing to compare: loading the checkpoint is the real test
-    new = OmegaConf.to_container(cfg, resolve=True)
-    for key in (*AXES, *SAME_RUN_KEYS):
-        old_v, new_v = _flat(_select(stored, key), key), _flat(_select(new, key), key)
-        changed = [k for k in sorted(set(old_v) | set(new_v))
-                   if old_v.get(k) != new_v.get(k) and k not in SAME_RUN_IGNORED]
-        if changed:
-            k = changed[0]
-            raise RunDirError(
-                f"run directory {run_dir} holds a checkpoint of a different run ({k}: {old_v.get(k)} -> "
-                f"{new_v.get(k)}); resuming would mix two runs: use another hydra.run.dir or "
-                "train.resume=never")
 
 
 def preflight(cfg: Any, overrides: list[str]) -> None:
@@ -276,11 +240,12 @@ def preflight(cfg: Any, overrides: list[str]) -> None:
         RunLock(run_dir).check_free()
         check_writable(run_dir, "run directory")
         if cfg.train.resume == "auto":
-            from ablate.train.checkpoint import check_resumable, list_checkpoints
+            from ablate.train.checkpoint import check_resumable
 
             check_resumable(run_dir)
-            if list_checkpoints(run_dir):
-                check_same_run(run_dir, cfg)
+        from ablate.lifecycle import check_reentry
+
+        check_reentry(run_dir, cfg)  # the one re-entry rule: refuses before Hydra writes anything
     else:
         check_writable(Path(os.path.expanduser(str(cfg.out_dir))), "out_dir")
     check_device(str(cfg.train.device))

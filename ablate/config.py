@@ -121,9 +121,10 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     precision: str = "auto"  # auto | fp32 | bf16
-    # null: on for CUDA, off for CPU (`ablate bench --vs train.compile=true`: +2% tokens/s on the
-    # tiny model, after ~60 s of compiling on 2 cores)
-    compile: Optional[bool] = None
+    # torch.compile. Off by default, on CUDA too, until the cuda test tier has passed on a GPU
+    # (docs/gpu.md); on CPU `ablate bench --vs train.compile=true` gives +2% tokens/s on the tiny
+    # model after ~60 s of compiling on 2 cores.
+    compile: bool = False
     # torch.compile backend: inductor (generated kernels), or eager / aot_eager (dynamo only;
     # tests and debugging). Every Trainer compiles from a clean dynamo state (ablate/train/backends.py).
     compile_backend: str = "inductor"
@@ -136,6 +137,9 @@ class TrainConfig:
     # SDPA kernel: auto lets PyTorch choose (flash, then memory-efficient, then math); one name
     # keeps only that kernel (cudnn: cuDNN's fused attention on Hopper), so a bench can price it.
     sdpa_backend: str = "auto"
+    # FlexAttention (one fused kernel) for ALiBi and soft-capped attention on CUDA, instead of
+    # the explicit path. Opt-in until the cuda test tier has passed on a GPU (docs/gpu.md).
+    flex_attention: bool = False
     # torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, deterministic attention
     # kernels: two runs on the same CUDA device give bit-identical results (CPU already does).
     deterministic: bool = False
@@ -148,9 +152,14 @@ class TrainConfig:
     eval_every: int = 200
     eval_tokens: int = 32768
     log_every: int = 10
-    ckpt_every: int = 0  # 0: only the final checkpoint (and on preemption)
+    # Checkpoint every N steps (0: only the final one and on a stop signal); null: at every
+    # evaluation, so a run killed without warning loses at most one eval interval.
+    ckpt_every: Optional[int] = None
     keep_ckpts: int = 2
     resume: str = "auto"  # auto | never
+    # Train a completed run further to a larger train.steps (ablate/lifecycle.py): only when asked
+    # for by name, since the result is neither the old experiment nor the longer one.
+    extend: bool = False
     diverge_threshold: float = 3.0  # loss above threshold * running mean: diverged (0 = off)
     skip_spikes: bool = False  # skip the update on a spike instead of stopping
     diagnostics_every: int = 0  # 0: off
@@ -247,7 +256,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"train.steps must be >= 0, got {t.steps}")
     if t.lr <= 0:
         raise ConfigError(f"train.lr must be positive, got {t.lr}")
-    if t.warmup_steps < 0 or t.eval_every < 0 or t.ckpt_every < 0:
+    if t.warmup_steps < 0 or t.eval_every < 0 or (t.ckpt_every or 0) < 0:
         raise ConfigError("train.warmup_steps, train.eval_every and train.ckpt_every must be >= 0")
     if t.schedule not in ("cosine", "linear", "constant"):
         raise ConfigError(f"train.schedule must be cosine, linear or constant, got '{t.schedule}'")

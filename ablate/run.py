@@ -20,11 +20,12 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from ablate import lifecycle
 from ablate.axes import CONF_DIR
 from ablate.config import axis_values, register_configs, validate
 from ablate.errors import AblateError
-from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, read_json, write_atomic, write_json
-from ablate.vocab import STOPPED, STOPPED_EXIT, is_not_training, variant_name, variant_overrides
+from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, write_atomic, write_json
+from ablate.vocab import STOPPED, STOPPED_EXIT, variant_name, variant_overrides
 
 log = logging.getLogger("ablate")
 
@@ -78,8 +79,8 @@ def run_experiment(cfg: DictConfig) -> dict:
 
 def _run(cfg, run_dir, overrides, multirun, sweep_name, stop) -> tuple[dict, int]:
     """(summary, exit code). Everything that can refuse the run does so before the run
-    directory is written: a re-entered directory keeps its record."""
-    from ablate.train import distributed
+    directory is written: a re-entered directory keeps its record (ablate/lifecycle.py)."""
+    from ablate.train import checkpoint, distributed
 
     rank, lock = 0, RunLock(run_dir)
     try:
@@ -87,16 +88,20 @@ def _run(cfg, run_dir, overrides, multirun, sweep_name, stop) -> tuple[dict, int
         rank = int(os.environ.get("RANK", "0"))
         validate(cfg)
         distributed.check_nproc(cfg)
-        recorded = _recorded_outcome(cfg, run_dir, rank)
-        if recorded is not None:
-            return recorded, 0
+        world = (int(os.environ["WORLD_SIZE"]) if distributed.in_distributed_env()
+                 else max(1, int(cfg.train.nproc)))
+        decision = lifecycle.plan(run_dir, cfg, world, warn=checkpoint.warn if rank == 0 else _quiet)
+        if decision.action == lifecycle.RETURN:
+            if rank == 0:
+                print(decision.notice, file=sys.stderr)
+            return decision.record.summary, 0
         if distributed.needs_launch(cfg):  # train.nproc > 1: torchrun runs the ranks, we wait
             lock.check_free()
-            _resume_state(cfg, run_dir, warn=False)  # refused here once, not by every rank
             return _run_ranks(cfg, run_dir, overrides, sweep_name, stop)
         if rank == 0:
             lock.acquire()
-        state = _resume_state(cfg, run_dir, warn=rank == 0)
+            if decision.notice:
+                print(decision.notice, file=sys.stderr)
     except AblateError as e:
         lock.release()
         if rank == 0:
@@ -105,65 +110,13 @@ def _run(cfg, run_dir, overrides, multirun, sweep_name, stop) -> tuple[dict, int
                 shutil.rmtree(run_dir, ignore_errors=True)
         return {"status": "failed", "error": str(e)}, e.exit_code
     try:
-        return _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop)
+        return _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, decision, stop)
     finally:
         lock.release()
 
 
-def _recorded_outcome(cfg, run_dir: Path, rank: int) -> Optional[dict]:
-    """Checks of a re-entered run directory (a resumed sweep, a submitit requeue, `ablate run`
-    with Hydra flags), before anything in it is written. Refuses a config that differs from the
-    one its checkpoint was made with; returns the recorded summary of a diverged run re-entered
-    with the same config (training it again would diverge again)."""
-    if cfg.train.resume != "auto":
-        return None
-    from ablate.compose import check_same_run
-    from ablate.train.checkpoint import list_checkpoints
-
-    if list_checkpoints(run_dir):
-        check_same_run(run_dir, cfg)  # RunDirError
-    try:
-        previous = read_json(run_dir / SUMMARY)
-    except (OSError, ValueError):
-        return None
-    if previous.get("status") != "diverged" or _training_config_changed(run_dir, cfg):
-        return None
-    if rank == 0:
-        print(f"{run_dir} already diverged at step {previous.get('step')} ({previous.get('reason')}); "
-              "returning that outcome without training (train.resume=never trains it again)",
-              file=sys.stderr)
-    return previous
-
-
-def _training_config_changed(run_dir: Path, cfg) -> bool:
-    import yaml
-
-    from ablate.compose import _flat
-
-    try:
-        stored = yaml.safe_load((run_dir / CONFIG).read_text())
-    except (OSError, yaml.YAMLError):
-        return True
-
-    def training(tree) -> dict:
-        return {k: v for k, v in _flat(tree, "").items() if not is_not_training(k.lstrip("."))}
-
-    return training(stored) != training(OmegaConf.to_container(cfg, resolve=True))
-
-
-def _resume_state(cfg, run_dir: Path, warn: bool) -> Optional[dict]:
-    """The checkpoint this run continues (None: it starts fresh), loaded and checked before
-    anything is written, so that a refused resume leaves the directory's record as it was."""
-    from ablate.train import checkpoint
-    from ablate.train.distributed import in_distributed_env
-
-    if cfg.train.resume != "auto" or not checkpoint.list_checkpoints(run_dir):
-        return None
-    state = checkpoint.latest_valid(run_dir, warn=checkpoint.warn if warn else (lambda message: None))
-    if state is not None:
-        world = int(os.environ["WORLD_SIZE"]) if in_distributed_env() else max(1, int(cfg.train.nproc))
-        checkpoint.check_continues(state, run_dir, world, cfg.train.strategy, cfg.train.steps)
-    return state
+def _quiet(message: str) -> None:
+    pass
 
 
 def _read_text(path: Path) -> Optional[str]:
@@ -218,78 +171,22 @@ def _run_ranks(cfg, run_dir, overrides, sweep_name, stop) -> tuple[dict, int]:
 _runs_in_process = 0  # the basic launcher runs a sweep's jobs one after another in one process
 
 
-def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop) -> tuple[dict, int]:
+def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, decision, stop) -> tuple[dict, int]:
     global _runs_in_process
-    from ablate.train.distributed import Stopped
-
     started = time.time()
     # Time to first step: a process's first run counts its imports; a later one, from its start.
     job_started = started if _runs_in_process else None
     _runs_in_process += 1
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    # A sweep job is named by its sweeper (what differs from the sweep's baseline).
-    variant = os.environ.get("ABLATE_VARIANT") or variant_name(overrides)
-    summary: dict[str, Any] = {
-        "status": "running", "variant": variant, "axes": axis_values(cfg), "seed": cfg.seed,
-        "data_seed": cfg.data_seed, "overrides": variant_overrides(overrides),
-        "sweep": sweep_name, **owner(),  # pid/host: a reader can tell a killed run (rundir.live_status)
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-    }
-    previous: dict = {}
-    if rank == 0:
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(resolved)))
-        try:
-            previous = read_json(run_dir / SUMMARY)
-            summary["previous_status"] = previous.get("status")
-        except (OSError, ValueError):
-            pass
-        write_json(run_dir / SUMMARY, summary)
+    summary, previous = _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, started)
     built: dict[str, Any] = {}  # what train() built, so sinks are finished even on failure
-    try:
-        from ablate.train.launch import train
-
-        stop.phase = "startup"  # no step to finish yet: a stop signal ends the run where it is
-        stop.raise_if_stopped()
-        outcome, info = train(cfg, run_dir, variant, sweep_name, rank, built, job_started, state, stop,
-                              quiet=multirun)
-        summary.update(info)
-        summary.update(
-            status=outcome.status, reason=outcome.reason, step=outcome.step, steps=cfg.train.steps,
-            tokens=outcome.tokens, train_loss=outcome.train_loss, val_loss=outcome.val_loss,
-            val_bpb=outcome.val_bpb, tokens_per_s=outcome.tokens_per_s,
-            skipped_steps=outcome.skipped_steps, resumed_from=outcome.resumed_from,
-            time_to_first_step_s=outcome.first_step_s)
-        summary.update(outcome.extra)  # compile_s, mfu, compile_fallback, deterministic, ...
-        exit_code = STOPPED_EXIT if outcome.status in STOPPED else 0
-    except AblateError as e:
-        summary.update(status="failed", error=str(e))
-        if rank == 0:  # every rank meets the same error: one line
-            print(f"error: {e}", file=sys.stderr)
-            log.info(f"error: {e}")  # ablate.log (info: the console handler passes warnings on)
-        exit_code = e.exit_code
-    except (KeyboardInterrupt, Stopped) as e:  # before training started (the trainer handles it after)
-        signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.signum
-        summary.update(status="interrupted" if signum == signal.SIGINT else "preempted",
-                       reason=f"signal {signal.Signals(signum).name} before training started",
-                       step=state["step"] if state else 0, steps=cfg.train.steps)
-        exit_code = STOPPED_EXIT
-    except Exception as e:  # a bug: keep the traceback in a file, one line on the console
-        summary.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        log.debug("".join(traceback.format_exc()))
-        where = run_dir / ("error.txt" if rank == 0 else f"error.rank{rank}.txt")
-        where.write_text(traceback.format_exc())
-        who = f"rank {rank}: " if world > 1 else ""
-        print(f"error: {who}{summary['error']} (traceback in {where})", file=sys.stderr)
-        log.info(f"error: {who}{summary['error']} (traceback in {where})")
-        exit_code = 1
-    finally:
-        stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
+    exit_code = _train(cfg, run_dir, summary, built, multirun, rank, decision.state, job_started, stop)
+    state = decision.state
     wall = time.time() - started
     if state is not None:  # the same run continued: its wall time is the sum of its segments
-        if state["step"] >= cfg.train.steps:  # a finished run re-entered: this segment did nothing
+        if state["step"] >= cfg.train.steps:  # its last checkpoint was final: this segment did nothing
             wall = 0.0
             summary["tokens_per_s"] = previous.get("tokens_per_s", summary.get("tokens_per_s"))
+            summary["mfu"] = previous.get("mfu", summary.get("mfu"))
         wall += float(previous.get("wall_time_s") or 0)
         if previous.get("time_to_first_step_s") is not None:
             summary["time_to_first_step_s"] = previous["time_to_first_step_s"]
@@ -298,21 +195,88 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, state, stop
     summary.pop("pid", None)
     summary.pop("job", None)
     if rank == 0:
-        write_json(run_dir / SUMMARY, summary)
-        try:  # the outcome is on disk; a failing dashboard or console must not change it
-            if "sinks" in built:
-                built["sinks"].finish(summary)
-            from ablate.report import print_summary
-
-            print_summary(summary, run_dir, console=not multirun)  # a sweep prints a line per job
-        except Exception as e:
-            print(f"warning: reporting failed ({type(e).__name__}: {e}); see {run_dir / SUMMARY}",
-                  file=sys.stderr)
-        if summary["status"] in STOPPED:
-            log.info(_stopped_line(summary, run_dir))
-        if summary["status"] in STOPPED and not multirun and sweep_name is None:
-            print(_stopped_line(summary, run_dir), file=sys.stderr)  # a sweep says it for all its jobs
+        _record(summary, run_dir, built, multirun, sweep_name)
     return summary, exit_code
+
+
+def _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, started) -> tuple[dict, dict]:
+    """summary.json's "running" record (rank 0 writes it with the resolved config); returns
+    (the summary, the directory's previous summary)."""
+    # A sweep job is named by its sweeper (what differs from the sweep's baseline).
+    variant = os.environ.get("ABLATE_VARIANT") or variant_name(overrides)
+    summary: dict[str, Any] = {
+        "status": "running", "variant": variant, "axes": axis_values(cfg), "seed": cfg.seed,
+        "data_seed": cfg.data_seed, "overrides": variant_overrides(overrides),
+        "sweep": sweep_name, **owner(),  # pid/host: a reader can tell a killed run (rundir.live_status)
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+    }
+    previous = decision.record.summary
+    if previous:
+        summary["previous_status"] = previous.get("status")
+    extended_from = decision.extended_from or (previous.get("extended_from") if decision.state else None)
+    if extended_from is not None:  # stays with the run through later resumes
+        summary["extended_from"] = extended_from
+    if rank == 0:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        write_json(run_dir / SUMMARY, summary)
+    return summary, previous
+
+
+def _train(cfg, run_dir, summary, built, multirun, rank, state, job_started, stop) -> int:
+    """Train, with the outcome written into `summary`; returns the exit code."""
+    from ablate.train.distributed import Stopped
+    from ablate.train.launch import train
+
+    try:
+        stop.phase = "startup"  # no step to finish yet: a stop signal ends the run where it is
+        stop.raise_if_stopped()
+        outcome, info = train(cfg, run_dir, summary["variant"], summary["sweep"], rank, built, job_started,
+                              state, stop, quiet=multirun)
+        summary.update(info)
+        summary.update(outcome.record(cfg.train.steps))
+        return STOPPED_EXIT if outcome.status in STOPPED else 0
+    except AblateError as e:
+        summary.update(status="failed", error=str(e))
+        if rank == 0:  # every rank meets the same error: one line
+            print(f"error: {e}", file=sys.stderr)
+            log.info(f"error: {e}")  # ablate.log (info: the console handler passes warnings on)
+        return e.exit_code
+    except (KeyboardInterrupt, Stopped) as e:  # before training started (the trainer handles it after)
+        signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.signum
+        summary.update(status="interrupted" if signum == signal.SIGINT else "preempted",
+                       reason=f"signal {signal.Signals(signum).name} before training started",
+                       step=state["step"] if state else 0, steps=cfg.train.steps)
+        return STOPPED_EXIT
+    except Exception as e:  # a bug: keep the traceback in a file, one line on the console
+        summary.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        log.debug("".join(traceback.format_exc()))
+        where = run_dir / ("error.txt" if rank == 0 else f"error.rank{rank}.txt")
+        where.write_text(traceback.format_exc())
+        who = f"rank {rank}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"error: {who}{summary['error']} (traceback in {where})", file=sys.stderr)
+        log.info(f"error: {who}{summary['error']} (traceback in {where})")
+        return 1
+    finally:
+        stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
+
+
+def _record(summary: dict, run_dir: Path, built: dict, multirun: bool, sweep_name) -> None:
+    """Write the outcome, then report it: a failing dashboard or console must not change it."""
+    write_json(run_dir / SUMMARY, summary)
+    try:
+        if "sinks" in built:
+            built["sinks"].finish(summary)
+        from ablate.report import print_summary
+
+        print_summary(summary, run_dir, console=not multirun)  # a sweep prints a line per job
+    except Exception as e:
+        print(f"warning: reporting failed ({type(e).__name__}: {e}); see {run_dir / SUMMARY}",
+              file=sys.stderr)
+    if summary["status"] in STOPPED:
+        log.info(_stopped_line(summary, run_dir))
+        if not multirun and sweep_name is None:  # a sweep says it for all its jobs
+            print(_stopped_line(summary, run_dir), file=sys.stderr)
 
 
 def _stopped_line(summary: dict, run_dir: Path) -> str:

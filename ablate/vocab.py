@@ -15,7 +15,7 @@ from enum import Enum
 # Keys (prefixes) that do not change what is trained: where the outputs go, what is shown, how
 # often it is saved. A run re-entered with other values of these is the same run.
 NOT_TRAINING = ("hydra.", "hydra/", "launcher", "logger", "out_dir", "study", "plugins",
-                "train.progress", "train.threads", "train.resume", "train.log_every",
+                "train.progress", "train.threads", "train.resume", "train.extend", "train.log_every",
                 "train.ckpt_every", "train.keep_ckpts", "train.diagnostics_every",
                 "data.num_proc", "data.cache_dir")
 # Keys that choose how the same model and batches are computed (placement, kernels, compile,
@@ -23,7 +23,7 @@ NOT_TRAINING = ("hydra.", "hydra/", "launcher", "logger", "out_dir", "study", "p
 # never name a variant. They still count when a diverged run is re-entered: another device or
 # kernel can change whether it diverges.
 HOW_COMPUTED = ("train.device", "train.nproc", "train.strategy", "train.fused_ce", "train.ce_chunk",
-                "train.compile", "train.sdpa_backend", "train.micro_batch")
+                "train.compile", "train.sdpa_backend", "train.flex_attention", "train.micro_batch")
 SEED_KEYS = ("seed", "data_seed")
 # Model keys that are variant keys though outside an axis group: they change the block, not its
 # size or its training (the stability options, the presets' init, the heads' layout).

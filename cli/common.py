@@ -35,6 +35,21 @@ def compose_checked(overrides: list[str], prepare_data: bool = False, synthetic_
         fail(str(e), e.exit_code)
 
 
+def finished_here(overrides: list[str], cfg) -> bool:
+    """A finished run's directory re-entered with the same experiment: its recorded outcome is
+    the answer (ablate/lifecycle.py), said in one line without starting Hydra (which would
+    rewrite the directory's .hydra/ record)."""
+    from ablate.compose import explicit_run_dir
+    from ablate.lifecycle import RETURN, check_reentry
+
+    run_dir = explicit_run_dir(overrides)
+    decision = check_reentry(run_dir, cfg) if run_dir is not None else None
+    if decision is not None and decision.action == RETURN:
+        typer.echo(decision.notice, err=True)
+        return True
+    return False
+
+
 # Hydra flags that take a value (argparse cannot put positional overrides after them).
 HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
                      "-cn", "--config-dir", "-cd", "--experimental-rerun"}

@@ -8,7 +8,7 @@ import importlib
 
 import typer
 
-from cli.common import call_hydra, check_flags, check_flags_config, compose_checked, fail
+from cli.common import call_hydra, check_flags, check_flags_config, compose_checked, fail, finished_here
 
 app = typer.Typer(
     help="Architecture ablations of decoder-only transformer language models.",
@@ -54,7 +54,9 @@ def run(ctx: typer.Context) -> None:
     args = list(ctx.args)
     check_flags(args)
     if not any(a.startswith("-") for a in args):
-        compose_checked(args, prepare_data=True)
+        cfg = compose_checked(args, prepare_data=True)
+        if finished_here(args, cfg):
+            return
     else:
         check_flags_config(args)
     call_hydra(args)

@@ -56,26 +56,13 @@ def sweep_args(sweep_dir: Path, extra: list[str]) -> list[str]:
     return merge(task + hydra_overrides, list(extra) + [f"hydra.sweep.dir={quote(str(sweep_dir))}"])
 
 
-def outcome_line(run_dir: Path) -> tuple[str | None, str]:
-    """(status, one line saying what resuming does with it)."""
-    from ablate.rundir import SUMMARY, live_status, read_json
-
-    status = live_status(run_dir)
-    try:
-        summary = read_json(run_dir / SUMMARY)
-    except (OSError, ValueError):
-        summary = {}
-    step = f"step {summary.get('step', '?')}/{summary.get('steps', '?')}"
-    if status == "completed":
-        return status, f"{run_dir} already completed ({step}): nothing to do"
-    if status == "diverged":
-        return status, (f"{run_dir} diverged at {step} ({summary.get('reason')}): resuming would diverge "
-                        "again; nothing to do (change the config in a new run)")
-    if status == "failed":
-        return status, f"{run_dir} failed at {step} ({summary.get('error')}); retrying from its last checkpoint"
-    if status is None:
-        return status, f"{run_dir} has no summary yet; starting it from its last checkpoint, if any"
-    return status, f"{run_dir} was {status} at {step}; resuming from its last checkpoint"
+def resume_line(decision) -> str:
+    """What resuming a stopped run does (the run says it itself when it starts over or extends)."""
+    record = decision.record
+    s = record.summary
+    at = f" at step {s['step']}/{s.get('steps', '?')}" if s.get("step") is not None else ""
+    return (f"{record.run_dir} was {record.status or 'started'}{at}; resuming from its checkpoint "
+            f"of step {record.checkpoints[-1][0]}")
 
 
 def register(app: typer.Typer) -> None:
@@ -83,10 +70,14 @@ def register(app: typer.Typer) -> None:
     def resume(
         ctx: typer.Context,
         run_dir: Path = typer.Argument(..., help="A run directory, or a sweep directory (runs/sweeps/<time>)."),
+        extend: int = typer.Option(None, "--extend", metavar="STEPS",
+                                   help="Train a completed run further, to STEPS steps (recorded as extended)."),
     ) -> None:
         """Continue a stopped run from its last checkpoint, with the overrides it was started with.
 
-        A sweep directory resumes the sweep: finished jobs return at once, stopped ones continue.
+        A finished run's result is returned as it is; `--extend STEPS` trains a completed run
+        further (the extra steps keep the learning rate its schedule ended with). A sweep
+        directory resumes the sweep: finished jobs return at once, stopped ones continue.
         Extra arguments are overrides that do not change what is trained (e.g. `logger=none`).
         """
         from cli.common import call_hydra, compose_checked, fail
@@ -97,32 +88,45 @@ def register(app: typer.Typer) -> None:
         d = Path(os.path.abspath(os.path.expanduser(str(run_dir))))
         if not d.is_dir():
             fail(f"no such directory: {run_dir}")
+        if extend is not None:
+            if extend < 1:
+                fail(f"--extend takes the new total of steps (>= 1), got {extend}")
+            extra += [f"train.steps={extend}", "train.extend=true"]
         if (d / "multirun.yaml").is_file():
-            from ablate.errors import AblateError
-            from ablate.sweep import preflight
-
-            args = sweep_args(d, extra)
-            recorded = {_key(a): a.split("=", 1)[1] for a in args if "=" in a}
-            mode = recorded.get("hydra.sweeper.mode", "ofat")
-            seeds = int(recorded.get("hydra.sweeper.seeds", 0))
-            typer.echo(f"resuming sweep {d}", err=True)
-            try:
-                preflight(args, mode, seeds)
-            except AblateError as e:
-                fail(str(e), e.exit_code)
-            call_hydra(args, multirun=True)
+            _resume_sweep(d, extra)
             return
         if not (d / ".hydra" / "overrides.yaml").is_file():
             fail(f"{run_dir} is not a run directory (no .hydra/overrides.yaml) nor a sweep directory "
                  "(no multirun.yaml)")
-        status, line = outcome_line(d)
-        typer.echo(line, err=True)
-        if status in ("completed", "diverged"):
-            return
+        from ablate.lifecycle import RESUME, RETURN, check_reentry
+
         _pin_sweep_identity(d)
         args = run_args(d, extra)
-        compose_checked(args, prepare_data=True)
+        cfg = compose_checked(args, prepare_data=True)  # refuses another experiment (ablate/lifecycle.py)
+        decision = check_reentry(d, cfg)
+        if decision is not None and decision.action == RETURN:
+            typer.echo(decision.notice, err=True)
+            return
+        if decision is not None and decision.action == RESUME:
+            typer.echo(resume_line(decision), err=True)
         call_hydra(args)
+
+
+def _resume_sweep(sweep_dir: Path, extra: list[str]) -> None:
+    from ablate.errors import AblateError
+    from ablate.sweep import preflight
+    from cli.common import call_hydra, fail
+
+    args = sweep_args(sweep_dir, extra)
+    recorded = {_key(a): a.split("=", 1)[1] for a in args if "=" in a}
+    mode = recorded.get("hydra.sweeper.mode", "ofat")
+    seeds = int(recorded.get("hydra.sweeper.seeds", 0))
+    typer.echo(f"resuming sweep {sweep_dir}", err=True)
+    try:
+        preflight(args, mode, seeds)
+    except AblateError as e:
+        fail(str(e), e.exit_code)
+    call_hydra(args, multirun=True)
 
 
 def _pin_sweep_identity(run_dir: Path) -> None:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cuda
 # TINY on the GPU (its steps are set per test); four heads so that gqa has a KV group.
 GPU = [o for o in TINY if not o.startswith(("train.device", "train.steps", "model.n_heads"))] + [
     "train.device=cuda", "model.n_heads=4"]
-COMPILED = ["train.precision=bf16", "train.compile=true"]
+COMPILED = ["train.precision=bf16", "train.compile=true", "train.flex_attention=true"]
 
 
 def summary(run_dir) -> dict:
@@ -76,6 +76,9 @@ def test_flex_attention_matches_the_explicit_path_on_cuda(pos, softcap, n_kv):
     spec = ModelSpec(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=n_kv, d_ff=128,
                      max_seq_len=256, pos=pos, attn_softcap=softcap)
     dev = torch.device("cuda")
+    from ablate.model import flex
+
+    flex.enable(True)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -91,6 +94,7 @@ def test_flex_attention_matches_the_explicit_path_on_cuda(pos, softcap, n_kv):
             results.append((y.detach(), gx))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+        flex.enable(False)
     torch.testing.assert_close(results[0][0], results[1][0], atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(results[0][1], results[1][1], atol=2e-3, rtol=2e-3)
 

@@ -23,6 +23,12 @@ def files(run_dir) -> dict:
     return {name: (run_dir / name).read_bytes() for name in ("config.yaml", "summary.json", "metrics.jsonl")}
 
 
+def unfinish(run) -> None:
+    """As if the run had been preempted right after its last checkpoint: a run that resumes."""
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "status": "preempted"}))
+
+
 @pytest.fixture
 def finished(tmp_path):
     run = tmp_path / "run"
@@ -36,12 +42,12 @@ def test_a_changed_config_is_refused_inside_the_job_and_the_run_keeps_its_record
     res = run_ablate("run", *BASE, "model.d_model=64", f"hydra.run.dir={finished}", FLAG)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        f"error: run directory {finished} holds a checkpoint of a different run (model.d_model: 32 -> 64); "
-        "resuming would mix two runs: use another hydra.run.dir or train.resume=never"]
+        f"error: {finished} holds a completed run with model.d_model=32; this config has model.d_model=64: "
+        "use another directory (hydra.run.dir / hydra.sweep.dir), or start it over with train.resume=never"]
     assert files(finished) == before
 
 
-def test_a_sweep_resumed_with_a_changed_config_refuses_each_job_and_keeps_their_records(tmp_path):
+def test_a_sweep_resumed_with_a_changed_config_is_refused_before_any_job_runs(tmp_path):
     args = ["sweep", *BASE, "norm=layernorm,rmsnorm", f"out_dir={tmp_path}"]
     res = run_ablate(*args)
     assert res.returncode == 0, res.stderr
@@ -49,9 +55,8 @@ def test_a_sweep_resumed_with_a_changed_config_refuses_each_job_and_keeps_their_
     before = {run: files(run) for run in runs}
     sweep_dir = runs[0].parent
     res = run_ablate(*args, "model.d_model=64", f"hydra.sweep.dir={sweep_dir}")
-    assert res.returncode == 1 and "sweep: 0/2 jobs finished" in res.stdout  # each job was tried
-    for run in runs:
-        assert f"error: run directory {run} holds a checkpoint of a different run (model.d_model: 32 -> 64)" in res.stderr
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert f"{runs[0]} holds a completed run with model.d_model=32; this config has model.d_model=64" in res.stderr
     assert {run: files(run) for run in runs} == before
 
 
@@ -61,6 +66,7 @@ def test_a_checkpoint_of_another_world_size_is_refused_in_one_line(finished):
     state = checkpoint.load_file(path)
     state.update(world_size=2, strategy="ddp")
     checkpoint.save(finished, step, state)
+    unfinish(finished)
     before = files(finished)
     res = run_ablate("run", *BASE, f"hydra.run.dir={finished}", FLAG)
     assert res.returncode == 2
@@ -72,6 +78,7 @@ def test_a_checkpoint_of_another_world_size_is_refused_in_one_line(finished):
 
 
 def test_a_one_process_checkpoint_is_refused_by_two_ranks_before_they_start(finished):
+    unfinish(finished)
     res = run_ablate("run", *BASE, "train.nproc=2", f"hydra.run.dir={finished}")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
@@ -87,8 +94,8 @@ def test_a_checkpoint_past_train_steps_is_refused(finished):
                      f"hydra.run.dir={finished}", FLAG)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        f"error: the checkpoint of step 6 in {checkpoint.ckpt_dir(finished)} is past train.steps=4: raise "
-        "train.steps to at least 6 to continue it, or start over with train.resume=never"]
+        f"error: {finished} holds a completed run with train.steps=6; this config has train.steps=4: "
+        "use another directory (hydra.run.dir / hydra.sweep.dir), or start it over with train.resume=never"]
     assert files(finished) == before
 
 
@@ -106,21 +113,18 @@ def test_a_diverged_run_re_entered_unchanged_returns_its_outcome_without_trainin
     assert files(run) == before
 
 
-def test_re_entering_a_finished_run_keeps_its_timings_and_a_resumed_run_adds_them_up(finished):
+def test_re_entering_a_finished_run_keeps_its_timings_and_an_extended_run_adds_them_up(finished):
     first = json.loads((finished / "summary.json").read_text())
     first.update(wall_time_s=1000.0)  # as if it had trained for a while
     (finished / "summary.json").write_text(json.dumps(first))
     res = run_ablate("run", *BASE, f"hydra.run.dir={finished}")
     assert res.returncode == 0, res.stderr
-    again = json.loads((finished / "summary.json").read_text())
-    assert again["status"] == "completed" and again["resumed_from"] == 6
-    assert again["wall_time_s"] == 1000.0
-    assert again["time_to_first_step_s"] == first["time_to_first_step_s"]
+    assert json.loads((finished / "summary.json").read_text()) == first  # returned, not rewritten
 
     res = run_ablate("run", *[o for o in BASE if not o.startswith("train.steps")], "train.steps=8",
-                     f"hydra.run.dir={finished}")
+                     "train.extend=true", f"hydra.run.dir={finished}")
     assert res.returncode == 0, res.stderr
     longer = json.loads((finished / "summary.json").read_text())
-    assert longer["step"] == 8 and longer["resumed_from"] == 6
+    assert longer["step"] == 8 and longer["resumed_from"] == 6 and longer["extended_from"] == 6
     assert 1000.0 < longer["wall_time_s"] < 1000.0 + 600  # both segments
     assert longer["time_to_first_step_s"] == first["time_to_first_step_s"]

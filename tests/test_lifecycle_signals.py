@@ -19,6 +19,7 @@ from conftest import ROOT, TINY, find_run_dirs, run_ablate
 from ablate.train import checkpoint
 
 LONG = [o for o in TINY if not o.startswith("train.steps")] + ["train.steps=100000", "train.threads=1"]
+SHORT = LONG[:-2] + ["train.steps=200", "train.threads=1"]  # long enough to be stopped, short to resume
 
 
 def start(*args):
@@ -61,7 +62,7 @@ def processes_in(run_dir) -> list[int]:
 @pytest.mark.parametrize("sig,status", [(signal.SIGTERM, "preempted"), (signal.SIGINT, "interrupted")])
 def test_a_signal_to_a_two_rank_run_stops_every_rank_with_a_checkpoint(tmp_path, sig, status):
     run = tmp_path / "run"
-    proc = start("run", *LONG, "train.nproc=2", f"hydra.run.dir={run}")
+    proc = start("run", *SHORT, "train.nproc=2", f"hydra.run.dir={run}")  # resumed as it was started
     wait_for(lambda: train_rows(run) >= 3, proc)
     proc.send_signal(sig)  # `kill -TERM <ablate pid>`, or Ctrl-C (which reaches only this process)
     out, err = proc.communicate(timeout=120)
@@ -74,8 +75,7 @@ def test_a_signal_to_a_two_rank_run_stops_every_rank_with_a_checkpoint(tmp_path,
         f"stopped at step {done['step']} (signal {sig.name}); checkpoint {ckpt}; resume with: ablate resume {run}"]
     assert not (run / "run.lock").exists() and not processes_in(run)  # nothing left running
 
-    res = run_ablate("run", *LONG[:-2], f"train.steps={done['step'] + 2}", "train.threads=1",
-                     "train.nproc=2", f"hydra.run.dir={run}")
+    res = run_ablate("run", *SHORT, "train.nproc=2", f"hydra.run.dir={run}")
     assert res.returncode == 0, res.stderr
     again = summary(run)
     assert again["status"] == "completed" and again["resumed_from"] == done["step"]

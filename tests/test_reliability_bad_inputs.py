@@ -82,7 +82,7 @@ CASES = [
     ("unwritable-run-dir", ["hydra.run.dir={data}/a_file/run"], ["{data}/a_file", "not a directory"]),
     ("corrupt-checkpoint", ["hydra.run.dir={out}/damaged"], ["no usable checkpoint", "checksum"]),
     ("checkpoint-of-another-model", ["hydra.run.dir={out}/finished", "model.d_model=64"],
-     ["different run", "model.d_model: 32 -> 64"]),
+     ["holds a completed run with model.d_model=32", "this config has model.d_model=64"]),
     ("second-process-on-the-run-dir", ["hydra.run.dir={out}/locked"], ["in use by process"]),
     ("vocab-smaller-than-tokenizer", ["model.vocab_size=64"], ["model.vocab_size=64"]),
     ("secret-as-override", ["+logger.api_key=0123456789abcdef"], ["WANDB_API_KEY"]),

@@ -104,6 +104,7 @@ def test_truncated_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_p
     done = summary(run)
     newest = checkpoint.ckpt_dir(run) / "step_00000030.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # a crash mid-copy, a full disk...
+    (run / "summary.json").write_text(json.dumps({**done, "status": "failed"}))  # so it is resumed
 
     res = run_ablate(*args)
     assert res.returncode == 0, res.stderr

@@ -16,7 +16,7 @@ import yaml
 
 from conftest import ROOT, TINY, find_run_dirs, run_ablate
 
-LONG = [o for o in TINY if not o.startswith("train.steps")] + ["train.steps=100000", "train.threads=1"]
+LONG = [o for o in TINY if not o.startswith("train.steps")] + ["train.steps=300", "train.threads=1"]
 
 
 def train_rows(run_dir) -> int:
@@ -46,18 +46,19 @@ def test_a_stopped_run_prints_and_accepts_its_resume_command(tmp_path):
     assert last.endswith(f"resume with: ablate resume {shlex.quote(str(run))}"), last
     assert last in (run / "ablate.log").read_text()  # a cluster job's log says it too
 
-    # the printed command, with one more override (a shorter budget, so the test ends)
-    res = run_ablate("resume", str(run), f"train.steps={stopped + 2}")
+    # the printed command, with an override that does not change what is trained
+    res = run_ablate("resume", str(run), "train.progress=false")
     assert res.returncode == 0, res.stderr
-    assert f"was interrupted at step {stopped}/100000" in res.stderr
+    assert f"was interrupted at step {stopped}/300; resuming from its checkpoint of step {stopped}" in res.stderr
     done = json.loads((run / "summary.json").read_text())
-    assert done["status"] == "completed" and done["resumed_from"] == stopped and done["step"] == stopped + 2
+    assert done["status"] == "completed" and done["resumed_from"] == stopped and done["step"] == 300
     assert done["axes"]["act"] == "relu"  # the recorded overrides were replayed
     assert find_run_dirs(out) == [run]  # no new directory
 
     again = run_ablate("resume", str(run))
     assert again.returncode == 0
-    assert again.stderr.strip() == f"{run} already completed (step {stopped + 2}/{stopped + 2}): nothing to do"
+    assert again.stderr.strip() == (f"{run} already completed (step 300/300); returning its result "
+                                    f"(to train further: ablate resume {shlex.quote(str(run))} --extend STEPS)")
     assert json.loads((run / "summary.json").read_text()) == done
 
 
@@ -69,12 +70,15 @@ def test_resume_refuses_what_is_not_a_run(tmp_path):
 
 
 def test_a_diverged_run_is_not_trained_again(tmp_path):
-    from cli.resume import outcome_line
+    from conftest import compose
+
+    from ablate.lifecycle import RETURN, check_reentry
 
     (tmp_path / "summary.json").write_text(json.dumps(
         {"status": "diverged", "step": 7, "steps": 50, "reason": "non-finite loss"}))
-    status, line = outcome_line(tmp_path)
-    assert status == "diverged" and line.startswith(f"{tmp_path} diverged at step 7/50 (non-finite loss)")
+    decision = check_reentry(tmp_path, compose(TINY))
+    assert decision.action == RETURN
+    assert decision.notice.startswith(f"{tmp_path} already diverged at step 7 (non-finite loss)")
 
 
 def test_a_sweep_directory_replays_its_sweep_pinned_to_it(tmp_path):

@@ -15,9 +15,17 @@ from typing import Optional
 import torch
 
 
+_enabled = False  # train.flex_attention (set by the trainer's backend settings)
+
+
+def enable(on: bool) -> None:
+    global _enabled
+    _enabled = bool(on)
+
+
 def flex_supported(q: torch.Tensor, dropout_p: float) -> bool:
-    """FlexAttention applies here: a CUDA tensor, no attention dropout (flex has none)."""
-    if not q.is_cuda or dropout_p > 0:
+    """FlexAttention applies here: enabled, a CUDA tensor, no attention dropout (flex has none)."""
+    if not _enabled or not q.is_cuda or dropout_p > 0:
         return False
     try:
         import torch.nn.attention.flex_attention  # noqa: F401

@@ -68,6 +68,10 @@ def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:
     from ablate.config import validate
 
     validate(config)
+    if run_dir is not None:  # a re-run into the sweep's directory: the one re-entry rule
+        from ablate.lifecycle import check_reentry
+
+        check_reentry(Path(run_dir), config)
     if launcher.local:
         from ablate.data.cache import preflight as data_preflight
         from ablate.train.distributed import check_nproc

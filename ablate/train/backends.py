@@ -41,6 +41,11 @@ def configure_backends(cfg: Any, device_type: str) -> dict:
     # over the keys, no atomic adds) and Inductor skip autotuning that changes numerics.
     torch.use_deterministic_algorithms(deterministic)
     settings = {"deterministic": deterministic}
+    from ablate.model import flex
+
+    flex.enable(bool(cfg.flex_attention))
+    if cfg.flex_attention:
+        settings["flex_attention"] = True
     sdpa = str(cfg.sdpa_backend)
     set_sdpa_backend(sdpa, device_type, deterministic)
     if sdpa != "auto":

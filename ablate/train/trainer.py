@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import time
-from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,6 @@ import torch
 
 from ablate.data.batches import Batches, val_windows
 from ablate.data.cache import TokenData
-from ablate.diagnostics import is_loss_spike
 from ablate.model.roles import unique_parameters
 from ablate.model.spec import flops_per_token
 from ablate.tracking.sinks import Sink
@@ -31,7 +29,8 @@ from ablate.train.distributed import (StopRequest, all_ranks_mean, all_ranks_min
 from ablate.train.evaluate import evaluate
 from ablate.train.microbatch import resolve_micro_batch
 from ablate.train.optimizer import build_optimizer, optimizer_step, restore_implementation, set_lr
-from ablate.train.peak import Peak, device_peak
+from ablate.train.peak import Peak, device_peak, mfu
+from ablate.train.policy import Cadence, Guard, Verdict
 from ablate.train.schedule import lr_at
 
 
@@ -79,6 +78,14 @@ class Outcome:
     # compile_s, mfu, peak_flops(_source), compile_fallback(_reason), deterministic, tf32:
     # summary.json keys beside tokens_per_s
     extra: dict = field(default_factory=dict)
+
+    def record(self, steps: int) -> dict:
+        """The outcome as summary.json keys."""
+        return {"status": self.status, "reason": self.reason, "step": self.step, "steps": steps,
+                "tokens": self.tokens, "train_loss": self.train_loss, "val_loss": self.val_loss,
+                "val_bpb": self.val_bpb, "tokens_per_s": self.tokens_per_s,
+                "skipped_steps": self.skipped_steps, "resumed_from": self.resumed_from,
+                "time_to_first_step_s": self.first_step_s, **self.extra}
 
 
 class Throughput:
@@ -148,10 +155,15 @@ class Throughput:
         return self.total_tokens / self.total_time if self.total_time > 0 else None
 
 
-# With train.skip_spikes, this many skipped updates in a row end the run as diverged: a spike is
-# a few bad batches; a loss that stays above its old level is a lasting shift, and skipping it
-# would skip every remaining update of a run that still reports `completed`.
-MAX_SKIPS_IN_A_ROW = 10
+@dataclass
+class Segment:
+    """One fit call's bookkeeping."""
+
+    resumed_from: Optional[int]
+    speed: Throughput
+    started: float  # time.perf_counter() at its start
+    first_step_s: Optional[float] = None  # seconds from the job's start to its first finished step
+    loss: Optional[float] = None  # the train loss of the last judged step
 
 
 class Trainer:
@@ -184,7 +196,7 @@ class Trainer:
                                          world_size, self.device)
         self.grad_accum = cfg.batch_size * cfg.grad_accum // self.micro_batch
         self.train_model = wrap(self.model) if wrap else self.model
-        self.compiled = cfg.compile if cfg.compile is not None else self.device.type == "cuda"
+        self.compiled = bool(cfg.compile)
         if self.compiled:  # from a clean dynamo state: every job and bench variant compiles afresh
             self.train_model = compile_model(self.train_model, cfg.compile_backend, cfg.compile_mode)
         else:  # compiled helpers (FlexAttention on CUDA) start clean too
@@ -209,23 +221,29 @@ class Trainer:
         # train.diagnostics_every steps; it may return finish(updated: bool), run after the update.
         self.on_diagnostics = on_diagnostics
         self._diag_pending: Optional[Callable[[bool], None]] = None
-        self.loss_spikes = 0  # losses far above the recent window (ablate.diagnostics.is_loss_spike)
         self.optimizer = build_optimizer(self.model, cfg, self.device)
         self._optimizer_step = optimizer_step(self.optimizer, cfg)  # after the reset above
         self.params = [p for p in unique_parameters(self.model) if p.requires_grad]
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * world_size
-        self.step = 0
-        self.skipped = 0
-        self.skips_in_a_row = 0
+        self.global_step = 0  # finished optimizer steps
+        self.cadence = Cadence.from_config(cfg)
+        self.guard = Guard(cfg.diverge_threshold, cfg.skip_spikes)
+        # The steps the learning-rate schedule spans: train.steps, except in a run extended past
+        # them (ablate/lifecycle.py), whose extra steps keep the rate the schedule ended with.
+        self.schedule_steps = cfg.steps
         # Tokens are counted from the checkpoint resumed (it stores them), not recomputed from
         # the step: tokens_at(step).
         self.resumed_step, self.resumed_tokens = 0, 0
         self.stop = StopRequest()  # the run passes its own, installed since the run's start
-        # Carried in checkpoints so a resumed run judges spikes and reports exactly as an
+        # Carried in checkpoints (with the guard's state) so a resumed run reports exactly as an
         # uninterrupted one would.
-        self.recent: deque[float] = deque(maxlen=50)  # recent train losses (spike detection)
         self.last = {"train_loss": None, "val_loss": None, "val_bpb": None, "tokens_per_s": None}
         self._resume_rng: Optional[dict] = None  # applied right before the first resumed step
+        self.segment: Optional[Segment] = None  # the current fit call's
+
+    @property
+    def loss_spikes(self) -> int:
+        return self.guard.loss_spikes
 
     def autocast(self):
         if self.precision == "bf16":
@@ -238,11 +256,10 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "step": self.step, "tokens": self.tokens_at(self.step), "skipped": self.skipped,
-            "skips_in_a_row": self.skips_in_a_row,
+            "step": self.global_step, "tokens": self.tokens_at(self.global_step),
+            "schedule_steps": self.schedule_steps, **self.guard.state_dict(),
             **model_and_optimizer_state(self.model, self.optimizer),
-            "rng": checkpoint.plain_rng_state(), "recent": list(self.recent), "last": dict(self.last),
-            "loss_spikes": self.loss_spikes,
+            "rng": checkpoint.plain_rng_state(), "last": dict(self.last),
             # how the global batch was split: a resume must split it the same way
             **checkpoint.layout(self.world, self.cfg.strategy),
         }
@@ -250,7 +267,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = self.state_dict()  # on every rank: gathering a sharded (FSDP) model is collective
         if self.is_main:
-            checkpoint.save(self.run_dir, self.step, state, keep=self.cfg.keep_ckpts)
+            checkpoint.save(self.run_dir, self.global_step, state, keep=self.cfg.keep_ckpts)
 
     def try_resume(self, state: Optional[dict] = None) -> Optional[int]:
         """Load `state` (the run already loaded and checked it), else the newest valid checkpoint."""
@@ -273,24 +290,24 @@ class Trainer:
                 f"not fit this model ({detail[:160]}); use the config it was made with, "
                 "another hydra.run.dir, or train.resume=never") from None
         self._resume_rng = state["rng"]
-        self.recent.extend(state.get("recent", []))
-        self.loss_spikes = int(state.get("loss_spikes", 0))
+        self.guard.load_state_dict(state)
         self.last.update(state.get("last", {}))
-        self.step, self.skipped = int(state["step"]), int(state.get("skipped", 0))
-        self.skips_in_a_row = int(state.get("skips_in_a_row", 0))
-        self.resumed_step = self.step
-        self.resumed_tokens = int(state.get("tokens", self.step * self.tokens_per_step))
-        return self.step
+        self.global_step = int(state["step"])
+        self.schedule_steps = int(state.get("schedule_steps", self.cfg.steps))
+        self.resumed_step = self.global_step
+        self.resumed_tokens = int(state.get("tokens", self.global_step * self.tokens_per_step))
+        return self.global_step
 
     # ---- the loop ----------------------------------------------------------------------------
     def evaluate(self) -> dict:
         return evaluate(self.model, self.data.val, self.val_windows, self.byte_lengths,
                         self.device, self.micro_batch, self.autocast)
 
-    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, backward, clip, optimizer step. Returns (next-token loss, grad norm) tensors."""
+    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Forward, backward and clipping for step `step` (0-based); apply_update steps the
+        optimizer. Returns (next-token loss, grad norm) tensors and the learning rate."""
         cfg = self.cfg
-        lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.schedule, cfg.min_lr_ratio)
+        lr = lr_at(step, cfg.lr, cfg.warmup_steps, self.schedule_steps, cfg.schedule, cfg.min_lr_ratio)
         set_lr(self.optimizer, lr)
         lm_loss = torch.zeros((), device=self.device)
         for micro in range(self.grad_accum):
@@ -317,7 +334,8 @@ class Trainer:
         every = self.cfg.diagnostics_every
         return bool(self.on_diagnostics and every) and ((step + 1) % every == 0 or self.cfg.steps == 0)
 
-    def _flush_diagnostics(self, updated: bool) -> None:
+    def finish_diagnostics(self, updated: bool) -> None:
+        """The diagnostics that follow the update (update ratios), or its skip."""
         pending, self._diag_pending = self._diag_pending, None
         if callable(pending):
             pending(updated)
@@ -329,125 +347,128 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def fit(self, start_step: int = 0) -> Outcome:
-        cfg = self.cfg
-        self.step = start_step
-        resumed_from = start_step if start_step else None
-        self.train_model.train()
+        """Train from `start_step` to train.steps, one `step()` at a time; the outcome says how
+        the run ended (completed, diverged, interrupted or preempted, with a checkpoint)."""
+        self.segment = self._begin(start_step)
         old_handlers = self.stop.install()
         self.stop.phase = "training"
-        recent = self.recent
-        if self._resume_rng is not None:  # restored last, so nothing since can have consumed it
-            checkpoint.set_rng_state(self._resume_rng)
-            self._resume_rng = None
-        sync_every = 1 if (self.device.type == "cpu" or cfg.skip_spikes) else cfg.log_every
-        t_start = time.perf_counter()
-        first_step_s = None
-        last = self.last
-        speed = Throughput(self.tokens_per_step, self._sync)
-        self.recompiles.hits.clear()
-        self._announced = False
         self.recompiles.__enter__()
         try:
-            if start_step == 0 and cfg.eval_every and cfg.steps > 0:
-                self._eval_and_log(last)  # the loss at initialization: the curve's starting point
-            if self.is_main:
-                self.peak()  # a CPU's is measured (~0.1 s): not inside a timed window
-            speed.start()
-            if start_step == 0 and cfg.steps == 0 and self._diagnostics_due(0):
-                self.train_step(0)  # train.steps=0: the gradient profile at initialization, no update
-                self._flush_diagnostics(updated=False)
-                self.optimizer.zero_grad(set_to_none=True)
-            while self.step < cfg.steps:
-                step = self.step
-                speed.step_started()
-                lm_loss, grad_norm, lr = self.train_step(step)
-                if self._graphs_at_build is not None:  # the first compiled forward this trainer ran
-                    self.recompiles.check_compiled(self._graphs_at_build)  # (before a compiled update)
-                    self._graphs_at_build = None
-                check = (step + 1) % sync_every == 0 or step + 1 == cfg.steps
-                loss_v = gnorm_v = None
-                skip = False
-                if check:
-                    loss_v, gnorm_v = float(lm_loss), float(grad_norm)
-                    verdict = self._judge(loss_v, gnorm_v, recent)
-                    skip = bool(verdict) and cfg.skip_spikes and verdict.startswith("spike")
-                    if skip and self.skips_in_a_row + 1 >= MAX_SKIPS_IN_A_ROW:
-                        skip, verdict = False, (f"{MAX_SKIPS_IN_A_ROW} updates in a row skipped as loss "
-                                                f"spikes (train.skip_spikes): a lasting shift; {verdict}")
-                    self.loss_spikes += is_loss_spike(recent, loss_v)
-                    if verdict and not skip:
-                        self._log_row(step + 1, loss_v, gnorm_v, lr, None)
-                        self._flush_diagnostics(updated=False)  # the failing step's profile
-                        return self._outcome("diverged", verdict, loss_v, last, resumed_from,
-                                             first_step_s, speed)
-                    if not skip:
-                        recent.append(loss_v)
-                if skip:  # OLMo-core SkipStep: drop this update, keep going, count it
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.skipped += 1
-                    self.skips_in_a_row += 1
-                else:
-                    self.apply_update()
-                    self.skips_in_a_row = 0
-                self.step += 1
-                speed.step_done(self.step)
-                if first_step_s is None:  # what a user waits: imports, data, build, compile, eval
-                    first_step_s = (time.time() - self.job_started if self.job_started is not None
-                                    else process_age_s() or (time.perf_counter() - t_start))
-                self._announce_fallback()
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    if loss_v is None:
-                        loss_v, gnorm_v = float(lm_loss), float(grad_norm)
-                    tps = speed.log(self.step)
-                    last["train_loss"], last["tokens_per_s"] = loss_v, tps
-                    self._log_row(self.step, loss_v, gnorm_v, lr, tps)
-                self._flush_diagnostics(updated=not skip)
-                if (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps:
-                    t_eval = time.perf_counter()
-                    metrics = self._eval_and_log(last)
-                    speed.exclude(time.perf_counter() - t_eval)  # eval time is not training throughput
-                    if not math.isfinite(metrics["val_loss"]):
-                        return self._outcome("diverged", "non-finite validation loss", loss_v, last,
-                                             resumed_from, first_step_s, speed)
-                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self.step < cfg.steps:
-                    self.save_checkpoint()
-                if any_rank(self.stop.signum is not None, self.world, self.device):  # same step on all ranks
-                    self.stop.signum = self.stop.signum or signal.SIGTERM
-                    self.save_checkpoint()
-                    status = "interrupted" if self.stop.signum == signal.SIGINT else "preempted"
-                    return self._outcome(status, f"signal {signal.Signals(self.stop.signum).name}",
-                                         loss_v, last, resumed_from, first_step_s, speed)
+            self._start(start_step)
+            while self.global_step < self.cfg.steps:
+                ended = self.step()
+                if ended is not None:
+                    return self._outcome(*ended)
             self.save_checkpoint()
-            return self._outcome("completed", "", None, last, resumed_from, first_step_s, speed)
+            return self._outcome("completed", "")
         except KeyboardInterrupt:
             self.save_checkpoint()
-            return self._outcome("interrupted", "KeyboardInterrupt", None, last, resumed_from,
-                                 first_step_s, speed)
+            return self._outcome("interrupted", "KeyboardInterrupt")
         finally:
             self.recompiles.__exit__()
             self.stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
             StopRequest.restore(old_handlers)
 
-    def _eval_and_log(self, last: dict) -> dict:
-        metrics = self.evaluate()
-        last.update(metrics)
-        if self.is_main:
-            self.sinks.log({"step": self.step, "tokens": self.tokens_at(self.step), **metrics})
-        return metrics
+    def step(self) -> Optional[tuple[str, str]]:
+        """One optimizer step and what follows it by the cadence: the guard's verdict, the
+        update (or its skip), the log row, evaluation, a checkpoint and a pending stop signal.
+        Returns (status, reason) when the run ends here."""
+        seg, step = self.segment, self.global_step
+        seg.speed.step_started()
+        seg.loss = None
+        lm_loss, grad_norm, lr = self.train_step(step)
+        self._check_compiled()
+        gnorm = None
+        verdict = Verdict()
+        if self._syncs(step):
+            seg.loss, gnorm = float(lm_loss), float(grad_norm)
+            verdict = self.guard.judge(step + 1, seg.loss, gnorm)
+            if verdict.stop:
+                self._log_row(step + 1, seg.loss, gnorm, lr, None)
+                self.finish_diagnostics(updated=False)  # the failing step's profile
+                return "diverged", verdict.stop
+        if verdict.skip:  # OLMo-core SkipStep: drop this update, keep going, count it
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.apply_update()
+        self.guard.updated(skipped=verdict.skip)
+        self.global_step += 1
+        self._step_finished()
+        if self.cadence.logs(self.global_step):
+            if seg.loss is None:
+                seg.loss, gnorm = float(lm_loss), float(grad_norm)
+            tps = seg.speed.log(self.global_step)
+            self.last["train_loss"], self.last["tokens_per_s"] = seg.loss, tps
+            self._log_row(self.global_step, seg.loss, gnorm, lr, tps)
+        self.finish_diagnostics(updated=not verdict.skip)
+        return self._after_step()
 
-    def _judge(self, loss: float, gnorm: float, recent) -> Optional[str]:
-        """A reason to stop, or None. Non-finite values always; a spike when the loss exceeds
-        diverge_threshold times its recent running mean (after 10 steps of history)."""
-        if not math.isfinite(loss):
-            return f"non-finite loss ({loss}) at step {self.step + 1}"
-        if not math.isfinite(gnorm):
-            return f"non-finite grad norm ({gnorm}) at step {self.step + 1}"
-        thr = self.cfg.diverge_threshold
-        if thr > 0 and len(recent) >= 10:
-            mean = sum(recent) / len(recent)
-            if loss > thr * mean:
-                return f"spike: loss {loss:.3f} > {thr} x running mean {mean:.3f} at step {self.step + 1}"
+    def _begin(self, start_step: int) -> Segment:
+        self.global_step = start_step
+        self.train_model.train()
+        if self._resume_rng is not None:  # restored last, so nothing since can have consumed it
+            checkpoint.set_rng_state(self._resume_rng)
+            self._resume_rng = None
+        self.recompiles.hits.clear()
+        self._announced = False
+        return Segment(start_step or None, Throughput(self.tokens_per_step, self._sync), time.perf_counter())
+
+    def _start(self, start_step: int) -> None:
+        """What comes before the first step: the evaluation at init and the device's peak."""
+        cfg = self.cfg
+        if start_step == 0 and cfg.eval_every and cfg.steps > 0:
+            self._eval_and_log()  # the loss at initialization: the curve's starting point
+        if self.is_main:
+            self.peak()  # looked up or measured once: not inside a timed window
+        self.segment.speed.start()
+        if start_step == 0 and cfg.steps == 0 and self._diagnostics_due(0):
+            self.train_step(0)  # train.steps=0: the gradient profile at initialization, no update
+            self.finish_diagnostics(updated=False)
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _syncs(self, step: int) -> bool:
+        """Whether step `step` reads its loss on the host (a sync): every step on CPU or when
+        spikes are skipped, else at each log row, so the GPU runs ahead in between."""
+        every = 1 if (self.device.type == "cpu" or self.cfg.skip_spikes) else self.cfg.log_every
+        return (step + 1) % every == 0 or step + 1 == self.cfg.steps
+
+    def _check_compiled(self) -> None:
+        if self._graphs_at_build is not None:  # the first compiled forward this trainer ran
+            self.recompiles.check_compiled(self._graphs_at_build)  # (before a compiled update)
+            self._graphs_at_build = None
+
+    def _step_finished(self) -> None:
+        seg = self.segment
+        seg.speed.step_done(self.global_step)
+        if seg.first_step_s is None:  # what a user waits: imports, data, build, compile, eval
+            seg.first_step_s = (time.time() - self.job_started if self.job_started is not None
+                                else process_age_s() or (time.perf_counter() - seg.started))
+        self._announce_fallback()
+
+    def _after_step(self) -> Optional[tuple[str, str]]:
+        """Evaluation, a checkpoint and a pending stop signal, by the cadence."""
+        n = self.global_step
+        if self.cadence.evaluates(n):
+            t_eval = time.perf_counter()
+            metrics = self._eval_and_log()
+            self.segment.speed.exclude(time.perf_counter() - t_eval)  # eval time is not training throughput
+            if not math.isfinite(metrics["val_loss"]):
+                return "diverged", "non-finite validation loss"
+        if self.cadence.saves(n):
+            self.save_checkpoint()
+        if any_rank(self.stop.signum is not None, self.world, self.device):  # same step on all ranks
+            self.stop.signum = self.stop.signum or signal.SIGTERM
+            self.save_checkpoint()
+            status = "interrupted" if self.stop.signum == signal.SIGINT else "preempted"
+            return status, f"signal {signal.Signals(self.stop.signum).name}"
         return None
+
+    def _eval_and_log(self) -> dict:
+        metrics = self.evaluate()
+        self.last.update(metrics)
+        if self.is_main:
+            self.sinks.log({"step": self.global_step, "tokens": self.tokens_at(self.global_step), **metrics})
+        return metrics
 
     def _log_row(self, step, loss, gnorm, lr, tps):
         if not self.is_main:
@@ -471,20 +492,20 @@ class Trainer:
 
     def mfu(self, tokens_per_s: Optional[float]) -> Optional[float]:
         """Model FLOPs utilisation: model FLOPs/token x tokens/s over the peak of all devices."""
-        if not tokens_per_s or not self.flops_per_token or not self.peak().flops:
-            return None
-        return tokens_per_s * self.flops_per_token / (self.peak().flops * self.world)
+        return mfu(tokens_per_s, self.flops_per_token, self.peak(), self.world)
 
     def _announce_fallback(self) -> None:
         """Once per fit: dynamo stopped compiling something, so this run is (partly) eager."""
         if self.recompiles.hits and not self._announced:
             self._announced = True
             if self.is_main:
-                print(f"warning: torch.compile fell back to eager at step {self.step}: "
+                print(f"warning: torch.compile fell back to eager at step {self.global_step}: "
                       f"{self.recompiles.reason}; tokens/s is not the compiled speed",
                       file=sys.stderr, flush=True)
 
-    def _outcome(self, status, reason, loss_v, last, resumed_from, first_step_s, speed) -> Outcome:
+    def _outcome(self, status: str, reason: str) -> Outcome:
+        seg, last = self.segment, self.last
+        speed = seg.speed
         tps = speed.tokens_per_s if speed.tokens_per_s is not None else last["tokens_per_s"]
         compile_s = None
         if (self.compiled or self.cfg.compile_optimizer) and speed.warm_s is not None and speed.step_s is not None:
@@ -500,8 +521,8 @@ class Trainer:
         if self.recompiles.hits:
             extra["compile_fallback_reason"] = self.recompiles.reason
         return Outcome(
-            status=status, step=self.step, tokens=self.tokens_at(self.step), reason=reason,
-            train_loss=loss_v if loss_v is not None else last["train_loss"],
+            status=status, step=self.global_step, tokens=self.tokens_at(self.global_step), reason=reason,
+            train_loss=seg.loss if seg.loss is not None else last["train_loss"],
             val_loss=last["val_loss"], val_bpb=last["val_bpb"], tokens_per_s=tps,
-            skipped_steps=self.skipped, resumed_from=resumed_from, first_step_s=first_step_s,
+            skipped_steps=self.guard.skipped, resumed_from=seg.resumed_from, first_step_s=seg.first_step_s,
             extra=extra)
