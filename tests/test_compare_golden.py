@@ -1,0 +1,102 @@
+"""Golden outputs of `ablate compare`: every format on a fixed set of run directories (variants x
+seeds with a diverged and a failed run, a study ladder, a mixed pair), frozen in
+tests/golden/compare/. The analysis package is refactored under them; a deliberate change of
+output regenerates them with `python tests/test_compare_golden.py --write` (then review the diff).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.test_compare_stats import BASE, NOISY, PAIRED, WELCH, write_run  # noqa: E402
+from tests.test_compare_study import write_study  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "compare"
+ROOT = "<root>"
+
+CASES = {  # name -> (directories under the fixture root, compare arguments)
+    "table": (["ab"], []),
+    "csv": (["ab"], ["--format", "csv"]),
+    "markdown": (["ab"], ["--format", "markdown"]),
+    "latex": (["ab"], ["--format", "latex"]),
+    "json": (["ab"], ["--json"]),
+    "per_seed": (["ab"], ["--per-seed"]),
+    "per_seed_csv": (["ab"], ["--per-seed", "--format", "csv"]),
+    "per_seed_json": (["ab"], ["--per-seed", "--json"]),
+    "where": (["ab"], ["--where", "norm=layernorm,rmsnorm"]),
+    "baseline": (["ab"], ["--baseline", "pos=rope"]),
+    "baseline_bad": (["ab"], ["--baseline", "no-such-variant"]),
+    "train_loss": (["ab"], ["--metric", "train/loss", "--format", "markdown"]),
+    "study": (["study"], []),
+    "study_csv": (["study"], ["--format", "csv"]),
+    "study_json": (["study"], ["--json"]),
+    "mixed_refused": (["mixed"], []),
+    "mixed_allowed": (["mixed"], ["--allow-mixed", "--format", "markdown"]),
+    "two_trees": (["ab", "mixed/a"], ["--allow-mixed"]),
+}
+
+
+def make_fixture(root: Path) -> Path:
+    ab = root / "ab"
+    for s, v in BASE.items():
+        write_run(ab, f"base_s{s}", {}, s, v)
+    for s, v in PAIRED.items():
+        write_run(ab, f"rms_s{s}", {"norm": "rmsnorm"}, s, v)
+    write_run(ab, "rms_s9", {"norm": "rmsnorm"}, 9, None, status="diverged")
+    for s, v in WELCH.items():
+        write_run(ab, f"swiglu_s{s}", {"act": "swiglu"}, s, v, params=1100)
+    for s, v in NOISY.items():
+        write_run(ab, f"rope_s{s}", {"pos": "rope"}, s, v)
+    write_run(ab, "rope_s7", {"pos": "rope"}, 7, None, status="failed")
+    write_study(root / "study")
+    for name, steps in (("a", 6), ("b", 8)):
+        d = write_run(root / "mixed", name, {}, 0, 3.0 + steps / 100)
+        cfg = (d / "config.yaml").read_text().replace("steps: 6", f"steps: {steps}")
+        (d / "config.yaml").write_text(cfg)
+    return root
+
+
+def run_case(root: Path, name: str) -> str:
+    """The command's exit code and output, with the fixture's path replaced by <root>."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    dirs, args = CASES[name]
+    res = CliRunner().invoke(app, ["compare", *[str(root / d) for d in dirs], *args],
+                             env={"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"})
+    return f"exit {res.exit_code}\n" + res.output.replace(str(root), ROOT)
+
+
+@pytest.fixture(scope="module")
+def fixture_root(tmp_path_factory):
+    return make_fixture(tmp_path_factory.mktemp("golden-compare"))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_compare_output_is_unchanged(fixture_root, name):
+    expected = (GOLDEN / f"{name}.txt").read_text(encoding="utf-8")
+    got = run_case(fixture_root, name)
+    if name.endswith("json"):  # the same numbers and keys; key order is not part of the contract
+        head, _, body = got.partition("\n")
+        ehead, _, ebody = expected.partition("\n")
+        assert head == ehead and json.loads(body) == json.loads(ebody)
+    else:
+        assert got == expected
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = make_fixture(Path(tmp))
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        for case in CASES:
+            (GOLDEN / f"{case}.txt").write_text(run_case(root, case), encoding="utf-8")
+    print(f"wrote {len(CASES)} golden files to {GOLDEN}")
