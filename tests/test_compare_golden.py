@@ -7,6 +7,7 @@ output regenerates them with `python tests/test_compare_golden.py --write` (then
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -87,8 +88,12 @@ def test_compare_output_is_unchanged(fixture_root, name):
         head, _, body = got.partition("\n")
         ehead, _, ebody = expected.partition("\n")
         assert head == ehead and json.loads(body) == json.loads(ebody)
-    else:
-        assert got == expected
+    else:  # a rich table's widths follow the fixture's path length: compare its cells
+        assert squeeze(got) == squeeze(expected)
+
+
+def squeeze(text: str) -> str:
+    return re.sub(r"[ ─━]+", " ", text)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
