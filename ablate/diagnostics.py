@@ -372,7 +372,7 @@ def plot_comparison_diagnostics(cmp, plot_path) -> Optional[str]:
         ordered = sorted(group.runs, key=lambda r: (r.status != "completed", str(r.seed)))
         for r in ordered:
             if diag_rows(r.rows):
-                runs[f"{row['variant']} (seed {r.seed[0]})"] = r.rows
+                runs[f"{row.variant} (seed {r.seed[0]})"] = r.rows
                 break
     path = Path(plot_path)
     return plot_diagnostics(runs, path.with_name(f"{path.stem}_diag{path.suffix}")) if runs else None

@@ -49,36 +49,44 @@ def register(app: typer.Typer) -> None:
         from ablate.errors import AblateError
 
         try:
-            from ablate.tracking import compare as C
-            from ablate.tracking.plots import DEFAULT_KEYS, check_plot_path, plot_comparison
-
-            if not 0 < alpha < 1:
-                raise AblateError(f"--alpha must be between 0 and 1, got {alpha}")
-            if fmt not in C.FORMATS:
-                raise AblateError(f"--format {fmt}: choose one of {', '.join(C.FORMATS)}")
-            if plot is not None:
-                check_plot_path(plot)
-            if not paths and not Path("runs").is_dir():
-                raise AblateError("give run or sweep directories (there is no ./runs here)")
-            rows = C.compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha,
-                                  where=where or (), allow_mixed=allow_mixed)
-            if json_out:
-                typer.echo(C.to_json(C.per_seed_rows(rows) if per_seed else rows))
-            elif fmt == "table":
-                C.print_comparison(rows, per_seed=per_seed)
-            else:
-                if fmt == "csv":  # stdout stays pure CSV: what to read beside it goes to stderr
-                    for line in C.header_lines(rows) + [f"note: {n}" for n in rows.notes]:
-                        typer.echo(line, err=True)
-                typer.echo(C.render(rows, fmt, per_seed), nl=False)
-            quiet = json_out or fmt != "table"  # machine-readable stdout: messages to stderr
-            if plot is not None:
-                plot_comparison(rows, plot, keys=plot_keys or DEFAULT_KEYS)
-                typer.echo(f"plot: {plot}", err=quiet)
-                from ablate.diagnostics import plot_comparison_diagnostics
-
-                diag_plot = plot_comparison_diagnostics(rows, plot)  # runs with train.diagnostics_every
-                if diag_plot:
-                    typer.echo(f"plot: {diag_plot}", err=quiet)
+            _compare(paths, metric, baseline, where or (), allow_mixed, fmt, per_seed, plot,
+                     plot_keys or None, json_out, alpha)
         except AblateError as e:
             fail(str(e), e.exit_code)
+
+
+def _compare(paths, metric, baseline, where, allow_mixed, fmt, per_seed, plot, plot_keys, json_out,
+             alpha) -> None:
+    from ablate.analysis import compare_dirs, per_seed_rows
+    from ablate.analysis import render as R
+    from ablate.errors import AblateError
+    from ablate.tracking.plots import DEFAULT_KEYS, check_plot_path, plot_comparison
+
+    if not 0 < alpha < 1:
+        raise AblateError(f"--alpha must be between 0 and 1, got {alpha}")
+    if fmt not in R.FORMATS:
+        raise AblateError(f"--format {fmt}: choose one of {', '.join(R.FORMATS)}")
+    if plot is not None:
+        check_plot_path(plot)
+    if not paths and not Path("runs").is_dir():
+        raise AblateError("give run or sweep directories (there is no ./runs here)")
+    rows = compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha,
+                        where=where, allow_mixed=allow_mixed)
+    if json_out:
+        typer.echo(R.to_json(per_seed_rows(rows) if per_seed else rows))
+    elif fmt == "table":
+        R.print_comparison(rows, per_seed=per_seed)
+    else:
+        if fmt == "csv":  # stdout stays pure CSV: what to read beside it goes to stderr
+            for line in R.header_lines(rows) + [f"note: {n}" for n in rows.notes]:
+                typer.echo(line, err=True)
+        typer.echo(R.render(rows, fmt, per_seed), nl=False)
+    quiet = json_out or fmt != "table"  # machine-readable stdout: messages to stderr
+    if plot is not None:
+        plot_comparison(rows, plot, keys=plot_keys or DEFAULT_KEYS)
+        typer.echo(f"plot: {plot}", err=quiet)
+        from ablate.diagnostics import plot_comparison_diagnostics
+
+        diag_plot = plot_comparison_diagnostics(rows, plot)  # runs with train.diagnostics_every
+        if diag_plot:
+            typer.echo(f"plot: {diag_plot}", err=quiet)

@@ -18,8 +18,9 @@ import pytest
 import yaml
 from scipy import stats
 
-from ablate.tracking.compare import (CompareError, compare_dirs, holm, print_comparison,
-                                     seed_test, seeds_needed)
+from ablate.analysis import CompareError, compare_dirs
+from ablate.analysis.render import print_comparison
+from ablate.analysis.stats import holm, seed_test, seeds_needed
 from tests.conftest import run_ablate
 from tests.test_compare_stats import BASE, PAIRED, WELCH, write_run
 
@@ -61,6 +62,8 @@ def runs(tmp_path):
 
 
 def by_name(rows):
+    """Rows (compare_dirs' or --json's) by variant, as the JSON keys."""
+    rows = [r.as_dict() if hasattr(r, "as_dict") else r for r in rows]
     return {r["variant"]: r for r in rows}
 
 
@@ -142,8 +145,8 @@ def test_confidence_intervals_match_scipy_and_holm_decides_the_verdict(runs):
     assert holm([0.01, None, 0.04, 0.03]) == pytest.approx([0.03, None, 0.06, 0.06])
     # a p below alpha that Holm lifts above it is noise, not "better"
     r = seed_test({0: 3.0, 1: 3.1, 2: 3.05}, {0: 2.97, 1: 3.08, 2: 3.01})
-    assert 0.01 < r["p_value"] < 0.05
-    assert holm([r["p_value"]] * 3)[0] > 0.05
+    assert 0.01 < r.p_value < 0.05
+    assert holm([r.p_value] * 3)[0] > 0.05
     # effect sizes: paired d_z = mean diff / sd diff; Welch: Cohen's d with the pooled sd
     d = np.array(a) - np.array(b)
     assert rms["effect"] == pytest.approx(d.mean() / d.std(ddof=1))

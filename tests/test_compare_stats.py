@@ -11,7 +11,9 @@ import pytest
 import yaml
 from scipy import stats
 
-from ablate.tracking.compare import CompareError, compare_dirs, print_comparison, seed_test, to_json
+from ablate.analysis import CompareError, compare_dirs
+from ablate.analysis.render import print_comparison, to_json
+from ablate.analysis.stats import seed_test
 from tests.conftest import run_ablate
 
 DEFAULT_AXES = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
@@ -63,6 +65,8 @@ def runs(tmp_path):
 
 
 def by_name(rows):
+    """Rows (compare_dirs' or --json's) by variant, as the JSON keys."""
+    rows = [r.as_dict() if hasattr(r, "as_dict") else r for r in rows]
     return {r["variant"]: r for r in rows}
 
 
@@ -122,13 +126,13 @@ def test_table_names_the_test_the_size_change_and_the_divergence(runs):
 
 def test_seed_test_edge_cases():
     same = seed_test({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0})  # deterministic reruns: no difference
-    assert same["test"] == "paired t" and same["p_value"] == 1.0
+    assert same.test == "paired t" and same.p_value == 1.0
     shifted = seed_test({0: 1.0, 1: 2.0}, {0: 1.5, 1: 2.5})  # the same shift on every seed
-    assert shifted["p_value"] == 0.0
-    assert seed_test({0: 1.0}, {0: 2.0, 1: 3.0})["test"] is None
+    assert shifted.p_value == 0.0
+    assert seed_test({0: 1.0}, {0: 2.0, 1: 3.0}).test is None
     # one seed in common is no pairing: Welch over all values
     one_common = seed_test({0: 1.0, 1: 2.0, 2: 1.5}, {2: 1.2, 3: 1.9, 4: 1.4})
-    assert one_common["test"] == "Welch t" and one_common["test_seeds"] == [2, 3, 4]
+    assert one_common.test == "Welch t" and one_common.test_seeds == [2, 3, 4]
 
 
 def test_a_diverged_seed_leaves_the_pairing_not_the_paired_test(tmp_path):

@@ -13,7 +13,8 @@ import yaml
 from rich.console import Console
 from scipy import stats
 
-from ablate.tracking.compare import compare_dirs, print_comparison
+from ablate.analysis import compare_dirs
+from ablate.analysis.render import print_comparison
 from tests.conftest import run_ablate
 from tests.test_compare_stats import write_run
 

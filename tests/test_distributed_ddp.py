@@ -51,13 +51,14 @@ def test_two_processes_train_like_one_and_only_rank0_writes(tmp_path, one_proces
     (run_dir,) = find_run_dirs(tmp_path)  # the ranks shared the run dir Hydra made
     assert_same_training(run_dir, one_process)
     assert res.stdout.count("ablate run:") == 1  # rank 0 reports
-    assert len(list((run_dir / "checkpoints").iterdir())) == 1
+    # one file per checkpoint, by rank 0 (at each evaluation, train.ckpt_every=null, and the end)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000003.pt", "step_00000006.pt"]
     # Hydra's files are the parent's: a rank's copy would record the run dir pinned for it
     assert "hydra.run.dir=" not in (run_dir / ".hydra" / "hydra.yaml").read_text()
     if strategy == "fsdp":  # the sharded model was gathered into one checkpoint: it resumes
         from ablate.overrides import quote  # the auto-named dir holds '=' and ','
 
-        res = run_ablate("run", *args, "train.steps=9", f"hydra.run.dir={quote(str(run_dir))}")
+        res = run_ablate("run", *args, "train.steps=9", "train.extend=true", f"hydra.run.dir={quote(str(run_dir))}")
         assert res.returncode == 0, res.stderr
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["resumed_from"] == 6 and summary["step"] == 9

@@ -168,25 +168,28 @@ def plan(cmd: DocCommand, dirs: dict[str, Path], out_for) -> Check:
 
 def _parse_only(argv: list[str]) -> tuple[int, str]:
     """click parses the arguments (unknown options, wrong types) and the overrides compose."""
-    import click
     import typer
+
+    try:  # typer vendors click from 0.2x on: its own parser and exceptions
+        from typer._click.exceptions import ClickException
+    except ImportError:  # an older typer on click
+        from click import ClickException
 
     from ablate.compose import compose_config
     from ablate.errors import AblateError
     from cli.main import app
 
-    cmd = typer.main.get_command(app)
-    ctx = click.Context(cmd, info_name="ablate")
-    args = list(argv)
+    group, args = typer.main.get_command(app), list(argv)
     try:
-        while isinstance(cmd, click.Group):
+        ctx = group.context_class(group, info_name="ablate")
+        while hasattr(group, "get_command"):  # a group: descend to the subcommand
             if not args:
                 return 2, "no command"
-            sub = cmd.get_command(ctx, args[0])
+            sub = group.get_command(ctx, args[0])
             if sub is None:
                 return 2, f"no such command: {args[0]}"
             ctx = sub.make_context(args[0], args[1:], parent=ctx)
-            cmd, args = sub, list(ctx.args)
+            group, args = sub, list(ctx.args)
         overrides = [str(o) for o in (ctx.params.get("overrides") or []) + list(ctx.args)]
         if any(o.startswith("-") for o in overrides):
             return 2, f"unknown option {next(o for o in overrides if o.startswith('-'))}"
@@ -194,7 +197,7 @@ def _parse_only(argv: list[str]) -> tuple[int, str]:
             compose_config(job)
         for vs in ctx.params.get("vs") or []:
             compose_config(overrides + vs.split())
-    except click.ClickException as e:
+    except ClickException as e:
         return 2, e.format_message()
     except AblateError as e:
         return e.exit_code, str(e)

@@ -208,7 +208,7 @@ def test_a_fused_training_run_follows_the_plain_loss_curve(tmp_path):
 def test_ce_chunk_must_be_positive_and_fused_ce_is_not_part_of_the_variant(tmp_path):
     from ablate.config import validate
     from ablate.errors import ConfigError
-    from ablate.tracking.compare import compare_dirs
+    from ablate.analysis import compare_dirs
     from tests.test_compare_honest import set_config
     from tests.test_compare_stats import BASE, PAIRED, write_run
 

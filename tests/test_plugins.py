@@ -62,7 +62,7 @@ def test_a_norm_from_outside_the_package_is_swept_against_the_builtins(tmp_path)
     assert runs["2_norm=crmsnorm"]["axes"]["norm"] == "crmsnorm"
     # one gain per norm, no bias: fewer parameters than LayerNorm's, as the model really built it
     assert runs["2_norm=crmsnorm"]["params"] < runs["0_baseline"]["params"]
-    from ablate.tracking.compare import compare_dirs
+    from ablate.analysis import compare_dirs
 
     assert [r["variant"] for r in compare_dirs([sweep_dir])] == ["baseline", "norm=rmsnorm", "norm=crmsnorm"]
     assert "norm=crmsnorm" in res.stdout  # the comparison printed at the end

@@ -41,7 +41,7 @@ def test_ofat_sweep_with_submitit_local_runs_three_variants(tmp_path):
     assert [r for r in (sweep_dir / ".submitit").iterdir()]  # it went through submitit
     # `ablate compare` of the sweep dir (printed at the end) sees the three variants
     assert "3/3 jobs finished" in res.stdout and "ablate compare" in res.stdout
-    from ablate.tracking.compare import compare_dirs
+    from ablate.analysis import compare_dirs
 
     rows = compare_dirs([sweep_dir])
     assert [r["variant"] for r in rows] == ["baseline", "norm=rmsnorm", "act=swiglu"]

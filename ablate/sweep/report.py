@@ -225,11 +225,12 @@ def _final_loss(r: JobResult) -> str:
 def _print_compare(sweep_dir: Path) -> bool:
     """`ablate compare` of the sweep directory: the one place the end of a sweep calls compare."""
     try:
-        from ablate.tracking import compare
+        from ablate.analysis import compare_dirs
+        from ablate.analysis.render import print_comparison
     except ImportError:
         return False
     try:
-        compare.print_comparison(compare.compare_dirs([sweep_dir]))
+        print_comparison(compare_dirs([sweep_dir]))
     except Exception as e:  # noqa: BLE001 - the runs are done; a report problem must not hide them
         print(f"warning: could not compare the sweep's runs ({type(e).__name__}: {e})", file=sys.stderr)
         return False

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ablate.errors import AblateError
+from ablate.vocab import METRICS
 
 
 @dataclass(frozen=True)
@@ -30,18 +31,19 @@ class Panel:
     tail: float = 0.0
 
 
-PANELS = {
-    "train_loss": Panel("train_loss", "loss (line: train, markers: val)", points="val_loss", tail=0.2),
-    "val_loss": Panel("val_loss", "validation loss", tail=0.2),
-    "grad_norm": Panel("grad_norm", "grad norm (before clipping)", log_y=True),
-    "lr": Panel("lr", "learning rate"),
-    "tokens_per_s": Panel("tokens_per_s", "tokens/s"),
+# What a panel adds to a metric's title and scale (ablate.vocab.METRICS): the train loss carries
+# the validation points, and the losses fit their y-range to the end of training.
+PANEL_EXTRAS = {
+    "train_loss": {"title": "loss (line: train, markers: val)", "points": "val_loss", "tail": 0.2},
+    "val_loss": {"tail": 0.2},
 }
 DEFAULT_KEYS = ("train_loss", "grad_norm")
 
 
 def panel_for(key: str) -> Panel:
-    return PANELS.get(key) or Panel(key, key)
+    metric = METRICS.get(key)
+    base = {"title": metric.title, "log_y": metric.log_scale} if metric else {"title": key}
+    return Panel(key, **{**base, **PANEL_EXTRAS.get(key, {})})
 
 
 GRID_COLUMNS = 3
@@ -171,7 +173,7 @@ def _smooth(values: list[float], window: int) -> list[float]:
 def _draw_delta(ax, cmp, key: str, colors) -> int:
     """Each variant's mean curve minus the baseline's (band: min-max of the per-seed paired
     differences); returns the number of curves drawn."""
-    base = next((g for g, r in zip(cmp.groups, cmp) if r["baseline"]), None)
+    base = next((g for g, r in zip(cmp.groups, cmp) if r.baseline), None)
     if base is None:
         ax.text(0.5, 0.5, "no baseline (pick one with --baseline)", ha="center", va="center",
                 transform=ax.transAxes, color="0.5")
@@ -187,7 +189,7 @@ def _draw_delta(ax, cmp, key: str, colors) -> int:
         window = max(1, len(xs) // 20)  # ~5% of the curve
         color = colors[i % len(colors)]
         mean, lo, hi = _smooth(mean, window), _smooth(lo, window), _smooth(hi, window)
-        ax.plot(xs, mean, color=color, lw=1.6, label=_legend_label(row["variant"]))
+        ax.plot(xs, mean, color=color, lw=1.6, label=_legend_label(row.variant))
         if any(a != b for a, b in zip(lo, hi)):
             ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
         curves += [(xs, lo), (xs, hi), (xs, mean)]
@@ -219,6 +221,7 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
 
     matplotlib.use("Agg")  # files only: no display needed (and none on a cluster node)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     path = Path(path)
     panels = [panel_for(k) for k in dict.fromkeys(keys)]
@@ -229,60 +232,13 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
                              layout="constrained")
     flat = list(axes.flat)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    drawn = 0
-    for ax, panel in zip(flat, panels):
-        curves = []  # (xs, ys) of everything drawn: the y-range of a tail panel fits them
-        for i, (group, row) in enumerate(zip(cmp.groups, cmp)):
-            color = colors[i % len(colors)]
-            ok = [r for r in group.runs if r.status == "completed"]
-            xs, mean, lo, hi = _band(ok, panel.key)
-            label = _legend_label(row["variant"]) + (f" (n={len(ok)})" if ok else "")
-            if xs:
-                ax.plot(xs, mean, color=color, lw=1.6, label=label)
-                if len(ok) > 1:
-                    ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
-                curves += [(xs, lo), (xs, hi)]
-                drawn += 1
-            if panel.points:
-                px, pm, plo, phi = _band(ok, panel.points)
-                if px:
-                    yerr = [[m - l for m, l in zip(pm, plo)], [h - m for m, h in zip(pm, phi)]]
-                    ax.errorbar(px, pm, yerr=yerr, fmt="o", ms=4, color=color, capsize=2,
-                                label=None if xs else label)
-                    curves += [(px, plo), (px, phi)]
-                    drawn += 1
-            for r in group.runs:  # not averaged in, but not hidden either
-                if r.status == "completed":
-                    continue
-                ser = _series(r, panel.key)
-                if ser:
-                    pts = [ser[s] for s in sorted(ser)]
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", lw=1, color=color,
-                            label=f"{_legend_label(row['variant'])} seed {r.seed[0]}: {r.status}")
-                    ax.plot(pts[-1][0], pts[-1][1], "x", color=color, ms=7)
-                    drawn += 1
-        zoomed = panel.tail > 0 and _fit_tail(ax, curves, panel.tail)
-        ax.set_title(panel.title + (f"\ny fitted to the last {1 - panel.tail:.0%} of tokens" if zoomed else ""))
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("loss" if panel.points == "val_loss" else panel.key)
-        if panel.log_y and ax.lines:
-            ax.set_yscale("log")
-            plain_ticks(ax)
-        if not ax.lines:
-            ax.text(0.5, 0.5, f"no run logged {panel.key}", ha="center", va="center",
-                    transform=ax.transAxes, color="0.5")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    if not drawn:
+    if not sum(_draw_panel(ax, panel, cmp, colors) for ax, panel in zip(flat, panels)):
         plt.close(fig)
         raise AblateError(f"nothing to plot: no run logged {', '.join(p.key for p in panels)}")
     delta_ax = flat[len(panels)]
     _draw_delta(delta_ax, cmp, panels[0].key, colors)
     if delta_ax.get_legend_handles_labels()[0]:
         delta_ax.legend(fontsize=8)
-    from matplotlib.ticker import FuncFormatter
-
     for ax in flat[:n]:
         ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
     for ax in flat[n:]:
@@ -295,6 +251,60 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
     finally:
         plt.close(fig)
     return path
+
+
+def _draw_panel(ax, panel: Panel, cmp, colors) -> int:
+    """One key's panel: each variant's mean and band (and its eval points), each failed or
+    diverged run dotted to where it stopped. Returns how many things it drew."""
+    curves, drawn = [], 0  # (xs, ys) of everything drawn: the y-range of a tail panel fits them
+    for i, (group, row) in enumerate(zip(cmp.groups, cmp)):
+        color = colors[i % len(colors)]
+        ok = [r for r in group.runs if r.status == "completed"]
+        xs, mean, lo, hi = _band(ok, panel.key)
+        label = _legend_label(row.variant) + (f" (n={len(ok)})" if ok else "")
+        if xs:
+            ax.plot(xs, mean, color=color, lw=1.6, label=label)
+            if len(ok) > 1:
+                ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+            curves += [(xs, lo), (xs, hi)]
+            drawn += 1
+        if panel.points:
+            px, pm, plo, phi = _band(ok, panel.points)
+            if px:
+                yerr = [[m - l for m, l in zip(pm, plo)], [h - m for m, h in zip(pm, phi)]]
+                ax.errorbar(px, pm, yerr=yerr, fmt="o", ms=4, color=color, capsize=2,
+                            label=None if xs else label)
+                curves += [(px, plo), (px, phi)]
+                drawn += 1
+        drawn += _draw_stopped(ax, panel.key, group, row.variant, color)
+    zoomed = panel.tail > 0 and _fit_tail(ax, curves, panel.tail)
+    ax.set_title(panel.title + (f"\ny fitted to the last {1 - panel.tail:.0%} of tokens" if zoomed else ""))
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("loss" if panel.points == "val_loss" else panel.key)
+    if panel.log_y and ax.lines:
+        ax.set_yscale("log")
+        plain_ticks(ax)
+    if not ax.lines:
+        ax.text(0.5, 0.5, f"no run logged {panel.key}", ha="center", va="center",
+                transform=ax.transAxes, color="0.5")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    return drawn
+
+
+def _draw_stopped(ax, key: str, group, variant: str, color) -> int:
+    """The runs that did not complete: not averaged in, but not hidden either."""
+    drawn = 0
+    for r in group.runs:
+        ser = _series(r, key) if r.status != "completed" else None
+        if ser:
+            pts = [ser[s] for s in sorted(ser)]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", lw=1, color=color,
+                    label=f"{_legend_label(variant)} seed {r.seed[0]}: {r.status}")
+            ax.plot(pts[-1][0], pts[-1][1], "x", color=color, ms=7)
+            drawn += 1
+    return drawn
 
 
 def check_plot_path(path: Path) -> None:

@@ -1,0 +1,271 @@
+"""`ablate compare`: group runs by variant and say which differences from the baseline are bigger
+than seed noise, without claiming more than the seeds support.
+
+A variant is a config minus its seeds (and minus keys that never name a variant); its runs are
+the seeds. Runs that differ in anything but variant keys and keys a sweep among them swept are
+refused (checks.mixed_settings), since their deltas would mix effects. The baseline is the
+variant with no axis change, a study's first rung, or `baseline=`, with the reason kept.
+
+A variant is tested against the baseline with a paired t-test over the seeds both completed when
+there are at least two (same seed => same init and batches, so pairing removes shared noise; a
+diverged seed leaves the pairing, and the row says how many seeds its mean covers), else Welch's
+t-test; fewer than two seeds on either side gives no test (stats.seed_test). The p-values of all
+variants are Holm-corrected, and the corrected p gives the verdict. A study sweep (`ablate sweep
+study=...`) is a cumulative ladder: its rungs are shown in ladder order, each also against the
+rung before it (Row.vs_prev; Holm over the rungs' steps), so each step's own gain is visible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ablate.analysis.checks import describe_mixed, filter_runs, mixed_settings, resolve_metric
+from ablate.analysis.groups import Group, label_groups, pick_baseline, study_ladder
+from ablate.analysis.load import CompareError, Run, find_runs, number, print_warning
+from ablate.analysis.stats import ALPHA, MIN_SEEDS, NO_TEST, SeedTest, holm, mean_std, seed_test, verdict
+from ablate.rundir import CONFIG
+
+SIZE_NOTE_PCT = 0.5  # a variant whose parameter count differs by more than this (%) is noted
+
+
+@dataclass
+class Versus:
+    """A variant against a reference (the baseline, or a study's previous rung): the difference
+    of the means and the seed test; p_holm and the verdict come after Holm's correction over
+    every variant compared with the same reference."""
+
+    delta: Optional[float] = None
+    delta_pct: Optional[float] = None
+    test: SeedTest = NO_TEST
+    few_seeds: bool = False
+    p_holm: Optional[float] = None
+    verdict: Optional[str] = None
+
+    def as_dict(self, suffix: str = "") -> dict:
+        """JSON keys; a study's step against the previous rung has them with `_prev` (p_prev)."""
+        d = {"delta": self.delta, "delta_pct": self.delta_pct, **asdict(self.test),
+             "few_seeds": self.few_seeds, "p_holm": self.p_holm, "verdict": self.verdict}
+        if not suffix:
+            return d
+        return {("p" if k == "p_value" else k) + suffix: v for k, v in d.items()}
+
+
+@dataclass
+class Row:
+    """One variant of a comparison."""
+
+    variant: str
+    baseline: bool
+    metric: str
+    n: int  # seeds in the mean
+    runs: int
+    coverage: Optional[str]  # "2 of 3 seeds; 1 diverged" when some seeds are not in the mean
+    seeds: list
+    mean: Optional[float]
+    std: Optional[float]
+    values: list
+    vs: Versus
+    status: dict  # status -> runs
+    params: Optional[int]
+    params_delta: Optional[int]
+    params_delta_pct: Optional[float]
+    size_differs: bool
+    flops_per_token: Optional[float]
+    tokens_per_s: Optional[float]
+    axes: Optional[dict]
+    dirs: list
+    rung: bool = False  # a study rung: vs_prev holds its step against the rung before it
+    prev: Optional[str] = None
+    vs_prev: Versus = field(default_factory=Versus)
+    mixed: list = field(default_factory=list)  # --allow-mixed: the settings the rows do not share
+    baseline_reason: Optional[str] = None
+
+    def as_dict(self) -> dict:
+        """The row as `compare --json` writes it (the public keys)."""
+        d = {k: getattr(self, k) for k in ("variant", "baseline", "metric", "n", "runs", "coverage",
+                                           "seeds", "mean", "std", "values")}
+        d.update(self.vs.as_dict())
+        d.update({k: getattr(self, k) for k in ("status", "params", "params_delta", "params_delta_pct",
+                                                "size_differs", "flops_per_token", "tokens_per_s",
+                                                "axes", "dirs")})
+        if self.rung:
+            d["prev"] = self.prev
+            d.update(self.vs_prev.as_dict("_prev"))
+        d.update(mixed=self.mixed, baseline_reason=self.baseline_reason)
+        return d
+
+    def __getitem__(self, key: str) -> Any:  # read by its JSON key, as a script reading --json would
+        return self.as_dict()[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.as_dict()
+
+
+class Comparison(list):
+    """The rows (baseline first) plus what the table needs around them."""
+
+    def __init__(self, rows: Sequence[Row], metric: str, baseline: Optional[str], notes: list[str],
+                 groups: list[Group], alpha: float):
+        super().__init__(rows)
+        self.metric, self.baseline, self.notes, self.groups, self.alpha = metric, baseline, notes, groups, alpha
+        self.baseline_reason: Optional[str] = None  # why `baseline` was chosen
+        self.mixed: dict[str, dict[str, int]] = {}  # settings the runs do not share (--allow-mixed)
+
+    @property
+    def study(self) -> bool:
+        return any(r.rung for r in self)
+
+
+def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
+                 baseline: Optional[str] = None, alpha: float = ALPHA,
+                 warn: Callable[[str], None] = print_warning, where: Sequence[str] = (),
+                 allow_mixed: bool = False) -> Comparison:
+    """Compare every run under `paths`: one Row per variant, the baseline first (a study's rungs
+    in ladder order). Runs that differ in more than variant keys and seed are refused
+    (CompareError naming the keys) unless `allow_mixed`; `where` keeps only the runs that match
+    (checks.filter_runs)."""
+    runs = find_runs(paths, warn)
+    if where:
+        runs = filter_runs(runs, where)
+    mixed = mixed_settings(runs)
+    if mixed and not allow_mixed:
+        raise CompareError(
+            f"these runs differ in more than axis options and seed, so their deltas would mix "
+            f"effects: {describe_mixed(mixed)}; compare like with like (e.g. --where "
+            f"{next(iter(mixed))}=VALUE) or pass --allow-mixed")
+    metric = resolve_metric(metric, runs)
+    notes: list[str] = []
+    groups, base, reason, rungs = _arrange(runs, baseline, notes)
+    _collect(groups, metric, notes)
+    rows = [_row(g, base, metric, alpha, notes, id(g) in rungs) for g in groups]
+    _correct([r.vs for r in rows], metric, alpha)
+    _correct([r.vs_prev for r in rows if r.rung], metric, alpha)
+    _summary_notes(rows, notes)
+    for row in rows:
+        row.mixed = sorted(mixed)
+        row.baseline_reason = reason if row.baseline else None
+    cmp = Comparison(rows, metric, base.label if base else None, notes, groups, alpha)
+    cmp.baseline_reason, cmp.mixed = reason, mixed
+    return cmp
+
+
+def _arrange(runs: list[Run], baseline: Optional[str], notes: list[str]):
+    """(groups in table order, the baseline group, why, ids of the study's rungs)."""
+    by_key: dict[tuple, Group] = {}
+    for r in runs:
+        by_key.setdefault(r.variant_key(), Group([])).runs.append(r)
+    groups = list(by_key.values())
+    label_groups(groups)
+    unchecked = sum(1 for r in runs if not r.config)
+    if unchecked and len(runs) > 1:
+        notes.append(f"{unchecked} run(s) have no {CONFIG}: not checked for settings that differ")
+    ladder = study_ladder(groups, notes)
+    if ladder and baseline is None and not any(g.label == "baseline" for g in groups):
+        base, reason = ladder[0], "the study's first rung"  # a study's starting point
+    else:
+        base, reason = pick_baseline(groups, baseline, notes)
+    rungs = {id(g) for g in ladder}
+    head = [] if base is None or id(base) in rungs else [base]
+    return head + ladder + [g for g in groups if id(g) not in rungs and g is not base], base, reason, rungs
+
+
+def _collect(groups: list[Group], metric: str, notes: list[str]) -> None:
+    """Each group's final values by seed: completed runs only, one run per seed."""
+    missing = 0
+    for g in groups:
+        for r in g.runs:
+            v = r.value(metric) if r.status == "completed" else None
+            if r.status == "completed" and (v is None or not math.isfinite(v)):
+                missing += 1
+                continue
+            if v is not None:
+                if r.seed in g.values:
+                    notes.append(f"{g.label}: two runs with seed {r.seed[0]}; {r.dir} is left out")
+                    continue
+                g.values[r.seed] = v
+    if missing:
+        notes.append(f"{missing} completed run(s) have no final {metric}; shown as 'no {metric}'")
+
+
+def _versus(ref: Optional[Group], g: Group, alpha: float) -> Versus:
+    mean = mean_std(list(g.values.values()))[0]
+    ref_mean = mean_std(list(ref.values.values()))[0] if ref is not None and ref is not g else None
+    if mean is None or ref_mean is None:
+        return Versus()
+    delta = mean - ref_mean
+    test = seed_test(ref.values, g.values, alpha)
+    return Versus(delta, (100 * delta / ref_mean) if ref_mean else None, test,
+                  test.test is not None and len(test.test_seeds) < MIN_SEEDS)
+
+
+def _status_counts(g: Group, metric: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in g.runs:
+        st = r.status if not (r.status == "completed" and r.seed not in g.values) else f"no {metric}"
+        counts[st] = counts.get(st, 0) + 1
+    return counts
+
+
+def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list[str], rung: bool) -> Row:
+    mean, std = mean_std(list(g.values.values()))
+    counts = _status_counts(g, metric)
+    coverage = None  # the mean reflects the survivors only: say so when some seeds did not enter it
+    if len(g.values) != len(g.runs):
+        left = [f"{c} {st}" for st, c in counts.items() if st != "completed"]
+        coverage = f"{len(g.values)} of {len(g.runs)} seeds" + ("; " + ", ".join(left) if left else "")
+        notes.append(f"{g.label}: {coverage}; its mean is over the completed seeds only")
+    params, base_params = g.first("params"), base.first("params") if base else None
+    p_delta = (params - base_params) if (params is not None and base_params and g is not base) else None
+    p_pct = (100 * p_delta / base_params) if p_delta is not None else None
+    tps = [t for t in (number(r.summary.get("tokens_per_s")) for r in g.runs if r.status == "completed") if t]
+    order = sorted(g.values, key=str)
+    return Row(variant=g.label, baseline=g is base, metric=metric, n=len(g.values), runs=len(g.runs),
+               coverage=coverage, seeds=[s[0] for s in order], mean=mean, std=std,
+               values=[g.values[s] for s in order], vs=_versus(base, g, alpha), status=counts,
+               params=params, params_delta=p_delta, params_delta_pct=p_pct,
+               size_differs=p_pct is not None and abs(p_pct) > SIZE_NOTE_PCT,
+               flops_per_token=g.first("flops_per_token"), tokens_per_s=(sum(tps) / len(tps)) if tps else None,
+               axes=g.runs[0].summary.get("axes"), dirs=[str(r.dir) for r in g.runs], rung=rung,
+               prev=g.prev.label if rung and g.prev else None,
+               vs_prev=_versus(g.prev, g, alpha) if rung else Versus())
+
+
+def _correct(family: list[Versus], metric: str, alpha: float) -> None:
+    """Holm over one family of tests (every variant vs the baseline; or every rung vs the rung
+    before it); the corrected p decides the verdict."""
+    for v, p in zip(family, holm([v.test.p_value for v in family])):
+        v.p_holm = p
+        v.verdict = verdict(v.test.t, p, metric, alpha)
+
+
+def _summary_notes(rows: list[Row], notes: list[str]) -> None:
+    few = [f"{r.variant} ({len(r.vs.test.test_seeds)})" for r in rows if r.vs.few_seeds]
+    if few:
+        notes.append(f"fewer than {MIN_SEEDS} seeds in the test: " + ", ".join(few) + "; with one or "
+                     "two degrees of freedom the noise estimate is rough, so read the interval, "
+                     "not the verdict (run --seeds 3 or more)")
+    sized = [f"{r.variant} ({r.params_delta:+,} params, {r.params_delta_pct:+.2f}%)" for r in rows if r.size_differs]
+    if sized:
+        notes.append(f"differs in size from the baseline by more than {SIZE_NOTE_PCT:g}%, so part of "
+                     "its delta may be capacity: " + "; ".join(sized))
+
+
+def per_seed_rows(cmp: Comparison) -> list[dict]:
+    """One dict per run (--per-seed): its variant, seed, status, final value, and its difference
+    from the baseline's run with the same seed (what the paired test averages)."""
+    base = next((g for g, r in zip(cmp.groups, cmp) if r.baseline), None)
+    out = []
+    for g, row in zip(cmp.groups, cmp):
+        for r in sorted(g.runs, key=lambda r: str(r.seed)):
+            v = g.values.get(r.seed) if r.status == "completed" else None
+            ref = base.values.get(r.seed) if base is not None and g is not base else None
+            out.append({"variant": row.variant, "baseline": row.baseline, "seed": r.seed[0],
+                        "status": r.status if r.status != "completed" or v is not None else f"no {cmp.metric}",
+                        "metric": cmp.metric, "value": v,
+                        "delta": (v - ref) if v is not None and ref is not None else None,
+                        "params": number(r.summary.get("params")),
+                        "tokens_per_s": number(r.summary.get("tokens_per_s")), "dir": str(r.dir)})
+    return out
