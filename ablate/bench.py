@@ -323,7 +323,7 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     rounds = min(rounds, steps)
     alternate(contenders, rounds, max(1, steps // rounds), warmup)
     fpt = flops_per_token(spec, cfg.train.seq_len)
-    peak = device_peak(device, trainer.precision, ours.clock)
+    peak = device_peak(device, trainer.precision)
     tps = ours.tokens_per_s
     result = {
         "tokens_per_s": tps, "step_ms": ours.step_s * 1e3,

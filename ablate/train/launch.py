@@ -44,6 +44,18 @@ def git_state(where: Path) -> Optional[dict]:
     return {"commit": commit, "dirty": dirty}
 
 
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def provenance(device: Any) -> dict:
     """Which code ran where: recorded in summary.json and the W&B config. `git`: the checkout
     of the ablate package (an editable install), else of the working directory."""
@@ -53,10 +65,9 @@ def provenance(device: Any) -> dict:
     import torch
 
     import ablate
-    from ablate.train.peak import cpu_name
 
     here = Path(ablate.__file__).resolve().parent
-    name = cpu_name()
+    name = _cpu_name()
     if getattr(device, "type", None) == "cuda":
         name = torch.cuda.get_device_name(device)
     elif getattr(device, "type", None) == "mps":

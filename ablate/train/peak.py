@@ -1,19 +1,12 @@
 """Device peak FLOP/s, the denominator of MFU (model FLOPs utilisation) in `ablate bench` and in
-every metrics row: a spec-sheet table for GPUs, a timed fp32 matmul on CPU, cached per machine."""
+every metrics row: a spec-sheet table for GPUs; none on CPU (CPU_NO_PEAK says why)."""
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
-
-from ablate.rundir import write_atomic
 
 # Dense (no sparsity) peaks in FLOP/s: (name fragment, bf16 tensor core, fp32 non-tensor-core).
 # Matched in order against torch.cuda.get_device_name(), so specific names come first.
@@ -62,68 +55,12 @@ def gpu_peak(device_name: str, precision: str) -> Peak:
     return Peak(None, f"unknown GPU '{device_name}': no MFU")
 
 
-# The CPU peak: the best of PEAK_REPS timed PEAK_N x PEAK_N fp32 matmuls, the practical ceiling
-# of a dense fp32 model here. The best of many is what repeats (interference only slows a
-# timing down); docs/performance.md shows the spread. Measured once per machine, thread count
-# and torch build, and cached on disk, so every run and bench on a machine divides by the same
-# peak: MFU then differs between runs only as their measured speed does.
-PEAK_N, PEAK_REPS = 1024, 20
-PEAK_FILE = "cpu-peak.json"
-_cpu_peaks: dict[str, Peak] = {}
-
-
-def cpu_name() -> str:
-    import platform
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _peak_cache() -> Path:
-    return Path(os.environ.get("ABLATE_CACHE", Path.home() / ".cache" / "ablate")) / PEAK_FILE
-
-
-def cpu_peak() -> Peak:
-    """This machine's cached CPU peak (measured on first use), with the threads torch uses."""
-    key = f"{cpu_name()} | {torch.get_num_threads()} threads | torch {torch.__version__}"
-    if key in _cpu_peaks:
-        return _cpu_peaks[key]
-    path = _peak_cache()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached.get(key), (int, float)) and cached[key] > 0:
-        flops = float(cached[key])
-    else:
-        flops = _time_matmul(PEAK_N, PEAK_REPS, time.perf_counter)
-        try:  # another process may write the same key meanwhile: last write wins, both measured
-            path.parent.mkdir(parents=True, exist_ok=True)
-            cached = cached if isinstance(cached, dict) else {}
-            write_atomic(path, json.dumps({**cached, key: flops}, indent=2) + "\n")
-        except OSError:
-            pass  # an unwritable cache: measured in every process instead
-    _cpu_peaks[key] = Peak(flops, f"measured: best of {PEAK_REPS} {PEAK_N}x{PEAK_N} fp32 matmuls on this "
-                                  f"CPU, {torch.get_num_threads()} threads ({flops / 1e9:.1f} GFLOP/s; cached in {path})")
-    return _cpu_peaks[key]
-
-
-def _time_matmul(n: int, reps: int, clock: Callable[[], float]) -> float:
-    """FLOP/s of the fastest of `reps` (n x n) @ (n x n) fp32 matmuls timed with `clock`."""
-    g = torch.Generator().manual_seed(0)  # its own generator: training's RNG stream is untouched
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    a @ b  # warm-up: thread pool, caches
-    best = math.inf
-    for _ in range(reps):
-        t0 = clock()
-        a @ b
-        best = min(best, clock() - t0)
-    return 2 * n ** 3 / best
+# No CPU peak: a CPU's attainable FLOP/s is not a property of the machine one can measure once.
+# On the shared 2-core machine the best of 20 timed 1024x1024 fp32 matmuls read 58 GFLOP/s while
+# other work ran and 155-177 GFLOP/s idle (2026-11-23), and the tiny model's own steps exceeded
+# the loaded figure: an MFU against it read above 100%. So a CPU run reports tokens/s, no MFU.
+CPU_NO_PEAK = ("CPU: no MFU (a CPU's peak FLOP/s cannot be measured repeatably while other work "
+               "shares it; compare tokens/s)")
 
 
 def tf32_matmuls() -> bool:
@@ -133,20 +70,14 @@ def tf32_matmuls() -> bool:
     return precision == "tf32" if precision is not None else bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-def device_peak(device: torch.device, precision: str,
-                clock: Callable[[], float] = time.perf_counter) -> Peak:
+def device_peak(device: torch.device, precision: str) -> Peak:
     """precision: the trainer's (bf16 | fp32); fp32 on a CUDA device whose matmuls may use
-    TF32 (train.tf32) is priced at the TF32 peak. On CPU the cached peak, unless the steps are
-    timed with another clock (`ablate bench --clock cpu`): then the peak is timed with it too."""
+    TF32 (train.tf32) is priced at the TF32 peak. Elsewhere no peak (CPU_NO_PEAK)."""
     if device.type == "cuda":
         if precision == "fp32" and tf32_matmuls():
             precision = "tf32"
         return gpu_peak(torch.cuda.get_device_name(device), precision)
-    if clock is time.perf_counter:
-        return cpu_peak()
-    flops = _time_matmul(PEAK_N, PEAK_REPS, clock)
-    return Peak(flops, f"measured with --clock cpu: best of {PEAK_REPS} {PEAK_N}x{PEAK_N} fp32 matmuls "
-                       f"({flops / 1e9:.1f} GFLOP/s)")
+    return Peak(None, CPU_NO_PEAK if device.type == "cpu" else f"{device.type}: no MFU (no known peak)")
 
 
 def mfu(tokens_per_s: Optional[float], flops_per_token: Optional[float], peak: Peak,

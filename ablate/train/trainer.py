@@ -349,7 +349,7 @@ class Trainer:
         if start_step == 0 and cfg.eval_every and cfg.steps > 0:
             self._log_eval(self._evaluate())  # the loss at initialization: the curve's starting point
         if self.is_main:
-            self.peak()  # looked up or measured once: not inside a timed window
+            self.peak()  # looked up once: not inside a timed window
         self.segment.speed.start()
         if start_step == 0 and cfg.steps == 0 and self._diagnostics_due(0):
             self.train_step(0)  # train.steps=0: the gradient profile at initialization, no update
