@@ -133,25 +133,16 @@ def synthetic_tokens_needed(cfg: Any) -> int:
 
 
 def build_trainer(cfg: Any, data=None):
-    """The configured model inside the real Trainer (no sinks, no run directory writes)."""
+    """The configured model inside the real Trainer, built as a run builds it (no sinks, no run
+    directory writes), on synthetic tokens unless `data` is given. Returns (trainer, spec, params)."""
     from ablate.data.tokenizers import TOKENIZERS
-    from ablate.diagnostics import Diagnostics
-    from ablate.model.spec import ModelSpec, count_params
-    from ablate.model.transformer import build_model
-    from ablate.train.launch import seed_everything
-    from ablate.train.trainer import Trainer
+    from ablate.model.spec import count_params
+    from ablate.train import launch
 
     tok_vocab = TOKENIZERS.get(cfg.tokenizer.name).vocab_size
-    spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok_vocab)
     if data is None:
         data = synthetic_data(tok_vocab, synthetic_tokens_needed(cfg), seed=cfg.data_seed)
-    seed_everything(cfg.seed)
-    model = build_model(spec)
-    # Diagnostics stay off unless asked for, so `--vs train.diagnostics_every=N` prices them.
-    diagnostics = Diagnostics(model) if cfg.train.diagnostics_every > 0 else None
-    trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=Path("."),
-                      byte_lengths=np.ones(spec.vocab_size, dtype=np.int64), data_seed=cfg.data_seed,
-                      on_diagnostics=diagnostics)
+    trainer, spec = launch.build_trainer(cfg, data, tok_vocab)
     trainer.train_model.train()
     return trainer, spec, count_params(spec)["total"]
 

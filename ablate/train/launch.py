@@ -116,6 +116,52 @@ def _wandb_id(run_dir: Path) -> str:
     return rid
 
 
+def build_trainer(cfg: Any, data, tokenizer_vocab: int, byte_lengths=None, run_dir: Path = Path("."),
+                  dist=None, job_started: Optional[float] = None):
+    """The configured model inside the Trainer, seeded by `cfg.seed`: the one builder behind
+    `ablate run` (train) and `ablate bench`. byte_lengths: bytes per token id (val_bpb; None:
+    one each). dist: the process group's DistEnv (None: one process). Returns (trainer, spec)."""
+    import numpy as np
+
+    from ablate.diagnostics import Diagnostics
+    from ablate.model.spec import ModelSpec
+    from ablate.model.transformer import build_model
+    from ablate.train.trainer import Trainer
+
+    spec = ModelSpec.from_config(cfg, tokenizer_vocab=tokenizer_vocab)
+    seed_everything(cfg.seed)
+    model = build_model(spec)
+    if byte_lengths is None:
+        byte_lengths = np.ones(spec.vocab_size, dtype=np.int64)
+    # Diagnostics stay off unless asked for, so `bench --vs train.diagnostics_every=N` prices them.
+    diagnostics = Diagnostics(model) if cfg.train.diagnostics_every > 0 else None
+    trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=run_dir, byte_lengths=byte_lengths,
+                      data_seed=cfg.data_seed, rank=dist.rank if dist else 0,
+                      world_size=dist.world_size if dist else 1, wrap=dist.wrap if dist else None,
+                      on_diagnostics=diagnostics, job_started=job_started)
+    return trainer, spec
+
+
+def run_info(cfg: Any, spec, tok, data, trainer) -> dict:
+    """What summary.json and the W&B config record about the run's model, data and device."""
+    from ablate.model.spec import count_params, flops_per_token, non_embedding_params
+
+    params = count_params(spec)
+    return {
+        "params": params["total"], "params_breakdown": params,
+        "non_embedding_params": non_embedding_params(spec),
+        "flops_per_token": flops_per_token(spec, cfg.train.seq_len),
+        "vocab_size": spec.vocab_size, "tokenizer_vocab": tok.vocab_size,
+        "data": {"source": data.meta["source"], "tokenizer": data.meta["tokenizer"],
+                 "train_tokens": data.meta["tokens"]["train"], "val_tokens": data.meta["tokens"]["val"],
+                 "cache": str(data.path)},
+        "world_size": trainer.world, "device": str(trainer.device), "precision": trainer.precision,
+        "provenance": provenance(trainer.device), "compile": bool(trainer.compiled),
+        "compile_optimizer": bool(cfg.train.compile_optimizer), "tokens_per_step": trainer.tokens_per_step,
+        "micro_batch": trainer.micro_batch, "grad_accum_steps": trainer.grad_accum,
+    }
+
+
 def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict,
           job_started: Optional[float] = None, resume_state: Optional[dict] = None, stop=None,
           quiet: bool = False):
@@ -125,11 +171,7 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
     import torch
     import torch.distributed
 
-    from ablate.diagnostics import Diagnostics
-    from ablate.model.spec import ModelSpec, count_params, flops_per_token, non_embedding_params
-    from ablate.model.transformer import build_model
     from ablate.train.distributed import setup_distributed
-    from ablate.train.trainer import Trainer
 
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
@@ -137,25 +179,8 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
     tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0 and not quiet)
     if data.meta["vocab_size"] != tok.vocab_size:
         raise ConfigError("the data cache and the tokenizer disagree on the vocab size")
-    spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
-    seed_everything(cfg.seed)
-    model = build_model(spec)
-    params = count_params(spec)
-    info = {
-        "params": params["total"], "params_breakdown": params,
-        "non_embedding_params": non_embedding_params(spec),
-        "flops_per_token": flops_per_token(spec, cfg.train.seq_len),
-        "vocab_size": spec.vocab_size, "tokenizer_vocab": tok.vocab_size,
-        "data": {"source": data.meta["source"], "tokenizer": data.meta["tokenizer"],
-                 "train_tokens": data.meta["tokens"]["train"], "val_tokens": data.meta["tokens"]["val"],
-                 "cache": str(data.path)},
-        "world_size": dist.world_size,
-    }
-    trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=run_dir,
-                      byte_lengths=tok.token_byte_lengths(), data_seed=cfg.data_seed,
-                      rank=dist.rank, world_size=dist.world_size, wrap=dist.wrap,
-                      on_diagnostics=Diagnostics(model) if cfg.train.diagnostics_every > 0 else None,
-                      job_started=job_started)
+    trainer, spec = build_trainer(cfg, data, tok.vocab_size, tok.token_byte_lengths(), run_dir, dist,
+                                  job_started)
     if stop is not None:
         trainer.stop = stop
     start = trainer.try_resume(resume_state) or 0
@@ -163,10 +188,7 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
         from ablate.rundir import METRICS, truncate_metrics
 
         truncate_metrics(Path(run_dir) / METRICS, start)
-    info.update(device=str(trainer.device), precision=trainer.precision,
-                provenance=provenance(trainer.device), compile=bool(trainer.compiled),
-                compile_optimizer=bool(cfg.train.compile_optimizer), tokens_per_step=trainer.tokens_per_step,
-                micro_batch=trainer.micro_batch, grad_accum_steps=trainer.grad_accum)
+    info = run_info(cfg, spec, tok, data, trainer)
     sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info, quiet) if dist.rank == 0 else None
     if sinks is not None:
         built["sinks"] = sinks

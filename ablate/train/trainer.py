@@ -32,6 +32,8 @@ from ablate.train.optimizer import build_optimizer, optimizer_step, restore_impl
 from ablate.train.peak import Peak, device_peak, mfu
 from ablate.train.policy import Cadence, Guard, Verdict
 from ablate.train.schedule import lr_at
+from ablate.train.state import RunState
+from ablate.train.throughput import Throughput
 
 
 def process_age_s() -> Optional[float]:
@@ -88,73 +90,6 @@ class Outcome:
                 "time_to_first_step_s": self.first_step_s, **self.extra}
 
 
-class Throughput:
-    """Training speed of one fit segment. Rows get tokens/s per log window; the summary gets the
-    steady state: from the end of the segment's WARM_STEPS-th step to the last log row. The
-    first step holds torch.compile and the optimizer state's allocation; the second still ran
-    at ~40% of the steady speed on CPU (allocator, caches), with or without compile. Evaluation
-    time is excluded from both (checkpoints and diagnostics are part of training and stay in)."""
-
-    WARM_STEPS = 2
-
-    def __init__(self, tokens_per_step: int, sync: Callable[[], None]):
-        self.tokens_per_step, self.sync = tokens_per_step, sync
-        self.steps_done = 0
-        self.t_log, self.tokens_log = time.perf_counter(), 0
-        self.t_first: Optional[float] = None  # when the segment's first step began
-        self.warm_s: Optional[float] = None  # how long the warm-up steps took
-        self.steady_from: Optional[float] = None
-        self.steady_step0 = 0
-        self.steady_steps, self.steady_time, self.eval_s = 0, 0.0, 0.0
-        self.total_tokens, self.total_time = 0, 0.0
-
-    def start(self) -> None:
-        """The clock of the first row's window starts here (after the evaluation at init)."""
-        self.t_log = time.perf_counter()
-
-    def step_started(self) -> None:
-        if self.t_first is None:
-            self.t_first = time.perf_counter()
-
-    def step_done(self, step: int) -> None:
-        self.tokens_log += self.tokens_per_step
-        self.steps_done += 1
-        if self.steps_done == self.WARM_STEPS:  # wait for the device: warm-up is all counted
-            self.sync()
-            self.steady_from = time.perf_counter()
-            self.warm_s = self.steady_from - self.t_first
-            self.steady_step0 = step
-
-    def log(self, step: int) -> float:
-        """A row at `step`: this window's tokens/s; the steady state is measured up to here."""
-        now = time.perf_counter()
-        tps = self.tokens_log / max(now - self.t_log, 1e-9)
-        self.total_tokens += self.tokens_log
-        self.total_time += now - self.t_log
-        self.t_log, self.tokens_log = now, 0
-        if self.steady_from is not None and step > self.steady_step0:
-            self.steady_steps = step - self.steady_step0
-            self.steady_time = now - self.steady_from - self.eval_s
-        return tps
-
-    def exclude(self, seconds: float) -> None:
-        """Time that is not training (evaluation)."""
-        self.t_log += seconds
-        if self.steady_from is not None:
-            self.eval_s += seconds
-
-    @property
-    def step_s(self) -> Optional[float]:
-        return self.steady_time / self.steady_steps if self.steady_steps and self.steady_time > 0 else None
-
-    @property
-    def tokens_per_s(self) -> Optional[float]:
-        """Steady state; a segment of WARM_STEPS or fewer has none: its whole time instead."""
-        if self.step_s:
-            return self.tokens_per_step / self.step_s
-        return self.total_tokens / self.total_time if self.total_time > 0 else None
-
-
 @dataclass
 class Segment:
     """One fit call's bookkeeping."""
@@ -167,6 +102,10 @@ class Segment:
 
 
 class Trainer:
+    """The training loop (`fit`, one `step()` at a time) over its components: the cadence of
+    logs, evaluations and checkpoints and the divergence guard (policy.py), the run's state
+    (state.py) and its speed (throughput.py)."""
+
     def __init__(self, model: torch.nn.Module, cfg: Any, data: TokenData, sinks: Optional[Sink],
                  run_dir: Path, byte_lengths, *, data_seed: int = 0, rank: int = 0, world_size: int = 1,
                  wrap: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None,
@@ -176,43 +115,23 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.rank, self.world = rank, world_size
         self.is_main = rank == 0
+        self.sinks, self.data, self.byte_lengths = sinks, data, byte_lengths
         self.device = resolve_device(cfg.device)
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults for each step's activations (ablate/train/allocator.py)
         # train.deterministic, train.tf32: before the model reaches the device (cuBLAS workspace)
         self.backend_settings = configure_backends(cfg, self.device.type)
         self.precision = resolve_precision(cfg.precision, self.device)
-        spec = getattr(model, "spec", None)
-        if spec is not None:
-            check_sdpa_backend(cfg.sdpa_backend, spec.n_heads, spec.head_dim, self.device,
-                               torch.bfloat16 if self.precision == "bf16" else torch.float32)
-        self.model = model.to(self.device)  # unwrapped: checkpoints, eval
-        # before the micro-batch probe, which measures the memory of this loss
-        if hasattr(self.model, "fused_ce"):  # the loss's implementation: not part of the model's spec
-            self.model.fused_ce, self.model.ce_chunk = bool(cfg.fused_ce), int(cfg.ce_chunk)
+        self.model = self._place(model)  # unwrapped: checkpoints, eval
         # train.micro_batch: the same global batch in fewer, larger passes where memory allows;
         # probed on the unwrapped model (no collectives), one choice for all ranks
         self.micro_batch = all_ranks_min(resolve_micro_batch(cfg, self.model, self.device, self.autocast),
                                          world_size, self.device)
         self.grad_accum = cfg.batch_size * cfg.grad_accum // self.micro_batch
-        self.train_model = wrap(self.model) if wrap else self.model
-        self.compiled = bool(cfg.compile)
-        if self.compiled:  # from a clean dynamo state: every job and bench variant compiles afresh
-            self.train_model = compile_model(self.train_model, cfg.compile_backend, cfg.compile_mode)
-        else:  # compiled helpers (FlexAttention on CUDA) start clean too
-            reset_compile_state()
-        # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers: each micro-step
-        # is a new graph step, whose outputs this loop reads before the next one.
-        self._graph_steps = (self.compiled and self.device.type == "cuda"
-                             and cfg.compile_mode in ("reduce-overhead", "max-autotune"))
-        self._graphs_at_build: Optional[int] = graphs_compiled() if self.compiled else None
-        self.recompiles = RecompileWatch()  # installed during fit: did dynamo give up on a function?
+        self.train_model = self._compiled(wrap(self.model) if wrap else self.model)
+        spec = getattr(model, "spec", None)
         self.flops_per_token = flops_per_token(spec, cfg.seq_len) if spec is not None else None
         self._peak: Optional[Peak] = None
-        self._announced = False  # the compile fallback was reported
-        self.sinks = sinks
-        self.data = data
-        self.byte_lengths = byte_lengths
         self.batches = Batches(data.train, cfg.seq_len, self.micro_batch, data_seed=data_seed,
                                rank=rank, world_size=world_size, grad_accum=self.grad_accum)
         self.val_windows = val_windows(data.val, cfg.seq_len, cfg.eval_tokens)
@@ -225,21 +144,40 @@ class Trainer:
         self._optimizer_step = optimizer_step(self.optimizer, cfg)  # after the reset above
         self.params = [p for p in unique_parameters(self.model) if p.requires_grad]
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * world_size
-        self.global_step = 0  # finished optimizer steps
+        self.state = RunState(self.tokens_per_step, schedule_steps=cfg.steps)
         self.cadence = Cadence.from_config(cfg)
         self.guard = Guard(cfg.diverge_threshold, cfg.skip_spikes)
-        # The steps the learning-rate schedule spans: train.steps, except in a run extended past
-        # them (ablate/lifecycle.py), whose extra steps keep the rate the schedule ended with.
-        self.schedule_steps = cfg.steps
-        # Tokens are counted from the checkpoint resumed (it stores them), not recomputed from
-        # the step: tokens_at(step).
-        self.resumed_step, self.resumed_tokens = 0, 0
         self.stop = StopRequest()  # the run passes its own, installed since the run's start
-        # Carried in checkpoints (with the guard's state) so a resumed run reports exactly as an
-        # uninterrupted one would.
-        self.last = {"train_loss": None, "val_loss": None, "val_bpb": None, "tokens_per_s": None}
         self._resume_rng: Optional[dict] = None  # applied right before the first resumed step
         self.segment: Optional[Segment] = None  # the current fit call's
+
+    def _place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model on its device, with the loss's implementation (not part of its spec) set
+        before the micro-batch probe, which measures the memory of this loss."""
+        cfg, spec = self.cfg, getattr(model, "spec", None)
+        if spec is not None:
+            check_sdpa_backend(cfg.sdpa_backend, spec.n_heads, spec.head_dim, self.device,
+                               torch.bfloat16 if self.precision == "bf16" else torch.float32)
+        model = model.to(self.device)
+        if hasattr(model, "fused_ce"):
+            model.fused_ce, model.ce_chunk = bool(cfg.fused_ce), int(cfg.ce_chunk)
+        return model
+
+    def _compiled(self, train_model: torch.nn.Module) -> torch.nn.Module:
+        cfg = self.cfg
+        self.compiled = bool(cfg.compile)
+        if self.compiled:  # from a clean dynamo state: every job and bench variant compiles afresh
+            train_model = compile_model(train_model, cfg.compile_backend, cfg.compile_mode)
+        else:  # compiled helpers (FlexAttention on CUDA) start clean too
+            reset_compile_state()
+        # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers: each micro-step
+        # is a new graph step, whose outputs this loop reads before the next one.
+        self._graph_steps = (self.compiled and self.device.type == "cuda"
+                             and cfg.compile_mode in ("reduce-overhead", "max-autotune"))
+        self._graphs_at_build: Optional[int] = graphs_compiled() if self.compiled else None
+        self.recompiles = RecompileWatch()  # installed during fit: did dynamo give up on a function?
+        self._announced = False  # the compile fallback was reported
+        return train_model
 
     @property
     def loss_spikes(self) -> int:
@@ -250,16 +188,12 @@ class Trainer:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
-    def tokens_at(self, step: int) -> int:
-        return self.resumed_tokens + (step - self.resumed_step) * self.tokens_per_step
-
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "step": self.global_step, "tokens": self.tokens_at(self.global_step),
-            "schedule_steps": self.schedule_steps, **self.guard.state_dict(),
+            **self.state.state_dict(), **self.guard.state_dict(),
             **model_and_optimizer_state(self.model, self.optimizer),
-            "rng": checkpoint.plain_rng_state(), "last": dict(self.last),
+            "rng": checkpoint.plain_rng_state(),
             # how the global batch was split: a resume must split it the same way
             **checkpoint.layout(self.world, self.cfg.strategy),
         }
@@ -267,11 +201,11 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = self.state_dict()  # on every rank: gathering a sharded (FSDP) model is collective
         if self.is_main:
-            checkpoint.save(self.run_dir, self.global_step, state, keep=self.cfg.keep_ckpts)
+            checkpoint.save(self.run_dir, self.state.step, state, keep=self.cfg.keep_ckpts)
 
     def try_resume(self, state: Optional[dict] = None) -> Optional[int]:
         """Load `state` (the run already loaded and checked it), else the newest valid checkpoint."""
-        if self.cfg.resume != "auto":
+        if self.cfg.resume == "never":
             if self.is_main and checkpoint.clear(self.run_dir):
                 checkpoint.warn(f"warning: train.resume=never: removed the old checkpoints in {self.run_dir}")
             return None
@@ -291,12 +225,8 @@ class Trainer:
                 "another hydra.run.dir, or train.resume=never") from None
         self._resume_rng = state["rng"]
         self.guard.load_state_dict(state)
-        self.last.update(state.get("last", {}))
-        self.global_step = int(state["step"])
-        self.schedule_steps = int(state.get("schedule_steps", self.cfg.steps))
-        self.resumed_step = self.global_step
-        self.resumed_tokens = int(state.get("tokens", self.global_step * self.tokens_per_step))
-        return self.global_step
+        self.state.load_state_dict(state)
+        return self.state.step
 
     # ---- the loop ----------------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -307,7 +237,7 @@ class Trainer:
         """Forward, backward and clipping for step `step` (0-based); apply_update steps the
         optimizer. Returns (next-token loss, grad norm) tensors and the learning rate."""
         cfg = self.cfg
-        lr = lr_at(step, cfg.lr, cfg.warmup_steps, self.schedule_steps, cfg.schedule, cfg.min_lr_ratio)
+        lr = lr_at(step, cfg.lr, cfg.warmup_steps, self.state.schedule_steps, cfg.schedule, cfg.min_lr_ratio)
         set_lr(self.optimizer, lr)
         lm_loss = torch.zeros((), device=self.device)
         for micro in range(self.grad_accum):
@@ -355,7 +285,7 @@ class Trainer:
         self.recompiles.__enter__()
         try:
             self._start(start_step)
-            while self.global_step < self.cfg.steps:
+            while self.state.step < self.cfg.steps:
                 ended = self.step()
                 if ended is not None:
                     return self._outcome(*ended)
@@ -373,7 +303,7 @@ class Trainer:
         """One optimizer step and what follows it by the cadence: the guard's verdict, the
         update (or its skip), the log row, evaluation, a checkpoint and a pending stop signal.
         Returns (status, reason) when the run ends here."""
-        seg, step = self.segment, self.global_step
+        seg, step = self.segment, self.state.step
         seg.speed.step_started()
         seg.loss = None
         lm_loss, grad_norm, lr = self.train_step(step)
@@ -392,19 +322,19 @@ class Trainer:
         else:
             self.apply_update()
         self.guard.updated(skipped=verdict.skip)
-        self.global_step += 1
+        self.state.step += 1
         self._step_finished()
-        if self.cadence.logs(self.global_step):
+        if self.cadence.logs(self.state.step):
             if seg.loss is None:
                 seg.loss, gnorm = float(lm_loss), float(grad_norm)
-            tps = seg.speed.log(self.global_step)
-            self.last["train_loss"], self.last["tokens_per_s"] = seg.loss, tps
-            self._log_row(self.global_step, seg.loss, gnorm, lr, tps)
+            tps = seg.speed.log(self.state.step)
+            self.state.last.update(train_loss=seg.loss, tokens_per_s=tps)
+            self._log_row(self.state.step, seg.loss, gnorm, lr, tps)
         self.finish_diagnostics(updated=not verdict.skip)
         return self._after_step()
 
     def _begin(self, start_step: int) -> Segment:
-        self.global_step = start_step
+        self.state.step = start_step
         self.train_model.train()
         if self._resume_rng is not None:  # restored last, so nothing since can have consumed it
             checkpoint.set_rng_state(self._resume_rng)
@@ -417,7 +347,7 @@ class Trainer:
         """What comes before the first step: the evaluation at init and the device's peak."""
         cfg = self.cfg
         if start_step == 0 and cfg.eval_every and cfg.steps > 0:
-            self._eval_and_log()  # the loss at initialization: the curve's starting point
+            self._log_eval(self._evaluate())  # the loss at initialization: the curve's starting point
         if self.is_main:
             self.peak()  # looked up once: not inside a timed window
         self.segment.speed.start()
@@ -439,23 +369,24 @@ class Trainer:
 
     def _step_finished(self) -> None:
         seg = self.segment
-        seg.speed.step_done(self.global_step)
+        seg.speed.step_done(self.state.step)
         if seg.first_step_s is None:  # what a user waits: imports, data, build, compile, eval
             seg.first_step_s = (time.time() - self.job_started if self.job_started is not None
                                 else process_age_s() or (time.perf_counter() - seg.started))
         self._announce_fallback()
 
     def _after_step(self) -> Optional[tuple[str, str]]:
-        """Evaluation, a checkpoint and a pending stop signal, by the cadence."""
-        n = self.global_step
-        if self.cadence.evaluates(n):
-            t_eval = time.perf_counter()
-            metrics = self._eval_and_log()
-            self.segment.speed.exclude(time.perf_counter() - t_eval)  # eval time is not training throughput
-            if not math.isfinite(metrics["val_loss"]):
-                return "diverged", "non-finite validation loss"
+        """Evaluation, a checkpoint and a pending stop signal, by the cadence. An evaluation's
+        checkpoint is written before its row, so a logged evaluation always has one."""
+        n = self.state.step
+        metrics = self._evaluate() if self.cadence.evaluates(n) else None
+        if metrics is not None and not math.isfinite(metrics["val_loss"]):
+            self._log_eval(metrics)
+            return "diverged", "non-finite validation loss"
         if self.cadence.saves(n):
             self.save_checkpoint()
+        if metrics is not None:
+            self._log_eval(metrics)
         if any_rank(self.stop.signum is not None, self.world, self.device):  # same step on all ranks
             self.stop.signum = self.stop.signum or signal.SIGTERM
             self.save_checkpoint()
@@ -463,17 +394,24 @@ class Trainer:
             return status, f"signal {signal.Signals(self.stop.signum).name}"
         return None
 
-    def _eval_and_log(self) -> dict:
+    def _evaluate(self) -> dict:
+        """Validation metrics at this step, kept as the run's last; their time is not training's."""
+        t_eval = time.perf_counter()
         metrics = self.evaluate()
-        self.last.update(metrics)
-        if self.is_main:
-            self.sinks.log({"step": self.global_step, "tokens": self.tokens_at(self.global_step), **metrics})
+        self.state.last.update(metrics)
+        if self.segment is not None:
+            self.segment.speed.exclude(time.perf_counter() - t_eval)
         return metrics
+
+    def _log_eval(self, metrics: dict) -> None:
+        if self.is_main:
+            step = self.state.step
+            self.sinks.log({"step": step, "tokens": self.state.tokens_at(step), **metrics})
 
     def _log_row(self, step, loss, gnorm, lr, tps):
         if not self.is_main:
             return
-        row = {"step": step, "tokens": self.tokens_at(step), "train_loss": loss,
+        row = {"step": step, "tokens": self.state.tokens_at(step), "train_loss": loss,
                "grad_norm": gnorm, "lr": lr}
         if tps is not None:
             row["tokens_per_s"] = tps
@@ -499,13 +437,12 @@ class Trainer:
         if self.recompiles.hits and not self._announced:
             self._announced = True
             if self.is_main:
-                print(f"warning: torch.compile fell back to eager at step {self.global_step}: "
+                print(f"warning: torch.compile fell back to eager at step {self.state.step}: "
                       f"{self.recompiles.reason}; tokens/s is not the compiled speed",
                       file=sys.stderr, flush=True)
 
     def _outcome(self, status: str, reason: str) -> Outcome:
-        seg, last = self.segment, self.last
-        speed = seg.speed
+        seg, last, speed = self.segment, self.state.last, self.segment.speed
         tps = speed.tokens_per_s if speed.tokens_per_s is not None else last["tokens_per_s"]
         compile_s = None
         if (self.compiled or self.cfg.compile_optimizer) and speed.warm_s is not None and speed.step_s is not None:
@@ -520,8 +457,9 @@ class Trainer:
                  "compile_fallback": bool(self.recompiles.hits), **self.backend_settings}
         if self.recompiles.hits:
             extra["compile_fallback_reason"] = self.recompiles.reason
+        step = self.state.step
         return Outcome(
-            status=status, step=self.global_step, tokens=self.tokens_at(self.global_step), reason=reason,
+            status=status, step=step, tokens=self.state.tokens_at(step), reason=reason,
             train_loss=seg.loss if seg.loss is not None else last["train_loss"],
             val_loss=last["val_loss"], val_bpb=last["val_bpb"], tokens_per_s=tps,
             skipped_steps=self.guard.skipped, resumed_from=seg.resumed_from, first_step_s=seg.first_step_s,

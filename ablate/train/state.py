@@ -1,0 +1,38 @@
+"""Where a run is: the run's state as one component (torchtitan's TrainState). It travels in
+checkpoints with the guard's state (policy.py), so a resumed run continues, counts and reports
+exactly as an uninterrupted one would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _no_metrics() -> dict:
+    return {"train_loss": None, "val_loss": None, "val_bpb": None, "tokens_per_s": None}
+
+
+@dataclass
+class RunState:
+    tokens_per_step: int
+    # The steps the learning-rate schedule spans: train.steps, except in a run extended past
+    # them (ablate/lifecycle.py), whose extra steps keep the rate the schedule ended with.
+    schedule_steps: int
+    step: int = 0  # finished optimizer steps
+    # Tokens are counted from the checkpoint resumed (it stores them), not recomputed from the
+    # step: a run may have changed its batch layout since (tokens_at).
+    resumed_step: int = 0
+    resumed_tokens: int = 0
+    last: dict = field(default_factory=_no_metrics)  # the last reported metrics (the summary's)
+
+    def tokens_at(self, step: int) -> int:
+        return self.resumed_tokens + (step - self.resumed_step) * self.tokens_per_step
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens": self.tokens_at(self.step),
+                "schedule_steps": self.schedule_steps, "last": dict(self.last)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = self.resumed_step = int(state["step"])
+        self.resumed_tokens = int(state.get("tokens", self.step * self.tokens_per_step))
+        self.schedule_steps = int(state.get("schedule_steps", self.schedule_steps))
+        self.last.update(state.get("last", {}))
