@@ -20,8 +20,8 @@ NOT_TRAINING = ("hydra.", "hydra/", "launcher", "logger", "out_dir", "study", "p
                 "data.num_proc", "data.cache_dir")
 # Keys that choose how the same model and batches are computed (placement, kernels, compile,
 # the loss in chunks, the passes a batch is cut into): results differ by rounding only, so they
-# never name a variant. They still count when a diverged run is re-entered: another device or
-# kernel can change whether it diverges.
+# never name a variant, and a run re-entered with other values of them is the same experiment
+# (ablate/lifecycle.py: a finished one returns its record, a stopped one continues).
 HOW_COMPUTED = ("train.device", "train.nproc", "train.strategy", "train.fused_ce", "train.ce_chunk",
                 "train.compile", "train.sdpa_backend", "train.flex_attention", "train.micro_batch")
 SEED_KEYS = ("seed", "data_seed")
