@@ -189,7 +189,9 @@ def _parse_only(argv: list[str]) -> tuple[int, str]:
             if sub is None:
                 return 2, f"no such command: {args[0]}"
             ctx = sub.make_context(args[0], args[1:], parent=ctx)
-            group, args = sub, list(ctx.args)
+            # a group's context keeps the next command name apart (protected args)
+            rest = getattr(ctx, "_protected_args", None) or getattr(ctx, "protected_args", None) or []
+            group, args = sub, list(rest) + list(ctx.args)
         overrides = [str(o) for o in (ctx.params.get("overrides") or []) + list(ctx.args)]
         if any(o.startswith("-") for o in overrides):
             return 2, f"unknown option {next(o for o in overrides if o.startswith('-'))}"
