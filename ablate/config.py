@@ -8,8 +8,8 @@ directory is made or any tensor built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, Optional, get_type_hints
 
 from ablate.model import options
 
@@ -20,60 +20,17 @@ COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch._dy
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # ablate/train/backends.py
 
-# Each axis's keys; the default option and the keys' defaults are its declaration's
-# (ablate/model/options.py), and each option's config node sets its own values over these.
-NORM, POS, ATTN, DROPOUT = (options.AXES[a] for a in ("norm", "pos", "attn", "dropout"))
+def _axis_schema(axis: Any) -> type:
+    """An axis's config node, from its declaration (ablate/model/options.py): the option's name
+    and the axis's keys, typed by their defaults (a null default is an optional float, e.g.
+    dropout.attn); each option's config node sets its own values over these."""
+    fields = [("name", str, field(default=axis.default))]
+    fields += [(key, Optional[float] if value is None else type(value), field(default=value))
+               for key, value in axis.config.items()]
+    return make_dataclass(axis.name.title().replace("_", "") + "Config", fields)
 
 
-@dataclass
-class NormConfig:
-    name: str = NORM.default
-    eps: float = NORM.config["eps"]
-
-
-@dataclass
-class NormPosConfig:
-    name: str = options.AXES["norm_pos"].default
-
-
-@dataclass
-class ActConfig:
-    name: str = options.AXES["act"].default
-
-
-@dataclass
-class PosConfig:
-    name: str = POS.default
-    base: float = POS.config["base"]  # RoPE base (theta)
-
-
-@dataclass
-class AttnConfig:
-    name: str = ATTN.default
-    # gqa: n_kv_heads ~ n_heads / kv_group (see options.gqa_kv_heads); explicit model.n_kv_heads wins.
-    kv_group: int = ATTN.config["kv_group"]
-
-
-@dataclass
-class TieConfig:
-    name: str = options.AXES["tie"].default
-
-
-@dataclass
-class BiasConfig:
-    name: str = options.AXES["bias"].default
-
-
-@dataclass
-class DropoutConfig:
-    name: str = DROPOUT.default
-    rate: float = DROPOUT.config["rate"]  # embedding sum, each sublayer output (residual dropout)
-    attn: Optional[float] = DROPOUT.config["attn"]  # attention probabilities; null: the same as rate
-
-
-@dataclass
-class QKNormConfig:
-    name: str = options.AXES["qk_norm"].default
+AXIS_SCHEMAS = {name: _axis_schema(options.AXES[name]) for name in AXES}
 
 
 @dataclass
@@ -202,16 +159,9 @@ class LoggerConfig:
 
 
 @dataclass
-class AblateConfig:
-    norm: NormConfig = field(default_factory=NormConfig)
-    norm_pos: NormPosConfig = field(default_factory=NormPosConfig)
-    act: ActConfig = field(default_factory=ActConfig)
-    pos: PosConfig = field(default_factory=PosConfig)
-    attn: AttnConfig = field(default_factory=AttnConfig)
-    tie: TieConfig = field(default_factory=TieConfig)
-    bias: BiasConfig = field(default_factory=BiasConfig)
-    dropout: DropoutConfig = field(default_factory=DropoutConfig)
-    qk_norm: QKNormConfig = field(default_factory=QKNormConfig)
+class RunConfig:
+    """Everything but the axes."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -222,6 +172,13 @@ class AblateConfig:
     out_dir: str = "runs"
     # Modules that register options of their own (ablate/plugins.py), imported before composing.
     plugins: list[str] = field(default_factory=list)
+
+
+# The whole schema: one node per axis (first, in axis order), then the rest.
+AblateConfig = make_dataclass("AblateConfig", [
+    *((name, schema, field(default_factory=schema)) for name, schema in AXIS_SCHEMAS.items()),
+    *((f.name, get_type_hints(RunConfig)[f.name], field(default=f.default, default_factory=f.default_factory))
+      for f in fields(RunConfig))])
 
 
 def register_configs() -> None:
@@ -240,36 +197,41 @@ def axis_values(cfg: Any) -> dict[str, str]:
 
 def validate(cfg: Any) -> None:
     """Cross-key invariants; raises ConfigError naming the keys involved. Needs no torch."""
+    _check_train(cfg.train)
+    _check_model(cfg)
+    _check_run(cfg)
+    from ablate.model.spec import ModelSpec
+
+    ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants
+    from ablate.data.cache import preflight
+
+    preflight(cfg.data)  # missing data paths fail here, before a run directory exists
+
+
+def _one_of(key: str, value: Any, choices: tuple) -> None:
     from ablate.errors import ConfigError
 
-    m, t = cfg.model, cfg.train
-    positive = {
-        "model.d_model": m.d_model, "model.n_layers": m.n_layers, "model.n_heads": m.n_heads,
-        "model.max_seq_len": m.max_seq_len, "train.batch_size": t.batch_size,
-        "train.seq_len": t.seq_len, "train.grad_accum": t.grad_accum, "train.log_every": t.log_every,
-        "train.nproc": t.nproc, "train.ce_chunk": t.ce_chunk,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{key} must be a positive integer, got {value}")
+    if value not in choices:
+        raise ConfigError(f"{key} must be {', '.join(choices[:-1])} or {choices[-1]}, got '{value}'")
+
+
+def _check_train(t: Any) -> None:
+    from ablate.errors import ConfigError
+
+    for key in ("batch_size", "seq_len", "grad_accum", "log_every", "nproc", "ce_chunk"):
+        if t[key] <= 0:
+            raise ConfigError(f"train.{key} must be a positive integer, got {t[key]}")
     if t.steps < 0:
         raise ConfigError(f"train.steps must be >= 0, got {t.steps}")
     if t.lr <= 0:
         raise ConfigError(f"train.lr must be positive, got {t.lr}")
     if t.warmup_steps < 0 or t.eval_every < 0 or (t.ckpt_every or 0) < 0:
         raise ConfigError("train.warmup_steps, train.eval_every and train.ckpt_every must be >= 0")
-    if t.schedule not in ("cosine", "linear", "constant"):
-        raise ConfigError(f"train.schedule must be cosine, linear or constant, got '{t.schedule}'")
-    if t.precision not in ("auto", "fp32", "bf16"):
-        raise ConfigError(f"train.precision must be auto, fp32 or bf16, got '{t.precision}'")
-    if t.strategy not in ("ddp", "fsdp"):
-        raise ConfigError(f"train.strategy must be ddp or fsdp, got '{t.strategy}'")
-    if t.compile_backend not in COMPILE_BACKENDS:
-        raise ConfigError(f"train.compile_backend must be {', '.join(COMPILE_BACKENDS[:-1])} or "
-                          f"{COMPILE_BACKENDS[-1]}, got '{t.compile_backend}'")
-    if t.compile_mode not in COMPILE_MODES:
-        raise ConfigError(f"train.compile_mode must be {', '.join(COMPILE_MODES[:-1])} or "
-                          f"{COMPILE_MODES[-1]}, got '{t.compile_mode}'")
+    for key, choices in (("schedule", ("cosine", "linear", "constant")), ("precision", ("auto", "fp32", "bf16")),
+                         ("strategy", ("ddp", "fsdp")), ("compile_backend", COMPILE_BACKENDS),
+                         ("compile_mode", COMPILE_MODES), ("sdpa_backend", SDPA_BACKENDS),
+                         ("resume", ("auto", "never"))):
+        _one_of(f"train.{key}", t[key], choices)
     micro = t.micro_batch
     if micro is not None and micro != "auto" and (
             isinstance(micro, bool) or not isinstance(micro, int) or micro < 1
@@ -279,14 +241,21 @@ def validate(cfg: Any) -> None:
     if t.compile_mode != "default" and t.compile_backend != "inductor":
         raise ConfigError(f"train.compile_mode={t.compile_mode} is an Inductor mode; it needs "
                           f"train.compile_backend=inductor (got {t.compile_backend})")
-    if t.sdpa_backend not in SDPA_BACKENDS:
-        raise ConfigError(f"train.sdpa_backend must be {', '.join(SDPA_BACKENDS[:-1])} or "
-                          f"{SDPA_BACKENDS[-1]}, got '{t.sdpa_backend}'")
     if t.sdpa_backend == "cudnn" and t.deterministic:
         raise ConfigError("train.sdpa_backend=cudnn has no deterministic backward; with "
                           "train.deterministic=true use auto, flash, efficient or math")
-    if t.resume not in ("auto", "never"):
-        raise ConfigError(f"train.resume must be auto or never, got '{t.resume}'")
+    if t.diagnostics_every < 0:
+        raise ConfigError(f"train.diagnostics_every must be >= 0 (0 = off), got {t.diagnostics_every}")
+
+
+def _check_model(cfg: Any) -> None:
+    """The model's sizes and the axes' own keys."""
+    from ablate.errors import ConfigError
+
+    m, t = cfg.model, cfg.train
+    for key in ("d_model", "n_layers", "n_heads", "max_seq_len"):
+        if m[key] <= 0:
+            raise ConfigError(f"model.{key} must be a positive integer, got {m[key]}")
     if t.seq_len > m.max_seq_len and cfg.pos.name in ("learned", "sinusoidal"):
         raise ConfigError(
             f"train.seq_len={t.seq_len} exceeds model.max_seq_len={m.max_seq_len} with "
@@ -305,18 +274,20 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"model.ffn_multiple_of must be a positive integer, got {m.ffn_multiple_of}")
     if not m.ffn_ratio > 0:
         raise ConfigError(f"model.ffn_ratio must be positive, got {m.ffn_ratio}")
-    for key in ("seed", "data_seed"):  # numpy's and torch's seeds are unsigned 32-bit
-        if not 0 <= cfg[key] < 2**32:
-            raise ConfigError(f"{key} must be in [0, 2**32), got {cfg[key]}")
-    if cfg.logger.mode not in LOGGER_MODES:
-        raise ConfigError(f"logger.mode must be {', '.join(LOGGER_MODES[:-1])} or {LOGGER_MODES[-1]}, "
-                          f"got '{cfg.logger.mode}'")
     if m.mtp_heads < 0:
         raise ConfigError(f"model.mtp_heads must be >= 0, got {m.mtp_heads}")
     if m.mtp_heads >= t.seq_len:  # head k needs targets k positions ahead inside the window
         raise ConfigError(f"model.mtp_heads={m.mtp_heads} must be below train.seq_len={t.seq_len}")
-    if t.diagnostics_every < 0:
-        raise ConfigError(f"train.diagnostics_every must be >= 0 (0 = off), got {t.diagnostics_every}")
+
+
+def _check_run(cfg: Any) -> None:
+    """Seeds, the logger, plugins and the data split."""
+    from ablate.errors import ConfigError
+
+    for key in ("seed", "data_seed"):  # numpy's and torch's seeds are unsigned 32-bit
+        if not 0 <= cfg[key] < 2**32:
+            raise ConfigError(f"{key} must be in [0, 2**32), got {cfg[key]}")
+    _one_of("logger.mode", cfg.logger.mode, LOGGER_MODES)
     plugins = [str(name) for name in cfg.get("plugins") or []]
     for name in plugins:
         if not all(part.isidentifier() for part in name.split(".")):
@@ -327,9 +298,3 @@ def validate(cfg: Any) -> None:
         load(plugins)
     if not 0.0 < cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
-    from ablate.model.spec import ModelSpec
-
-    ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants
-    from ablate.data.cache import preflight
-
-    preflight(cfg.data)  # missing data paths fail here, before a run directory exists
