@@ -119,66 +119,54 @@ def register(app: typer.Typer) -> None:
 
         Examples: `ablate bench arch=llama --reference`, `ablate bench --axes --json`.
         """
-        from cli.common import compose_checked, fail
-
-        overrides = list(overrides or [])
-        for name, value, low in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--rounds", rounds, 1)):
-            if value < low:
-                fail(f"{name} must be >= {low}, got {value}")
-        if (axes or vs) and reference:
-            fail("--reference and --axes/--vs are separate benchmarks: pick one")
-        if clock not in ("wall", "cpu"):
-            fail(f"--clock must be wall or cpu, got '{clock}'")
-        if only and not axes:
-            fail("--only selects rows of --axes")
-        ks = _jobs_list(jobs_per_device) if jobs_per_device is not None else None
-        if ks and (reference or axes or vs or clock != "wall"):
-            fail("--jobs-per-device times whole processes by the wall clock; use it without "
-                 "--reference, --axes, --vs and --clock cpu")
-        if sweep_jobs < 1:
-            fail(f"--sweep-jobs must be >= 1, got {sweep_jobs}")
-        cfg = compose_checked(overrides, synthetic_data=True)
-        if ks:
-            _run_packing(cfg, ks, sweep_jobs, steps, warmup, json_out)
-            return
-        variants = [(v, v.split()) for v in (vs or [])]
-        for _, extra in variants:
-            compose_checked(overrides + extra, synthetic_data=True)
-
-        from ablate import bench as b
+        from cli.common import fail
         from ablate.errors import AblateError
 
         try:
-            if axes:
-                variants += [(label, extra) for label, extra in b.axis_variants(overrides)
-                             if not only or any(label.startswith(o) for o in only)]
-            if variants:
-                progress = None if json_out else (lambda label: typer.echo(f"timing {label} ...", err=True))
-                result = b.bench_variants(overrides, variants, steps=steps, warmup=warmup,
-                                          rounds=rounds, progress=progress, clock=clock)
-            else:
-                result = b.bench(cfg, steps=steps, warmup=warmup, rounds=rounds, reference=reference,
-                                 clock=clock)
+            _bench(list(overrides or []), steps, warmup, rounds, reference, axes, list(only or []),
+                   list(vs or []), clock, jobs_per_device, sweep_jobs, json_out)
         except AblateError as e:
             fail(str(e), e.exit_code)
-        if json_out:
-            typer.echo(json.dumps(result, indent=2))
-        elif variants:
-            _print_variants(result)
-        else:
-            _print_result(result)
+
+
+def _bench(overrides, steps, warmup, rounds, reference, axes, only, vs, clock, jobs_per_device, sweep_jobs,
+           json_out) -> None:
+    from ablate import bench as b
+    from ablate.compose import check_device, compose_config
+
+    ks = _jobs_list(jobs_per_device) if jobs_per_device is not None else None
+    b.check_options(steps, warmup, rounds, reference, axes, vs, only, clock, ks, sweep_jobs)
+    cfg = compose_config(overrides)
+    check_device(str(cfg.train.device))  # synthetic batches: no directory, corpus or tokenizer files
+    if ks:
+        _run_packing(cfg, ks, sweep_jobs, steps, warmup, json_out)
+        return
+    variants = [(v, v.split()) for v in vs]
+    for _, extra in variants:
+        compose_config(overrides + extra)
+    if axes:
+        variants += [(label, extra) for label, extra in b.axis_variants(overrides)
+                     if not only or any(label.startswith(o) for o in only)]
+    if variants:
+        progress = None if json_out else (lambda label: typer.echo(f"timing {label} ...", err=True))
+        result = b.bench_variants(overrides, variants, steps=steps, warmup=warmup,
+                                  rounds=rounds, progress=progress, clock=clock)
+    else:
+        result = b.bench(cfg, steps=steps, warmup=warmup, rounds=rounds, reference=reference, clock=clock)
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+    elif variants:
+        _print_variants(result)
+    else:
+        _print_result(result)
 
 
 def _jobs_list(text: str) -> list[int]:
-    from cli.common import fail
-
+    """"1,2,4" as [1, 2, 4]; [] for text that is not such a list (check_options refuses it)."""
     try:
-        ks = [int(x) for x in text.split(",") if x.strip()]
+        return list(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
     except ValueError:
-        ks = []
-    if not ks or any(k < 1 for k in ks):
-        fail(f"--jobs-per-device takes a list of integers >= 1, e.g. 1,2,4,8; got '{text}'")
-    return list(dict.fromkeys(ks))
+        return []
 
 
 def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_out: bool) -> None:

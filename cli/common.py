@@ -13,20 +13,15 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def compose_checked(overrides: list[str], prepare_data: bool = False, synthetic_data: bool = False):
+def compose_checked(overrides: list[str], prepare_data: bool = False):
     """Compose and validate a config without starting Hydra's job machinery (no directory is
     made), so bad input is refused with one line before anything is written. `prepare_data`:
-    also tokenize the corpus into the cache now, so its problems are refused the same way.
-    `synthetic_data` (bench): nothing is written and no corpus is read, so only the device is
-    checked on this machine (not the output directory, data files or tokenizer files)."""
-    from ablate.compose import check_device, compose_config, prepare_checked, preflight
+    also tokenize the corpus into the cache now, so its problems are refused the same way."""
+    from ablate.compose import compose_config, prepare_checked, preflight
     from ablate.errors import AblateError
 
     try:
         cfg = compose_config(overrides)
-        if synthetic_data:
-            check_device(str(cfg.train.device))
-            return cfg
         preflight(cfg, overrides)
         if prepare_data:
             prepare_checked(cfg)

@@ -52,28 +52,27 @@ def register(app: typer.Typer) -> None:
             if given:
                 fail(f"{', '.join(given)} apply to ablate's sweeper; hydra/sweeper={other} plans and "
                      f"runs its own jobs (set its options as hydra.sweeper.* overrides)")
+        if json_out and not dry_run:
+            fail("--json lists the jobs: use it with --dry-run")
         if not any(a.startswith("-") for a in args):
             try:
                 preflight(args, mode, seeds or 0)
             except AblateError as e:
                 fail(str(e), e.exit_code)
-        sweeper = [] if other else [f"hydra.sweeper.mode={mode}"]
-        if seeds is not None:
-            sweeper.append(f"hydra.sweeper.seeds={seeds}")
-        if strict:
-            sweeper.append("hydra.sweeper.strict=true")
-        if jobs_per_gpu is not None:
-            sweeper.append(f"hydra.sweeper.jobs_per_gpu={jobs_per_gpu}")
-        if dry_run:
-            sweeper.append("hydra.sweeper.dry_run=true")
-        if json_out:
-            if not dry_run:
-                fail("--json lists the jobs: use it with --dry-run")
-            sweeper.append("hydra.sweeper.json=true")
         # Hydra takes --cfg/--info instead of -m: show the (first) job's config, run nothing.
         inspecting = any(a in ("--cfg", "-c", "--info", "-i") or a.startswith(("--cfg=", "--info="))
                          for a in args)
-        call_hydra(args + sweeper, multirun=not inspecting)
+        call_hydra(args + sweeper_overrides(mode, seeds, strict, jobs_per_gpu, dry_run, json_out, bool(other)),
+                   multirun=not inspecting)
+
+
+def sweeper_overrides(mode: str, seeds: Optional[int], strict: bool, jobs_per_gpu: Optional[int],
+                      dry_run: bool, json_out: bool, other: bool) -> list[str]:
+    """The command's options as the ablate sweeper's hydra.sweeper.* keys (only those given)."""
+    given = {"mode": None if other else mode, "seeds": seeds, "strict": "true" if strict else None,
+             "jobs_per_gpu": jobs_per_gpu, "dry_run": "true" if dry_run else None,
+             "json": "true" if json_out else None}
+    return [f"hydra.sweeper.{k}={v}" for k, v in given.items() if v is not None]
 
 
 def other_sweeper(args: list[str]) -> str:

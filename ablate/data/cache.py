@@ -199,6 +199,27 @@ class _Progress:
             self.bar.close()
 
 
+def _split_tail(tmp: Path, all_path: Path, n_tokens: int, dtype, lengths, data_cfg: Any) -> tuple[int, int, int]:
+    """Cut the contiguous tail off as the validation split (training windows never overlap the
+    validation text): train.bin and val.bin in `tmp`. Returns (train tokens, val tokens, val bytes)."""
+    n_val = max(2, int(n_tokens * data_cfg.val_fraction))
+    n_train = n_tokens - n_val
+    if n_train < 2:
+        raise DataError(f"data={data_cfg.name}: the corpus has only {n_tokens} tokens, too few to "
+                        "split into training and validation; add data")
+    tokens = np.memmap(all_path, dtype=dtype, mode="r")
+    val_bytes = 0
+    with (tmp / "val.bin").open("wb") as out:  # in chunks: a 5% tail can be gigabytes
+        for i in range(n_train, n_tokens, _COPY_CHUNK):
+            part = np.asarray(tokens[i:min(i + _COPY_CHUNK, n_tokens)])
+            part.tofile(out)
+            val_bytes += int(lengths[part].sum())
+    del tokens
+    os.truncate(all_path, n_train * dtype.itemsize)
+    os.replace(all_path, tmp / "train.bin")
+    return n_train, n_val, val_bytes
+
+
 def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> dict:
     """Stream documents -> token ids with an end-of-text after each document, appended to one
     file (memory stays bounded); then cut the contiguous tail off as the validation split."""
@@ -236,22 +257,7 @@ def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> di
     bar.close()
     if n_docs == 0:
         raise DataError(f"data={data_cfg.name}: the corpus is empty (no text found)")
-    # Contiguous tail split: training windows never overlap the validation text.
-    n_val = max(2, int(n_tokens * data_cfg.val_fraction))
-    n_train = n_tokens - n_val
-    if n_train < 2:
-        raise DataError(f"data={data_cfg.name}: the corpus has only {n_tokens} tokens, too few to "
-                        "split into training and validation; add data")
-    tokens = np.memmap(all_path, dtype=dtype, mode="r")
-    val_bytes = 0
-    with (tmp / "val.bin").open("wb") as out:  # in chunks: a 5% tail can be gigabytes
-        for i in range(n_train, n_tokens, _COPY_CHUNK):
-            part = np.asarray(tokens[i:min(i + _COPY_CHUNK, n_tokens)])
-            part.tofile(out)
-            val_bytes += int(lengths[part].sum())
-    del tokens
-    os.truncate(all_path, n_train * dtype.itemsize)
-    os.replace(all_path, tmp / "train.bin")
+    n_train, n_val, val_bytes = _split_tail(tmp, all_path, n_tokens, dtype, lengths, data_cfg)
     np.save(tmp / BYTE_LENGTHS, lengths)
     return {
         "source": data_cfg.name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
