@@ -70,6 +70,8 @@ def _compare(paths, metric, baseline, where, allow_mixed, fmt, per_seed, plot, p
         check_plot_path(plot)
     if not paths and not Path("runs").is_dir():
         raise AblateError("give run or sweep directories (there is no ./runs here)")
+    if _compare_transfer(paths or [Path("runs")], baseline, alpha, where, fmt, plot, json_out):
+        return
     rows = compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha,
                         where=where, allow_mixed=allow_mixed)
     if json_out:
@@ -90,3 +92,31 @@ def _compare(paths, metric, baseline, where, allow_mixed, fmt, per_seed, plot, p
         diag_plot = plot_comparison_diagnostics(rows, plot)  # runs with train.diagnostics_every
         if diag_plot:
             typer.echo(f"plot: {diag_plot}", err=quiet)
+
+
+def _compare_transfer(paths, baseline, alpha, where, fmt, plot, json_out) -> bool:
+    """An --lr-grid or --ladder sweep's report (ablate/analysis/transfer_report.py); False for
+    other runs."""
+    from ablate.analysis.checks import filter_runs
+    from ablate.analysis.load import find_runs
+    from ablate.analysis.transfer_report import find_transfer, render, transfer_compare, transfer_record
+
+    if not find_transfer(paths):
+        return False
+    runs = find_runs(paths)
+    runs = filter_runs(runs, where) if where else runs
+    record = transfer_record(runs)
+    if record is None:
+        return False
+    report = transfer_compare(runs, record, baseline, alpha)
+    if json_out:
+        from ablate.analysis.render import to_json
+
+        typer.echo(to_json(report.rows))
+    else:
+        typer.echo(render(report, fmt), nl=False)
+    if plot is not None:
+        from ablate.tracking.transfer_plots import plot_transfer
+
+        typer.echo(f"plot: {plot_transfer(report, plot)}", err=json_out or fmt != "table")
+    return True

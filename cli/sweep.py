@@ -22,6 +22,8 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs (overrides per job; with launcher=slurm, the sbatch script); run nothing."),
         json_out: bool = typer.Option(False, "--json", help="With --dry-run: a JSON list of the jobs' override lists."),
         strict: bool = typer.Option(False, "--strict", help="Exit non-zero if any job failed, diverged or did not finish."),
+        lr_grid: Optional[str] = typer.Option(None, "--lr-grid", help="LO:HI:N: every variant at N log-spaced learning rates (seed 0), then --seeds K of each at its own best LR; compare reports best_lr, lr_sensitivity and tuned_delta."),
+        ladder: Optional[str] = typer.Option(None, "--ladder", help="Every variant on every rung of a model ladder (conf/ladder/NAME.yaml: cpu, gpu; or a .yaml file); compare reports the compute multiplier."),
         jobs_per_gpu: Optional[int] = typer.Option(None, "--jobs-per-gpu", help="Run K jobs at once on each GPU (on a CPU-only machine: K processes sharing the cores), each with its share of the CPU threads; for small models that leave a GPU idle. Needs launcher=joblib, submitit_local or slurm (there: K jobs per array task)."),
     ) -> None:
         """Run many variants, e.g. `ablate sweep norm=layernorm,rmsnorm act=gelu,swiglu --seeds 3`.
@@ -35,10 +37,11 @@ def register(app: typer.Typer) -> None:
         """
         from ablate.errors import AblateError
         from ablate.sweep import check_options, preflight
+        from ablate.overrides import quote
         from cli.common import call_hydra, check_flags, fail
 
         try:
-            check_options(mode, seeds, jobs_per_gpu)
+            check_options(mode, seeds, jobs_per_gpu, lr_grid, ladder)
         except AblateError as e:
             fail(str(e), e.exit_code)
         args = list(ctx.args)
@@ -47,7 +50,8 @@ def register(app: typer.Typer) -> None:
         if other:  # its own options are hydra.sweeper.* overrides; ablate's do not exist there
             given = [flag for flag, on in (("--mode", mode != "ofat"), ("--seeds", seeds is not None),
                                            ("--dry-run", dry_run), ("--json", json_out),
-                                           ("--strict", strict),
+                                           ("--strict", strict), ("--lr-grid", lr_grid is not None),
+                                           ("--ladder", ladder is not None),
                                            ("--jobs-per-gpu", jobs_per_gpu is not None)) if on]
             if given:
                 fail(f"{', '.join(given)} apply to ablate's sweeper; hydra/sweeper={other} plans and "
@@ -62,16 +66,15 @@ def register(app: typer.Typer) -> None:
         # Hydra takes --cfg/--info instead of -m: show the (first) job's config, run nothing.
         inspecting = any(a in ("--cfg", "-c", "--info", "-i") or a.startswith(("--cfg=", "--info="))
                          for a in args)
-        call_hydra(args + sweeper_overrides(mode, seeds, strict, jobs_per_gpu, dry_run, json_out, bool(other)),
-                   multirun=not inspecting)
+        given = {"mode": None if other else mode, "seeds": seeds, "strict": "true" if strict else None,
+                 "jobs_per_gpu": jobs_per_gpu, "dry_run": "true" if dry_run else None,
+                 "json": "true" if json_out else None, "lr_grid": lr_grid and quote(lr_grid),
+                 "ladder": ladder and quote(ladder)}
+        call_hydra(args + sweeper_overrides(given), multirun=not inspecting)
 
 
-def sweeper_overrides(mode: str, seeds: Optional[int], strict: bool, jobs_per_gpu: Optional[int],
-                      dry_run: bool, json_out: bool, other: bool) -> list[str]:
+def sweeper_overrides(given: dict) -> list[str]:
     """The command's options as the ablate sweeper's hydra.sweeper.* keys (only those given)."""
-    given = {"mode": None if other else mode, "seeds": seeds, "strict": "true" if strict else None,
-             "jobs_per_gpu": jobs_per_gpu, "dry_run": "true" if dry_run else None,
-             "json": "true" if json_out else None}
     return [f"hydra.sweeper.{k}={v}" for k, v in given.items() if v is not None]
 
 

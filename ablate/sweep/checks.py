@@ -16,12 +16,17 @@ from ablate.sweep.placement import check_jobs_per_gpu
 from ablate.sweep.planning import Job, check_mode, check_seeds, parse, plan
 
 
-def check_options(mode: str, seeds: Optional[int], jobs_per_gpu: Optional[int]) -> None:
-    """The sweep's own options, as `ablate sweep` takes them (--mode, --seeds, --jobs-per-gpu;
-    None: not given)."""
+def check_options(mode: str, seeds: Optional[int], jobs_per_gpu: Optional[int],
+                  lr_grid: Optional[str] = None, ladder: Optional[str] = None) -> None:
+    """The sweep's own options, as `ablate sweep` takes them (--mode, --seeds, --jobs-per-gpu,
+    --lr-grid, --ladder; None: not given)."""
     check_mode(mode)
     check_seeds(seeds)
     check_jobs_per_gpu(jobs_per_gpu)
+    if lr_grid is not None or ladder is not None:
+        from ablate.sweep.transfer import check_transfer
+
+        check_transfer(lr_grid, ladder)
 
 
 def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> list[Job]:
@@ -80,16 +85,18 @@ def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:
         data_preflight(config.data, config.tokenizer.name)
 
 
-def check_jobs(jobs: Sequence[Job], load: Callable[[Job], Any], launcher: Launcher) -> tuple[list, list]:
+def check_jobs(jobs: Sequence[Job], load: Callable[[Job], Any], launcher: Launcher,
+               start: int = 0) -> tuple[list, list]:
     """Every job's config, composed by `load`, and its run directory, checked by check_job; the
-    first bad job refuses the sweep (an AblateError naming it). Returns (configs, run dirs)."""
+    first bad job refuses the sweep (an AblateError naming it). Jobs are numbered from `start`
+    (a sweep's second phase). Returns (configs, run dirs)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from ablate.compose import hydra_message
 
     configs, run_dirs = [], []
-    for i, job in enumerate(jobs):
+    for i, job in enumerate(jobs, start):
         try:
             config = load(job)
             run_dir = job_dir(config, i)

@@ -34,10 +34,12 @@ class Job:
     variant: str = "baseline"
     seed: Optional[int] = None
     note: str = ""  # shown by --dry-run under the job (e.g. which keys a preset sets)
+    tag: str = ""  # an LR grid point or a ladder rung (ablate/sweep/transfer.py)
 
     @property
     def name(self) -> str:
-        return self.variant if self.seed is None else f"{self.variant}_seed{self.seed}"
+        name = f"{self.variant}_{self.tag}" if self.tag else self.variant
+        return name if self.seed is None else f"{name}_seed{self.seed}"
 
 
 @dataclass

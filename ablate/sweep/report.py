@@ -126,7 +126,7 @@ class Progress:
     def report(self, r: JobResult, seconds: Optional[float] = None) -> None:
         """Print the job's line; `seconds`: how long it took (None: its summary's wall time)."""
         if seconds is None:
-            seconds = _summary_value(r.run_dir, "wall_time_s")
+            seconds = summary_value(r.run_dir, "wall_time_s")
         print(self.line(r, seconds), file=self.out or sys.stdout, flush=True)
 
 
@@ -154,13 +154,13 @@ def quiet_launcher_logs(verbose: Any):
             lg.setLevel(level)
 
 
-def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False) -> int:
+def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False, logger: Any = None) -> int:
     """Print the comparison (or a status list) and the jobs that did not finish; the sweep's
     exit code: non-zero when no job finished (130 when it was stopped by a signal), and with
     `strict` also when any job failed, diverged or did not finish."""
     write_record(results, sweep_dir)
     done = [r for r in results if r.status in FINISHED]
-    printed = _print_compare(sweep_dir) if done else False
+    printed = _print_compare(sweep_dir, logger) if done else False
     if not printed:
         for i, r in enumerate(results):
             print(f"  #{i} {r.job.name:<28} {r.status:<11} {_final_loss(r):<9} {r.run_dir or ''}")
@@ -210,7 +210,7 @@ def _summary(run_dir: Optional[str]) -> dict:
     return summary if isinstance(summary, dict) else {}
 
 
-def _summary_value(run_dir: Optional[str], key: str) -> Optional[float]:
+def summary_value(run_dir: Optional[str], key: str) -> Optional[float]:
     v = _summary(run_dir).get(key)
     return v if isinstance(v, (int, float)) else None
 
@@ -218,20 +218,47 @@ def _summary_value(run_dir: Optional[str], key: str) -> Optional[float]:
 def _final_loss(r: JobResult) -> str:
     """The job's final val_loss; `-` for a job that has none (diverged, stopped, failed): the loss
     a diverged run measured before diverging is not its result."""
-    v = _summary_value(r.run_dir, "val_loss") if r.status == "completed" else None
+    v = summary_value(r.run_dir, "val_loss") if r.status == "completed" else None
     return f"{v:.4f}" if v is not None else "-"
 
 
-def _print_compare(sweep_dir: Path) -> bool:
-    """`ablate compare` of the sweep directory: the one place the end of a sweep calls compare."""
+def _print_compare(sweep_dir: Path, logger: Any = None) -> bool:
+    """`ablate compare` of the sweep directory: the one place the end of a sweep calls compare
+    (an --lr-grid or --ladder sweep: its transfer report, also to W&B with logger=wandb)."""
     try:
         from ablate.analysis import compare_dirs
         from ablate.analysis.render import print_comparison
     except ImportError:
         return False
     try:
-        print_comparison(compare_dirs([sweep_dir]))
+        from ablate.rundir import read_transfer
+
+        record = read_transfer(sweep_dir)
+        if record is not None:
+            from ablate.analysis.load import find_runs
+            from ablate.analysis.transfer_report import render, transfer_compare
+
+            report = transfer_compare(find_runs([sweep_dir]), record)
+            print(render(report, "table"), end="")
+            _log_report(report, sweep_dir, logger)
+        else:
+            print_comparison(compare_dirs([sweep_dir]))
     except Exception as e:  # noqa: BLE001 - the runs are done; a report problem must not hide them
         print(f"warning: could not compare the sweep's runs ({type(e).__name__}: {e})", file=sys.stderr)
         return False
     return True
+
+
+def _log_report(report, sweep_dir: Path, logger: Any) -> None:
+    """The transfer report's figure (<sweep_dir>/transfer.png) and, with logger=wandb, the report
+    in the sweep's W&B group."""
+    from ablate.tracking.transfer_plots import plot_transfer
+
+    plot = plot_transfer(report, Path(sweep_dir) / "transfer.png")
+    print(f"plot: {plot}")
+    if logger is not None and logger.get("name") == "wandb" and logger.get("mode") != "disabled":
+        from ablate.tracking.transfer_wandb import log_report
+
+        where = log_report(logger, sweep_dir, report, plot)
+        if where:
+            print(f"W&B: the report is in {where}")

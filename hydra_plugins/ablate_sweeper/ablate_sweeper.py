@@ -38,6 +38,8 @@ class AblateSweeperConf:
     # K jobs share each GPU (or the CPU): the launcher runs K x GPUs at once, each job placed on
     # GPU (job number mod GPUs) with its share of the cores (ablate/sweep/placement.py).
     jobs_per_gpu: Optional[int] = None
+    lr_grid: Optional[str] = None  # LO:HI:N: every variant at N LRs, then the seeds at its best
+    ladder: Optional[str] = None  # every variant on every rung of conf/ladder/NAME.yaml
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="ablate", node=AblateSweeperConf,
@@ -47,9 +49,11 @@ ConfigStore.instance().store(group="hydra/sweeper", name="ablate", node=AblateSw
 class AblateSweeper(Sweeper):
     def __init__(self, mode: str = "ofat", seeds: int = 0, jobs: Optional[List[Any]] = None,
                  dry_run: bool = False, json: bool = False, max_batch_size: Optional[int] = None,
-                 strict: bool = False, jobs_per_gpu: Optional[int] = None):
+                 strict: bool = False, jobs_per_gpu: Optional[int] = None,
+                 lr_grid: Optional[str] = None, ladder: Optional[str] = None):
         self.mode, self.seeds, self.dry_run, self.as_json = mode, seeds, dry_run, json
         self.strict, self.jobs_per_gpu = strict, jobs_per_gpu
+        self.lr_grid, self.ladder = lr_grid, ladder
         self.jobs = OmegaConf.to_container(jobs, resolve=True) if OmegaConf.is_config(jobs) else jobs
         self.max_batch_size = max_batch_size
         self.config: Optional[DictConfig] = None
@@ -66,11 +70,17 @@ class AblateSweeper(Sweeper):
         from ablate.sweep.launchers import launcher_of
         from ablate.sweep.placement import check_jobs_per_gpu, check_launcher_packs
         from ablate.sweep.planning import plan
+        from ablate.sweep.report import Progress, finish
 
         assert self.config is not None and self.hydra_context is not None
         kind = launcher_of(self.config)
+        transfer = None
         with _refusing(""):
-            jobs = plan(arguments, self.mode, self.seeds, self.jobs)
+            if self.lr_grid or self.ladder:
+                transfer = self._transfer_plan(arguments)
+                jobs = transfer.jobs
+            else:
+                jobs = plan(arguments, self.mode, self.seeds, self.jobs)
             check_jobs_per_gpu(self.jobs_per_gpu)
             if self.jobs_per_gpu:  # before any data is prepared
                 check_launcher_packs(kind)
@@ -81,12 +91,43 @@ class AblateSweeper(Sweeper):
             # every job is valid, or nothing runs; a dry run refuses what the sweep would
             configs, run_dirs = check_jobs(jobs, self._load, kind)
             packing = self._packing(configs) if self.jobs_per_gpu else None
+            if transfer is not None and not self.dry_run:
+                transfer.record_in(sweep_dir)
         if self.dry_run:
-            self._print_dry_run(jobs, sweep_dir, kind, packing, configs[0])
+            self._print_dry_run(jobs, sweep_dir, kind, packing, configs[0], transfer)
             return []
         if kind.local:
             self._prepare_data(jobs, configs)
-        return self._launch(jobs, configs, run_dirs, sweep_dir, kind, packing)
+        progress = Progress(len(jobs) + (transfer.later if transfer else 0))
+        results = self._launch(jobs, configs, run_dirs, sweep_dir, kind, packing, progress)
+        if transfer is not None and transfer.later and not _stopped(results, kind):
+            more = transfer.next_jobs(results)
+            with _refusing():
+                configs, run_dirs = check_jobs(more, self._load, kind, start=len(jobs))
+                packing = self._packing(configs) if self.jobs_per_gpu else None
+            results += self._launch(more, configs, run_dirs, sweep_dir, kind, packing, progress,
+                                    start=len(jobs))
+        code = finish(results, sweep_dir, self.strict, self.config.logger if transfer else None)
+        if code:
+            raise SystemExit(code)
+        return results
+
+    def _transfer_plan(self, arguments: List[str]):
+        """An --lr-grid or --ladder sweep's plan (ablate/sweep/transfer.py); the ladder's steps
+        come from the baseline's parameters at each rung, composed here."""
+        from ablate.model.spec import ModelSpec, non_embedding_params
+        from ablate.sweep.transfer import Rung, TransferPlan
+
+        def plan_rung(baseline, rung: Rung):
+            cfg = self._load(type(baseline)(baseline.overrides + rung.overrides()))
+            return (non_embedding_params(ModelSpec.from_config(cfg)),
+                    int(cfg.train.batch_size) * int(cfg.train.seq_len))
+
+        def base_lr(variant) -> float:
+            return float(self._load(variant).train.lr)
+
+        return TransferPlan.make(arguments, self.mode, self.seeds, self.jobs, self.lr_grid,
+                                 self.ladder, plan_rung, base_lr)
 
     def _load(self, job) -> DictConfig:
         """A job's composed config (with its hydra node), as the launcher will compose it."""
@@ -101,14 +142,17 @@ class AblateSweeper(Sweeper):
             plan_packing(self.jobs_per_gpu, self.config, cfg)
         return plan_packing(self.jobs_per_gpu, self.config, configs[0])
 
-    def _print_dry_run(self, jobs, sweep_dir: Path, kind, packing, first: DictConfig) -> None:
+    def _print_dry_run(self, jobs, sweep_dir: Path, kind, packing, first: DictConfig, transfer) -> None:
         from ablate.sweep.placement import placement
         from ablate.sweep.planning import print_plan
 
         mode = "study" if self.jobs else self.mode
-        print_plan(jobs, self.as_json, f"{mode} sweep: {len(jobs)} jobs -> {sweep_dir}")
+        header = transfer.header(len(jobs), sweep_dir) if transfer else f"{mode} sweep: {len(jobs)} jobs -> {sweep_dir}"
+        print_plan(jobs, self.as_json, header)
         if self.as_json:
             return
+        if transfer is not None and transfer.later:
+            print(transfer.then())
         if packing is not None:
             placed = placement(packing, 0, first)
             print(f"placement: {packing.describe()}; job #0 adds {' '.join(placed) or 'nothing'}"
@@ -117,9 +161,10 @@ class AblateSweeper(Sweeper):
             params = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
             print(kind.preview(params, len(jobs), self.max_batch_size, packing))
 
-    def _launch(self, jobs, configs, run_dirs, sweep_dir: Path, kind, packing) -> Any:
-        """Hand the jobs to the launcher, a batch at a time: a line per job as it ends, the
-        report at the end."""
+    def _launch(self, jobs, configs, run_dirs, sweep_dir: Path, kind, packing, progress,
+                start: int = 0) -> list:
+        """Hand the jobs (numbered from `start`) to the launcher, a batch at a time, with a line
+        per job as it ends; their results."""
         from hydra.core.plugins import Plugins
 
         from ablate.sweep import report as R
@@ -128,11 +173,13 @@ class AblateSweeper(Sweeper):
         batches = [_job_overrides(j) for j in jobs]
         packed = False
         if packing is not None:
-            batches = [b + placement(packing, i, cfg) for i, (b, cfg) in enumerate(zip(batches, configs))]
+            batches = [b + placement(packing, start + i, cfg)
+                       for i, (b, cfg) in enumerate(zip(batches, configs))]
             packed = pack_launcher(self.config.hydra.launcher, kind, packing)
             print(f"sweep: {packing.describe()}", flush=True)
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
+        if self.launcher is None:
+            self.launcher = Plugins.instance().instantiate_launcher(
+                hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         # In-process launchers get one job at a time, so a Ctrl-C or SIGTERM (which stops the
@@ -140,23 +187,20 @@ class AblateSweeper(Sweeper):
         size = self.max_batch_size or (1 if kind.sequential else len(batches))
         # a packed task returns its group's results: its jobs are read from their directories
         collect = kind.submitit and not packed
-        results, progress = [], R.Progress(len(jobs))
+        results: list = []
         print(f"sweep: {len(jobs)} jobs -> {sweep_dir}", flush=True)
-        for start in range(0, len(batches), size):
-            end = start + size
-            if kind.sequential and any(r.status in R.STOPPED for r in results):
-                results += [R.JobResult(j, "not run") for j in jobs[start:end]]
+        for first in range(0, len(batches), size):
+            end = first + size
+            if _stopped(results, kind):
+                results += [R.JobResult(j, "not run") for j in jobs[first:end]]
                 continue
             began = time.monotonic()
-            chunk = self._launch_batch(batches[start:end], start, jobs[start:end], run_dirs[start:end],
-                                       collect)
+            chunk = self._launch_batch(batches[first:end], start + first, jobs[first:end],
+                                       run_dirs[first:end], collect)
             took = time.monotonic() - began if len(chunk) == 1 else None  # the launch's time is the job's
             for r in chunk:
                 results.append(r)
                 progress.report(r, took)
-        code = R.finish(results, sweep_dir, self.strict)
-        if code:
-            raise SystemExit(code)
         return results
 
     def _launch_batch(self, batch, start: int, jobs, run_dirs, collect: bool) -> list:
@@ -202,6 +246,13 @@ class AblateSweeper(Sweeper):
                     prepare_checked(cfg)  # tokenized once, and holds one batch
                 except AblateError as e:
                     raise type(e)(f"job #{i} ({job.name}): {e}") from None
+
+
+def _stopped(results: list, kind) -> bool:
+    """A sequential launcher's job was stopped by a signal: the sweep stops there."""
+    from ablate.vocab import STOPPED
+
+    return kind.sequential and any(r.status in STOPPED for r in results)
 
 
 @contextlib.contextmanager

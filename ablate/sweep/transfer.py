@@ -1,0 +1,277 @@
+"""Sweeps whose answers should transfer: each variant at its own learning rate (`--lr-grid`) and
+each variant on every rung of a model ladder (`--ladder`).
+
+--lr-grid LO:HI:N  phase 1 runs every variant at N log-spaced learning rates, seed 0; phase 2
+                   runs seeds 1..K-1 of each variant at its own best LR of phase 1 (seed 0 there
+                   is phase 1's run, so no job runs twice). Seeds stay paired as in any sweep.
+--ladder NAME      every variant on every rung of conf/ladder/NAME.yaml (or a .yaml path): the
+                   rung sets width, depth and heads together, the steps follow the ladder's
+                   tokens-per-parameter rule (the baseline's non-embedding parameters at that
+                   rung) and the learning rate its width rule.
+The sweep directory's transfer.json says which of the two a sweep is; `ablate compare` reads it
+to report best_lr, lr_sensitivity, tuned_delta (ablate/analysis/tuned.py) or the compute
+multiplier (ablate/analysis/ladder.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ablate.errors import ConfigError
+from ablate.rundir import TRANSFER, read_transfer
+from ablate.sweep.planning import SEED_KEY, Job, Parsed
+
+LR_KEY = "train.lr"
+LADDER_KEYS = ("model.d_model", "model.n_layers", "model.n_heads")
+
+
+def lr_tag(lr: float) -> str:
+    return f"lr{lr:g}"
+
+
+# ---- --lr-grid ----------------------------------------------------------------------------------
+def grid_jobs(variants: Sequence[Job], grid: Sequence[float]) -> list[Job]:
+    """Phase 1: every variant at every grid LR, seed 0 (the LR is the last override but the seed,
+    so it wins over a fixed train.lr)."""
+    return [dataclasses.replace(v, overrides=v.overrides + [f"{LR_KEY}={lr:g}", f"{SEED_KEY}=0"],
+                                seed=0, tag=lr_tag(lr))
+            for v in variants for lr in grid]
+
+
+def best_lrs(results: Sequence[Any], read_loss: Callable[[Optional[str]], Optional[float]]) -> dict[str, tuple[float, float]]:
+    """variant -> (its best grid LR, the loss there), from phase 1's results (JobResult: a job and
+    its run dir). A variant whose grid runs all diverged or failed is left out."""
+    best: dict[str, tuple[float, float]] = {}
+    for r in results:
+        loss = read_loss(r.run_dir) if r.status == "completed" else None
+        if loss is None or not math.isfinite(loss):
+            continue
+        lr = float(r.job.tag.removeprefix("lr"))
+        if r.job.variant not in best or loss < best[r.job.variant][1]:
+            best[r.job.variant] = (lr, loss)
+    return best
+
+
+def tuned_jobs(variants: Sequence[Job], best: dict[str, tuple[float, float]], seeds: int) -> list[Job]:
+    """Phase 2: seeds 1..seeds-1 of each variant at its best LR (seed 0 ran there in phase 1)."""
+    return [dataclasses.replace(v, overrides=v.overrides + [f"{LR_KEY}={best[v.variant][0]:g}",
+                                                           f"{SEED_KEY}={s}"],
+                                seed=s, tag=lr_tag(best[v.variant][0]))
+            for v in variants if v.variant in best for s in range(1, seeds)]
+
+
+# ---- --ladder -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+
+    def overrides(self) -> list[str]:
+        return [f"{k}={v}" for k, v in zip(LADDER_KEYS, (self.d_model, self.n_layers, self.n_heads))]
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """A named model ladder. tokens_per_param: training tokens per non-embedding parameter of
+    the baseline at each rung (every variant trains on the same tokens). lr_rule "width": the
+    LR scales as base_lr * base_width / d_model (wider models take smaller steps, as muP's
+    hidden-layer rule for Adam); "fixed": base_lr on every rung."""
+
+    name: str
+    rungs: tuple
+    tokens_per_param: float
+    base_lr: float
+    base_width: int
+    lr_rule: str = "width"
+    warmup_fraction: float = 0.1  # of each rung's steps
+
+    def warmup(self, steps: int) -> int:
+        return math.ceil(self.warmup_fraction * steps)
+
+    def lr(self, rung: Rung) -> float:
+        lr = self.base_lr * self.base_width / rung.d_model if self.lr_rule == "width" else self.base_lr
+        return float(f"{lr:.3g}")
+
+    def steps(self, params: int, tokens_per_step: int) -> int:
+        return max(1, math.ceil(self.tokens_per_param * params / tokens_per_step))
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["rungs"] = [dataclasses.asdict(r) for r in self.rungs]
+        return d
+
+
+def load_ladder(name: str) -> Ladder:
+    """conf/ladder/NAME.yaml, or a .yaml file; the rungs must grow (width, depth and heads never
+    shrink, and each rung is larger than the one before)."""
+    import yaml
+
+    from ablate.axes import CONF_DIR
+
+    path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "ladder" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONF_DIR / "ladder").glob("*.yaml"))
+        raise ConfigError(f"--ladder {name}: no such ladder; choose one of {', '.join(known)} "
+                          "or give a .yaml file")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        rungs = tuple(Rung(str(r["name"]), int(r["d_model"]), int(r["n_layers"]), int(r["n_heads"]))
+                      for r in doc["rungs"])
+        ladder = Ladder(path.stem, rungs, float(doc["tokens_per_param"]), float(doc["base_lr"]),
+                        int(doc["base_width"]), str(doc.get("lr_rule", "width")),
+                        float(doc.get("warmup_fraction", 0.1)))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"--ladder {name}: {path} is not a ladder ({type(e).__name__}: {e}); it "
+                          "needs rungs [{name, d_model, n_layers, n_heads}], tokens_per_param, "
+                          "base_lr and base_width") from None
+    check_ladder(ladder)
+    return ladder
+
+
+def check_ladder(ladder: Ladder) -> None:
+    if ladder.lr_rule not in ("width", "fixed"):
+        raise ConfigError(f"ladder {ladder.name}: lr_rule must be width or fixed, got {ladder.lr_rule}")
+    if len(ladder.rungs) < 2:
+        raise ConfigError(f"ladder {ladder.name}: a ladder needs at least 2 rungs")
+    if ladder.tokens_per_param <= 0 or ladder.base_lr <= 0 or not 0 <= ladder.warmup_fraction < 1:
+        raise ConfigError(f"ladder {ladder.name}: tokens_per_param and base_lr must be positive and "
+                          "warmup_fraction in [0, 1)")
+    for a, b in zip(ladder.rungs, ladder.rungs[1:]):
+        size_a, size_b = (a.d_model, a.n_layers, a.n_heads), (b.d_model, b.n_layers, b.n_heads)
+        if any(y < x for x, y in zip(size_a, size_b)) or size_a == size_b:
+            raise ConfigError(f"ladder {ladder.name}: its rungs do not grow ({a.name} {size_a} -> "
+                              f"{b.name} {size_b} as d_model, n_layers, n_heads); order them "
+                              "smallest first, each larger than the last")
+
+
+def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Rung], tuple[int, int]],
+                seeds: Sequence[int]) -> tuple[list[Job], list[dict]]:
+    """Every variant on every rung (smallest first) with every seed. plan_rung(rung) -> (the
+    baseline's non-embedding params there, tokens per step). Returns (jobs, the rung table)."""
+    table, jobs = [], []
+    for rung in ladder.rungs:
+        params, per_step = plan_rung(rung)
+        steps, lr = ladder.steps(params, per_step), ladder.lr(rung)
+        table.append({**dataclasses.asdict(rung), "params": params, "steps": steps,
+                      "tokens": steps * per_step, "lr": lr})
+        fixed = rung.overrides() + [f"train.steps={steps}", f"train.warmup_steps={ladder.warmup(steps)}",
+                                    f"{LR_KEY}={lr:g}"]
+        for v in variants:
+            for s in seeds or [None]:
+                jobs.append(dataclasses.replace(
+                    v, overrides=v.overrides + fixed + ([f"{SEED_KEY}={s}"] if s is not None else []),
+                    seed=s, tag=rung.name))
+    return jobs, table
+
+
+# ---- the sweep's record -------------------------------------------------------------------------
+def write_transfer(sweep_dir: Path, record: dict) -> None:
+    """transfer.json, written before the first job: a re-run with another grid or ladder into the
+    same directory is refused (its jobs would be other experiments)."""
+    from ablate.rundir import write_json
+
+    path = Path(sweep_dir) / TRANSFER
+    old = read_transfer(path.parent)
+    if old is not None and old != json.loads(json.dumps(record)):
+        what = "grid" if record.get("kind") == "lr_grid" else "ladder"
+        raise ConfigError(f"{path} records another {old.get('kind')} sweep than this {what}; "
+                          "sweep into a new hydra.sweep.dir")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, record)
+
+
+
+def check_transfer(lr_grid: Optional[str], ladder: Optional[str]) -> tuple[list[float], Optional[Ladder]]:
+    """--lr-grid and --ladder as given: (the grid, the ladder); one line on bad input."""
+    if lr_grid and ladder:
+        raise ConfigError("--lr-grid and --ladder together are not supported yet: run the "
+                          "ladder (its LR follows the ladder's width rule), or a grid per size")
+    if not lr_grid:
+        return [], load_ladder(ladder) if ladder else None
+    from ablate.analysis.transfer import parse_lr_grid
+
+    return parse_lr_grid(lr_grid), None
+
+
+# ---- the plan the sweeper runs ------------------------------------------------------------------
+def _set_keys(p: Parsed) -> set[str]:
+    return {o.lstrip("+~").split("=", 1)[0] for o in p.fixed} | {k.lstrip("+~") for k, _ in p.swept}
+
+
+@dataclass
+class TransferPlan:
+    """jobs: what runs first; later: how many jobs a second phase adds (the LR grid's seeds at
+    each variant's best LR); record: transfer.json."""
+
+    jobs: list
+    variants: list
+    record: dict
+    seeds: int
+    later: int = 0
+
+    @classmethod
+    def make(cls, arguments: Sequence[str], mode: str, seeds: int, explicit: Any,
+             lr_grid: Optional[str], ladder: Optional[str],
+             plan_rung: Callable[[Job, Rung], tuple[int, int]],
+             base_lr: Callable[[Job], float]) -> "TransferPlan":
+        from ablate.sweep.planning import parse, plan
+
+        grid, lad = check_transfer(lr_grid, ladder)
+        p = parse(arguments)
+        if p.seeds:
+            raise ConfigError("with --lr-grid or --ladder give seeds as --seeds N, not seed=...")
+        variants = plan(arguments, mode, 0, explicit)
+        if grid:
+            if LR_KEY in _set_keys(p):
+                raise ConfigError(f"--lr-grid sets {LR_KEY} for every job; do not set it too")
+            k = max(seeds, 1)
+            record = {"kind": "lr_grid", "grid": grid, "seeds": k, "shared_lr": base_lr(variants[0])}
+            return cls(grid_jobs(variants, grid), variants, record, k, len(variants) * (k - 1))
+        clash = _set_keys(p) & {*LADDER_KEYS, "train.steps", "train.warmup_steps", LR_KEY}
+        if clash:
+            raise ConfigError(f"--ladder {lad.name} sets {', '.join(sorted(clash))} on each rung; "
+                              "do not set it too (edit the ladder file instead)")
+        jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(variants[0], rung),
+                                  list(range(seeds)))
+        record = {"kind": "ladder", "ladder": lad.as_dict(), "rungs": table, "seeds": seeds}
+        return cls(jobs, variants, record, seeds)
+
+    def header(self, n: int, sweep_dir: Path) -> str:
+        r = self.record
+        if r["kind"] == "lr_grid":
+            return (f"lr-grid sweep: {len(self.variants)} variants x {len(r['grid'])} learning rates "
+                    f"({', '.join(f'{x:g}' for x in r['grid'])}), seed 0: {n} jobs -> {sweep_dir}")
+        rungs = "".join(f"\n  {t['name']}: d_model {t['d_model']}, {t['n_layers']} layers, "
+                        f"{t['n_heads']} heads, {t['params']:,} non-embedding params, {t['steps']} steps "
+                        f"({t['tokens']:,} tokens), lr {t['lr']:g}" for t in r["rungs"])
+        return (f"ladder {r['ladder']['name']} sweep: {len(self.variants)} variants x "
+                f"{len(r['rungs'])} rungs x {max(self.seeds, 1)} seeds: {n} jobs -> {sweep_dir}\n"
+                f"rungs ({r['ladder']['tokens_per_param']:g} tokens per non-embedding parameter of "
+                f"the baseline):{rungs}")
+
+    def then(self) -> str:
+        return (f"then: seeds 1..{self.seeds - 1} of each variant at its own best LR of the grid: "
+                f"{self.later} jobs")
+
+    def record_in(self, sweep_dir: Path) -> None:
+        write_transfer(sweep_dir, self.record)
+
+    def next_jobs(self, results: Sequence[Any]) -> list[Job]:
+        """The second phase, from the first phase's results."""
+        import sys
+
+        from ablate.sweep.report import summary_value
+
+        best = best_lrs(results, lambda d: summary_value(d, "val_loss"))
+        lost = [v.variant for v in self.variants if v.variant not in best]
+        if lost:
+            print(f"warning: no grid LR finished for {', '.join(lost)}: no seeds at a best LR for it",
+                  file=sys.stderr)
+        return tuned_jobs(self.variants, best, self.seeds)

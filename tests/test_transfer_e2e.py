@@ -1,0 +1,89 @@
+"""Issue 23 end to end on CPU: a real --lr-grid sweep runs the grid, then the seeds at each
+variant's own best LR (no job twice), and `compare --json` of it carries the public keys; a
+real --ladder sweep gives the compute multiplier; compares that mix grids are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import TINY, run_ablate
+
+GRID_ARGS = [o for o in TINY if not o.startswith(("train.steps", "train.eval_every"))] + [
+    "train.steps=12", "train.eval_every=12", "train.diagnostics_every=6"]  # eval at 0: loss_init
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grid")
+    res = run_ablate("sweep", "qk_norm=off,on", "--lr-grid", "1e-3:1e-1:3", "--seeds", "2",
+                     *GRID_ARGS, f"hydra.sweep.dir={out}/sweep")
+    assert res.returncode == 0, res.stdout + res.stderr
+    return out / "sweep", res
+
+
+def test_the_grid_then_the_seeds_at_each_variants_best_lr(grid_sweep):
+    sweep_dir, res = grid_sweep
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    names = [j["name"] for j in record["jobs"]]
+    assert names[:6] == ["baseline_lr0.001_seed0", "baseline_lr0.01_seed0", "baseline_lr0.1_seed0",
+                         "qk_norm=on_lr0.001_seed0", "qk_norm=on_lr0.01_seed0", "qk_norm=on_lr0.1_seed0"]
+    assert len(names) == 8 and all(n.endswith("_seed1") for n in names[6:])
+    cmp = json.loads(run_ablate("compare", str(sweep_dir), "--json").stdout)
+    for row in cmp:
+        loss = {float(k): v for k, v in row["curve"].items()}
+        finished = {k: v for k, v in loss.items() if v is not None}
+        assert row["best_lr"] == min(finished, key=finished.get)  # the phase-2 seed ran there
+        assert f"{row['variant']}_lr{row['best_lr']:g}_seed1" in names
+        assert row["n"] == 2 and row["loss_ci"] is not None
+        assert row["max_attn_logit"] is not None and row["max_attn_logit_lr"] == 0.1
+    base, on = cmp
+    assert base["baseline"] and base["tuned_delta"] is None
+    assert on["tuned_delta"] == pytest.approx(on["loss"] - base["loss"])  # paired over seeds 0 and 1
+    assert 0 <= on["lr_sensitivity"] and math.isfinite(on["lr_sensitivity"])
+    for key in ("best_lr", "lr_sensitivity", "tuned_delta", "tuned_delta_ci", "tuned_p_holm",
+                "shared_delta", "verdict_differs", "best_lr_on_edge"):
+        assert key in on
+
+
+def test_every_format_carries_the_tuned_columns(grid_sweep, tmp_path):
+    sweep_dir, _ = grid_sweep
+    for fmt, needle in (("table", "LR sensitivity"), ("markdown", "| best LR |"),
+                        ("latex", r"\toprule"), ("csv", "best_lr,")):
+        res = run_ablate("compare", str(sweep_dir), "--format", fmt)
+        assert res.returncode == 0 and needle in res.stdout, res.stderr
+    res = run_ablate("compare", str(sweep_dir), "--plot", str(tmp_path / "lr.png"))
+    assert res.returncode == 0 and (tmp_path / "lr.png").stat().st_size > 10_000
+
+
+def test_a_compare_mixing_two_grids_is_refused(grid_sweep, tmp_path):
+    sweep_dir, _ = grid_sweep
+    other = tmp_path / "other"
+    res = run_ablate("sweep", "qk_norm=off,on", "--lr-grid", "1e-3:1e-2:3", *GRID_ARGS,
+                     f"hydra.sweep.dir={other}")
+    assert res.returncode == 0, res.stderr
+    res = run_ablate("compare", str(sweep_dir), str(other))
+    assert res.returncode == 2 and "mix sweeps of different LR grids" in res.stderr
+    assert res.stderr.count("\n") == 1
+
+
+def test_the_sweep_logs_its_report_to_wandb_offline(tmp_path):
+    from ablate.tracking.wandb_file import find_run_file, read_run
+    from test_tracking_wandb import no_login_env
+
+    sweep_dir = tmp_path / "sweep"
+    args = [o for o in GRID_ARGS if not o.startswith("logger=")] + ["logger=wandb", "logger.group=grid-w"]
+    res = run_ablate("sweep", "qk_norm=off,on", "--lr-grid", "1e-3:1e-1:3", *args,
+                     f"hydra.sweep.dir={sweep_dir}", env=no_login_env(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "LR sensitivity" in res.stdout and (sweep_dir / "transfer.png").is_file()
+    report = read_run(find_run_file(sweep_dir))  # the sweep dir's own W&B run: the report
+    assert report.job_type == "transfer-report" and report.group == "grid-w"
+    row = report.history[0]
+    assert row["lr_grid/table/_type"] == "table-file" and row["lr_grid/table/nrows"] == 2
+    assert row["lr_grid/plot/_type"] == "image-file"
+    table = json.loads((find_run_file(sweep_dir).parent / "files" / row["lr_grid/table/path"]).read_text())
+    assert {"variant", "best_lr", "lr_sensitivity", "tuned_delta"} <= set(table["columns"])
+    assert report.summary["qk_norm=on/best_lr"] in (0.001, 0.01, 0.1)

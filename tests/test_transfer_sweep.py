@@ -1,0 +1,115 @@
+"""Issue 23: `ablate sweep --lr-grid` and `--ladder` plan the jobs a user expects (every variant at
+every grid LR with seed 0, then the seeds at each variant's own best LR; every variant on every
+rung with the ladder's steps and LR rules), and bad input is one line, exit 2, nothing launched."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from ablate.errors import ConfigError
+from ablate.sweep.planning import Job
+from ablate.sweep.transfer import (Ladder, Rung, best_lrs, check_ladder, grid_jobs, ladder_jobs,
+                                   load_ladder, tuned_jobs, write_transfer)
+from conftest import run_ablate
+
+
+def dry(*args, tmp_path):
+    res = run_ablate("sweep", *args, f"out_dir={tmp_path}", "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    return [dict(o.split("=", 1) for o in job) for job in json.loads(res.stdout)]
+
+
+def test_lr_grid_runs_every_variant_at_every_grid_lr_with_seed_0(tmp_path):
+    jobs = dry("act=gelu,swiglu", "--lr-grid", "1e-3:1e-1:3", "--seeds", "3", tmp_path=tmp_path)
+    assert [(j["act"], j["train.lr"], j["seed"]) for j in jobs] == [
+        ("gelu", "0.001", "0"), ("gelu", "0.01", "0"), ("gelu", "0.1", "0"),
+        ("swiglu", "0.001", "0"), ("swiglu", "0.01", "0"), ("swiglu", "0.1", "0")]
+    text = run_ablate("sweep", "act=gelu,swiglu", "--lr-grid", "1e-3:1e-1:3", "--seeds", "3",
+                      f"out_dir={tmp_path}", "--dry-run")
+    assert "then: seeds 1..2 of each variant at its own best LR of the grid: 4 jobs" in text.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def test_second_phase_runs_the_other_seeds_at_each_variants_best_lr():
+    variants = [Job(["act=gelu"], "baseline"), Job(["act=swiglu"], "act=swiglu")]
+    grid = grid_jobs(variants, [1e-3, 1e-2, 1e-1])
+    losses = {0: 3.0, 1: 2.5, 2: None, 3: 3.1, 4: 2.9, 5: 2.4}  # baseline best at 1e-2, swiglu at 1e-1
+    results = [SimpleNamespace(job=j, status="completed" if losses[i] is not None else "diverged",
+                               run_dir=i) for i, j in enumerate(grid)]
+    best = best_lrs(results, lambda d: losses[d])
+    assert best == {"baseline": (1e-2, 2.5), "act=swiglu": (1e-1, 2.4)}
+    second = tuned_jobs(variants, best, seeds=3)
+    assert [(j.variant, j.overrides[-2:], j.name) for j in second] == [
+        ("baseline", ["train.lr=0.01", "seed=1"], "baseline_lr0.01_seed1"),
+        ("baseline", ["train.lr=0.01", "seed=2"], "baseline_lr0.01_seed2"),
+        ("act=swiglu", ["train.lr=0.1", "seed=1"], "act=swiglu_lr0.1_seed1"),
+        ("act=swiglu", ["train.lr=0.1", "seed=2"], "act=swiglu_lr0.1_seed2")]
+
+
+def test_ladder_runs_every_variant_on_every_rung_with_its_rules(tmp_path):
+    jobs = dry("act=gelu,swiglu", "--ladder", "cpu", "--seeds", "2", tmp_path=tmp_path)
+    ladder = load_ladder("cpu")
+    assert len(jobs) == 2 * len(ladder.rungs) * 2
+    from ablate.model.spec import ModelSpec, non_embedding_params
+    from conftest import compose
+
+    for rung, first in zip(ladder.rungs, jobs[::4]):
+        assert (int(first["model.d_model"]), int(first["model.n_layers"]), int(first["model.n_heads"])) == \
+            (rung.d_model, rung.n_layers, rung.n_heads)
+        cfg = compose(rung.overrides())
+        params = non_embedding_params(ModelSpec.from_config(cfg))
+        tokens = int(first["train.steps"]) * cfg.train.batch_size * cfg.train.seq_len
+        # the stated rule: tokens_per_param x the baseline's non-embedding params, rounded up a step
+        assert 0 <= tokens - ladder.tokens_per_param * params < cfg.train.batch_size * cfg.train.seq_len
+        assert float(first["train.lr"]) == pytest.approx(ladder.base_lr * ladder.base_width / rung.d_model, rel=1e-3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lr-grid", "1e-3:1e-1:2"], "at least 3 points"),
+    (["--lr-grid", "0:1e-1:5"], "positive"),
+    (["--lr-grid", "-1e-3:1e-1:5"], "positive"),
+    (["--lr-grid", "1e-3-1e-1"], "LO:HI:N"),
+    (["--lr-grid", "1e-3:1e-1:5", "train.lr=0.01"], "sets train.lr"),
+    (["--lr-grid", "1e-3:1e-1:5", "--ladder", "cpu"], "together"),
+    (["--ladder", "nope"], "no such ladder"),
+    (["--ladder", "cpu", "model.d_model=256"], "sets model.d_model"),
+    (["--ladder", "cpu", "train.steps=10"], "sets train.steps"),
+])
+def test_bad_transfer_input_is_one_line_and_nothing_launched(args, message, tmp_path):
+    res = run_ablate("sweep", "act=gelu,swiglu", *args, f"out_dir={tmp_path}")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stderr and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_ladder_whose_rungs_do_not_grow_is_refused(tmp_path):
+    bad = tmp_path / "shrink.yaml"
+    bad.write_text("tokens_per_param: 10\nbase_lr: 0.003\nbase_width: 128\nrungs:\n"
+                   "  - {name: a, d_model: 64, n_layers: 4, n_heads: 4}\n"
+                   "  - {name: b, d_model: 48, n_layers: 4, n_heads: 4}\n")
+    with pytest.raises(ConfigError, match="do not grow"):
+        load_ladder(str(bad))
+    res = run_ablate("sweep", "act=gelu,swiglu", "--ladder", str(bad), f"out_dir={tmp_path / 'o'}")
+    assert res.returncode == 2 and "do not grow" in res.stderr
+    with pytest.raises(ConfigError, match="do not grow"):
+        check_ladder(Ladder("same", (Rung("a", 32, 2, 2), Rung("b", 32, 2, 2)), 10, 1e-3, 128))
+
+
+def test_ladder_jobs_name_their_rung_and_share_its_steps():
+    lad = Ladder("t", (Rung("r0", 32, 2, 2), Rung("r1", 64, 4, 4)), 10, 4e-3, 64)
+    jobs, table = ladder_jobs([Job([], "baseline"), Job(["act=swiglu"], "act=swiglu")], lad,
+                              lambda r: (1000 * r.d_model, 100), [0])
+    assert [j.name for j in jobs] == ["baseline_r0_seed0", "act=swiglu_r0_seed0",
+                                      "baseline_r1_seed0", "act=swiglu_r1_seed0"]
+    assert [t["steps"] for t in table] == [3200, 6400] and [t["lr"] for t in table] == [8e-3, 4e-3]
+    assert jobs[1].overrides[:1] == ["act=swiglu"] and "train.steps=3200" in jobs[1].overrides
+
+
+def test_a_rerun_with_another_grid_into_the_same_directory_is_refused(tmp_path):
+    write_transfer(tmp_path, {"kind": "lr_grid", "grid": [0.001, 0.01, 0.1]})
+    write_transfer(tmp_path, {"kind": "lr_grid", "grid": [0.001, 0.01, 0.1]})  # the same: fine
+    with pytest.raises(ConfigError, match="new hydra.sweep.dir"):
+        write_transfer(tmp_path, {"kind": "lr_grid", "grid": [0.001, 0.1, 1.0]})
