@@ -87,3 +87,50 @@ def test_the_sweep_logs_its_report_to_wandb_offline(tmp_path):
     table = json.loads((find_run_file(sweep_dir).parent / "files" / row["lr_grid/table/path"]).read_text())
     assert {"variant", "best_lr", "lr_sensitivity", "tuned_delta"} <= set(table["columns"])
     assert report.summary["qk_norm=on/best_lr"] in (0.001, 0.01, 0.1)
+
+
+LADDER_ARGS = [o for o in TINY if not o.startswith(("train.steps", "train.warmup_steps", "train.eval_every", "train.batch_size", "model.d_model", "model.n_layers", "model.n_heads"))] + [
+    "train.eval_every=50"]
+
+
+def _ladder(tmp_path, rungs):
+    path = tmp_path / "tiny_ladder.yaml"
+    path.write_text("tokens_per_param: 1\nbase_lr: 0.01\nbase_width: 16\nrungs:\n" + "".join(
+        f"  - {{name: {n}, d_model: {d}, n_layers: {l}, n_heads: {h}}}\n" for n, d, l, h in rungs))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ladder_sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ladder")
+    path = _ladder(tmp, [("a", 16, 1, 1), ("b", 24, 2, 2), ("c", 32, 2, 2)])
+    res = run_ablate("sweep", "train.batch_size=4,8", "--ladder", str(path), "--seeds", "2",
+                     *LADDER_ARGS, f"hydra.sweep.dir={tmp}/sweep")
+    assert res.returncode == 0, res.stdout + res.stderr
+    return tmp / "sweep", res
+
+
+def test_a_ladder_sweep_reports_the_compute_multiplier(ladder_sweep):
+    sweep_dir, res = ladder_sweep
+    assert "x projected" in res.stdout and (sweep_dir / "transfer.png").is_file()
+    base, twice = json.loads(run_ablate("compare", str(sweep_dir), "--json").stdout)
+    assert base["baseline"] and base["compute_multiplier"] is None
+    assert [r["rung"] for r in twice["rungs"]] == ["a", "b", "c"]
+    computes = [r["compute"] for r in base["rungs"]]
+    assert computes == sorted(computes) and twice["target_compute"] == pytest.approx(10 * computes[-1])
+    lo, hi = twice["compute_multiplier_ci"]
+    assert lo <= twice["compute_multiplier"] <= hi
+    for r in twice["rungs"]:  # twice the tokens (batch 8 vs 4): the baseline needs more compute
+        assert r["n"] == 2 and r["compute_multiplier"] > 1
+        assert r["compute_multiplier_ci"][0] <= r["compute_multiplier"] <= r["compute_multiplier_ci"][1]
+    assert twice["fit"]["l_inf"] == base["fit"]["l_inf"]  # one L_inf shared
+
+
+def test_fewer_than_three_rungs_show_the_table_and_refuse_to_project(tmp_path):
+    path = _ladder(tmp_path, [("a", 16, 1, 1), ("b", 24, 2, 2)])
+    res = run_ablate("sweep", "train.batch_size=4,8", "--ladder", str(path), *LADDER_ARGS,
+                     f"hydra.sweep.dir={tmp_path}/sweep")
+    assert res.returncode == 0, res.stderr
+    assert "fewer than 3 rungs" in res.stdout and "loss b" in res.stdout
+    rows = json.loads(run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
+    assert rows[1]["compute_multiplier"] is None and rows[1]["rungs"][1]["delta"] is not None

@@ -126,3 +126,18 @@ def test_rank_agreement_and_wins_by_hand():
     assert rank_agreement(small, {"a": 2.0, "b": 1.0, "c": 3.0}) == pytest.approx(2 / 3)  # a<b flips
     assert rank_agreement({"a": 1.0}, {"a": 1.0}) is None
     assert wins_every_rung([3.0, 2.0, 1.5], [2.9, 1.9, 1.4]) and not wins_every_rung([3.0, 2.0], [2.9, 2.1])
+
+
+def test_a_variant_below_the_measured_baseline_at_a_rung_has_a_multiplier_above_one():
+    """The fit need not pass through the baseline's rungs; the multiplier there must agree with
+    the measured delta (the defect a pure-fit multiplier had: Δ < 0 and x < 1 on one rung)."""
+    from ablate.analysis.transfer import baseline_compute
+
+    computes = [1e9, 1e10, 1e11, 1e12]
+    base = [3.0, 2.40, 2.25, 1.95]  # kinked: no L_inf + A C^-alpha goes through all four
+    fits = fit_power_laws({"base": (computes, base)})
+    assert any(abs(fits["base"].loss(c) - b) > 1e-3 for c, b in zip(computes, base))
+    for c, b in zip(computes, base):
+        assert baseline_compute(computes, base, fits["base"], b) == pytest.approx(c, rel=1e-9)
+        assert baseline_compute(computes, base, fits["base"], b - 0.005) > c
+        assert baseline_compute(computes, base, fits["base"], b + 0.005) < c

@@ -9,9 +9,11 @@
   per curve is not identified (it trades off against alpha), and the variants of one ablation
   share the data, hence its entropy floor. Each curve's A and alpha come from a log-linear fit
   given L_inf; L_inf minimises the squared loss residual of all curves (variable projection).
-- The effective-compute multiplier: the compute the baseline's fitted curve needs to reach the
-  variant's loss, divided by the compute the variant was given (the baseline's, at that rung);
-  its CI is a paired percentile bootstrap over seeds.
+- The effective-compute multiplier: the compute the baseline needs to reach the variant's loss,
+  divided by the compute the variant was given (the baseline's, at that rung). At a rung, the
+  baseline's fitted curve corrected to pass through its measured rungs; at the projected
+  compute, both fitted curves. Its CI is a paired
+  percentile bootstrap over seeds.
 """
 
 from __future__ import annotations
@@ -148,10 +150,33 @@ class Multiplier:
     method: str = "paired percentile bootstrap over seeds, shared L_inf"
 
 
+def baseline_compute(computes: Sequence[float], losses: Sequence[float], fit: PowerLaw,
+                     loss: float) -> Optional[float]:
+    """The compute at which the baseline reaches `loss`: its fitted curve, corrected to pass
+    through each measured rung (the log-compute residuals at the two rungs around `loss`,
+    interpolated; beyond the rungs, the nearest one's), so a variant below the baseline's
+    measured loss at a rung always gets a multiplier above 1 there."""
+    need = fit.compute_for(loss)
+    at = [fit.compute_for(v) for v in losses]
+    if need is None or None in at:
+        return None
+    pts = sorted((math.log(a), math.log(c) - math.log(a)) for a, c in zip(at, computes))
+    x = math.log(need)
+    if x <= pts[0][0]:
+        return math.exp(x + pts[0][1])
+    for (x0, r0), (x1, r1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return math.exp(x + r0 + (x - x0) / (x1 - x0) * (r1 - r0)) if x1 > x0 else math.exp(x + r1)
+    return math.exp(x + pts[-1][1])
+
+
 def _multipliers(means: Mapping[str, Sequence[float]], computes: Sequence[float], base: str,
                  variant: str, target: float) -> tuple[list, Optional[float]]:
+    """Per rung: the compute the baseline needs for the variant's measured loss / the rung's
+    compute; at `target`: the fitted curves (both projected, neither measured)."""
     fits = fit_power_laws({n: (computes, means[n]) for n in (base, variant)})
-    per_rung = [compute_multiplier(fits[base], v, c) for v, c in zip(means[variant], computes)]
+    per_rung = [None if (need := baseline_compute(computes, means[base], fits[base], v)) is None
+                else need / c for v, c in zip(means[variant], computes)]
     return per_rung, compute_multiplier(fits[base], fits[variant].loss(target), target)
 
 

@@ -316,35 +316,7 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     else:
         notes.append(f"fewer than {MIN_RUNGS} rungs with a finished run of every variant: the rung table "
                      "only, no fit and no projection")
-    rows = []
-    for n in names:
-        per_rung, mult = [], None
-        if fit_ok and n != base:
-            mult = T.multiplier_ci({k: [[v[s] for s in seeds if s in v] for v in losses[k]] for k in (base, n)},
-                                   computes, base, n, target=target)
-        for i, r in enumerate(rungs):
-            vals = losses[n][i]
-            mean, std = mean_std(list(vals.values()))
-            test = seed_test(losses[base][i], vals, alpha) if n != base else None
-            per_rung.append({
-                "rung": r, "compute": computes[i], "n": len(vals), "mean": mean, "std": std,
-                "delta": (mean - _mean(list(losses[base][i].values()))) if n != base and mean is not None
-                and losses[base][i] else None,
-                "delta_ci": [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
-                "compute_multiplier": mult.per_rung[i] if mult else None,
-                "compute_multiplier_ci": list(mult.per_rung_ci[i]) if mult else None})
-        base_means = [_mean(list(v.values())) for v in losses[base]]
-        means = [x["mean"] for x in per_rung]
-        row = {"variant": n, "baseline": n == base, "rungs": per_rung,
-               "compute_multiplier": mult.at_target if mult else None,
-               "compute_multiplier_ci": list(mult.ci) if mult else None, "target_compute": target,
-               "wins_every_rung": (T.wins_every_rung(base_means, means)
-                                   if n != base and None not in means + base_means else None),
-               "fit": ({"l_inf": fits[n].l_inf, "a": fits[n].a, "alpha": fits[n].alpha} if n in fits else None)}
-        for r in per_rung:
-            row[f"loss_{r['rung']}"], row[f"delta_{r['rung']}"] = r["mean"], r["delta"]
-            row[f"mult_{r['rung']}"] = r["compute_multiplier"]
-        rows.append(row)
+    rows = [_ladder_row(n, base, rungs, seeds, losses, computes, fits, target, alpha) for n in names]
     agreement = _rank_agreement(losses, names)
     if agreement is not None:
         notes.append(f"rank agreement: {agreement:.0%} of the pairwise orderings at {rungs[0]} hold at {rungs[-1]}")
@@ -357,6 +329,40 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
              f"x = compute multiplier vs the baseline (baseline: {base})")
     return Report("ladder", title, rows, columns, notes, list(points),
                   {"fits": fits, "target": target, "computes": computes, "rungs": rungs})
+
+
+def _ladder_row(n: str, base: str, rungs: list, seeds: list, losses: dict, computes: list, fits: dict,
+                target: Optional[float], alpha: float) -> dict:
+    """One variant's ladder row: per rung its loss, its delta and multiplier vs the baseline."""
+    from ablate.analysis import transfer as T
+
+    per_rung, mult = [], None
+    if fits and n != base:
+        mult = T.multiplier_ci({k: [[v[s] for s in seeds if s in v] for v in losses[k]] for k in (base, n)},
+                               computes, base, n, target=target)
+    for i, r in enumerate(rungs):
+        vals = losses[n][i]
+        mean, std = mean_std(list(vals.values()))
+        test = seed_test(losses[base][i], vals, alpha) if n != base else None
+        per_rung.append({
+            "rung": r, "compute": computes[i], "n": len(vals), "mean": mean, "std": std,
+            "delta": (mean - _mean(list(losses[base][i].values()))) if n != base and mean is not None
+            and losses[base][i] else None,
+            "delta_ci": [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
+            "compute_multiplier": mult.per_rung[i] if mult else None,
+            "compute_multiplier_ci": list(mult.per_rung_ci[i]) if mult else None})
+    base_means = [_mean(list(v.values())) for v in losses[base]]
+    means = [x["mean"] for x in per_rung]
+    row = {"variant": n, "baseline": n == base, "rungs": per_rung,
+           "compute_multiplier": mult.at_target if mult else None,
+           "compute_multiplier_ci": list(mult.ci) if mult else None, "target_compute": target,
+           "wins_every_rung": (T.wins_every_rung(base_means, means)
+                               if n != base and None not in means + base_means else None),
+           "fit": ({"l_inf": fits[n].l_inf, "a": fits[n].a, "alpha": fits[n].alpha} if n in fits else None)}
+    for r in per_rung:
+        row[f"loss_{r['rung']}"], row[f"delta_{r['rung']}"] = r["mean"], r["delta"]
+        row[f"mult_{r['rung']}"] = r["compute_multiplier"]
+    return row
 
 
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:

@@ -237,7 +237,7 @@ class TransferPlan:
         clash = _set_keys(p) & {*LADDER_KEYS, "train.steps", "train.warmup_steps", LR_KEY}
         if clash:
             raise ConfigError(f"--ladder {lad.name} sets {', '.join(sorted(clash))} on each rung; "
-                              "do not set it too (edit the ladder file instead)")
+                              "do not set them too (edit the ladder file instead)")
         jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(variants[0], rung),
                                   list(range(seeds)))
         record = {"kind": "ladder", "ladder": lad.as_dict(), "rungs": table, "seeds": seeds}
