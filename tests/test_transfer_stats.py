@@ -141,3 +141,29 @@ def test_a_variant_below_the_measured_baseline_at_a_rung_has_a_multiplier_above_
         assert baseline_compute(computes, base, fits["base"], b) == pytest.approx(c, rel=1e-9)
         assert baseline_compute(computes, base, fits["base"], b - 0.005) > c
         assert baseline_compute(computes, base, fits["base"], b + 0.005) < c
+
+
+def test_the_tuned_report_by_hand():
+    """A hand table: the baseline is best at 1e-2, the variant at 1e-1 (each with 3 seeds there);
+    at the shared LR 1e-2 the variant is worse, at its own best LR it is better: verdict differs."""
+    from ablate.analysis.transfer_report import Point, lr_grid_report
+
+    def pt(v, lr, seed, loss):
+        return Point(v, seed, lr, None, loss, 5.0, None, None, f"{v}/{lr}/{seed}")
+
+    grid = [1e-3, 1e-2, 1e-1]
+    base = {1e-3: 3.0, 1e-2: 2.50, 1e-1: None}  # diverged at the top
+    var = {1e-3: 3.1, 1e-2: 2.60, 1e-1: 2.40}
+    points = [pt("baseline", lr, 0, v) for lr, v in base.items()] + [pt("v", lr, 0, x) for lr, x in var.items()]
+    points += [pt("baseline", 1e-2, 1, 2.52), pt("baseline", 1e-2, 2, 2.48),
+               pt("v", 1e-1, 1, 2.41), pt("v", 1e-1, 2, 2.43)]
+    report = lr_grid_report(points, {"kind": "lr_grid", "grid": grid, "shared_lr": 0.01})
+    b, v = report.rows
+    assert (b["best_lr"], v["best_lr"]) == (1e-2, 1e-1) and v["best_lr_on_edge"] and not b["best_lr_on_edge"]
+    hand = ((2.40 - 2.50) + (2.41 - 2.52) + (2.43 - 2.48)) / 3  # paired by seed at each one's best LR
+    assert v["tuned_delta"] == pytest.approx(hand) and v["n"] == 3
+    assert v["shared_delta"] == pytest.approx(0.10)  # seed 0 at 1e-2: 2.60 - 2.50
+    assert v["verdict_differs"] and any("verdict at the shared LR" in n for n in report.notes)
+    # Wortsman: capped at loss_init 5.0, best 2.40 / 2.50
+    assert v["lr_sensitivity"] == pytest.approx(((3.1 - 2.4) + (2.6 - 2.4) + 0) / 3)
+    assert b["lr_sensitivity"] == pytest.approx(((3.0 - 2.5) + 0 + (5.0 - 2.5)) / 3)

@@ -39,11 +39,7 @@ def _draw_lr(ax, report, colors) -> None:
         if bad and row["loss_init"] is not None:  # a diverged run counts as no progress
             ax.plot(bad, [row["loss_init"]] * len(bad), "x", color=c, markersize=9,
                     label=f"{row['variant']} diverged")
-    ax.set_xscale("log")
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("final val_loss")
-    ax.set_title("final loss vs learning rate (x: diverged)")
-    ax.legend(fontsize=8)
+    _decorate(ax, "learning rate", "final val_loss", "final loss vs learning rate (x: diverged)")
 
 
 def _draw_logits(ax, report, colors) -> None:
@@ -52,12 +48,7 @@ def _draw_logits(ax, report, colors) -> None:
                      if p.variant == name and p.max_attn_logit is not None)
         if pts:
             ax.plot(*zip(*pts), "o-", color=colors[i % len(colors)], label=name)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("max attention logit (over the run)")
-    ax.set_title("attention logit growth")
-    ax.legend(fontsize=8)
+    _decorate(ax, "learning rate", "max attention logit (over the run)", "attention logit growth", "log")
 
 
 def _draw_ladder(ax, report, colors) -> None:
@@ -79,12 +70,20 @@ def _draw_ladder(ax, report, colors) -> None:
             ax.plot([target], [fit.loss(target)], "*", color=c, markersize=12)
         elif means:
             ax.plot(*zip(*means), "-", color=c, label=row["variant"])
+    _decorate(ax, "compute (FLOPs)", "final val_loss", "loss vs compute per rung; fitted L(C), * projection",
+              "plain log")
+
+
+def _decorate(ax, xlabel: str, ylabel: str, title: str, y: str = "linear") -> None:
+    """Log x; y linear, log, or log with plain numbers (losses: 1.8, not 1.8 x 10^0)."""
     from ablate.tracking.plots import plain_ticks
 
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain_ticks(ax, "y")
-    ax.set_xlabel("compute (FLOPs)")
-    ax.set_ylabel("final val_loss")
-    ax.set_title("loss vs compute per rung; fitted L(C), * projection")
+    if y != "linear":
+        ax.set_yscale("log")
+    if y == "plain log":
+        plain_ticks(ax, "y")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
