@@ -70,7 +70,8 @@ def _compare(paths, metric, baseline, where, allow_mixed, fmt, per_seed, plot, p
         check_plot_path(plot)
     if not paths and not Path("runs").is_dir():
         raise AblateError("give run or sweep directories (there is no ./runs here)")
-    if _compare_transfer(paths or [Path("runs")], baseline, alpha, where, fmt, plot, json_out):
+    if _compare_transfer(paths or [Path("runs")], baseline, alpha, where, fmt, plot, json_out,
+                         metric, per_seed, plot_keys):
         return
     rows = compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha,
                         where=where, allow_mixed=allow_mixed)
@@ -94,9 +95,12 @@ def _compare(paths, metric, baseline, where, allow_mixed, fmt, per_seed, plot, p
             typer.echo(f"plot: {diag_plot}", err=quiet)
 
 
-def _compare_transfer(paths, baseline, alpha, where, fmt, plot, json_out) -> bool:
+def _compare_transfer(paths, baseline, alpha, where, fmt, plot, json_out, metric, per_seed,
+                      plot_keys) -> bool:
     """An --lr-grid or --ladder sweep's report (ablate/analysis/transfer_report.py); False for
     other runs."""
+    from ablate.errors import AblateError
+
     from ablate.analysis.checks import filter_runs
     from ablate.analysis.load import find_runs
     from ablate.analysis.transfer_report import find_transfer, render, transfer_compare, transfer_record
@@ -106,8 +110,14 @@ def _compare_transfer(paths, baseline, alpha, where, fmt, plot, json_out) -> boo
     runs = find_runs(paths)
     runs = filter_runs(runs, where) if where else runs
     record = transfer_record(runs)
-    if record is None:
-        return False
+    if record is None or (where and _one_point(runs)):
+        return False  # one LR or one rung of such a sweep: an ordinary comparison
+    given = [flag for flag, on in (("--metric", metric != "val_loss"), ("--per-seed", per_seed),
+                                   ("--plot-key", bool(plot_keys))) if on]
+    if given:
+        raise AblateError(f"{', '.join(given)}: not available for an --lr-grid or --ladder sweep, whose "
+                          "report is on the final val_loss (compare one of its LRs or rungs with "
+                          "--where train.lr=X or --where model.d_model=X instead)")
     report = transfer_compare(runs, record, baseline, alpha)
     if json_out:
         from ablate.analysis.render import to_json
@@ -120,3 +130,9 @@ def _compare_transfer(paths, baseline, alpha, where, fmt, plot, json_out) -> boo
 
         typer.echo(f"plot: {plot_transfer(report, plot)}", err=json_out or fmt != "table")
     return True
+
+
+def _one_point(runs) -> bool:
+    """The runs (after --where) share one learning rate and one model size."""
+    keys = ("train.lr", "model.d_model", "model.n_layers")
+    return len({tuple(r.config.get(k) for k in keys) for r in runs}) == 1

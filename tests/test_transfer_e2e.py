@@ -134,3 +134,14 @@ def test_fewer_than_three_rungs_show_the_table_and_refuse_to_project(tmp_path):
     assert "fewer than 3 rungs" in res.stdout and "loss b" in res.stdout
     rows = json.loads(run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
     assert rows[1]["compute_multiplier"] is None and rows[1]["rungs"][1]["delta"] is not None
+
+
+def test_one_lr_of_a_grid_is_an_ordinary_comparison_and_other_flags_are_refused(grid_sweep):
+    sweep_dir, _ = grid_sweep
+    one = run_ablate("compare", str(sweep_dir), "--where", "train.lr=0.1", "--json")
+    rows = json.loads(one.stdout)
+    assert [r["variant"] for r in rows] == ["baseline", "qk_norm=on"]
+    assert rows[1]["n"] == 1 and rows[1]["delta"] is not None and "best_lr" not in rows[1]
+    for flag in (["--per-seed"], ["--metric", "val_bpb"]):
+        res = run_ablate("compare", str(sweep_dir), *flag)
+        assert res.returncode == 2 and "not available for an --lr-grid or --ladder sweep" in res.stderr

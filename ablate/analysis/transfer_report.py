@@ -283,12 +283,15 @@ def _mean_ci(values: list, alpha: float) -> tuple[Optional[float], Optional[floa
 
 
 def _differs(row: dict) -> bool:
-    """The shared-LR delta points the other way from the tuned one (or the tuned verdict is a
-    significant difference the shared delta contradicts)."""
-    tuned, shared = row["tuned_delta"], row["shared_delta"]
-    if tuned is None or shared is None or tuned == 0 or shared == 0:
+    """The shared LR would tell another story: the tuned test finds a difference (better or
+    worse, Holm) and the shared-LR delta points the other way, or the tuned test finds none and
+    the shared-LR delta lies outside the tuned CI."""
+    tuned, shared, ci = row["tuned_delta"], row["shared_delta"], row["tuned_delta_ci"]
+    if tuned is None or shared is None:
         return False
-    return (tuned > 0) != (shared > 0)
+    if row["tuned_verdict"] in ("better", "worse"):
+        return shared == 0 or (shared > 0) != (tuned > 0)
+    return ci is not None and not ci[0] <= shared <= ci[1]
 
 
 # ---- the ladder ---------------------------------------------------------------------------------
