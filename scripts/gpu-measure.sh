@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements issues 14 and 17 wait for, in four parts of under 10 minutes each (one
+# The GPU measurements issues 14, 17 and 23 wait for, in five parts of under 10 minutes each (one
 # `device` call per part; a device session has 30 minutes, so run them in this order of
 # priority and issue each call right after the last: the machine is released when idle).
 # Run on the GPU machine from the project root after `. .gpu-wheels/activate.sh`
@@ -9,12 +9,13 @@
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh bench "$OUT"   # throughput levers (14, 17)
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh pack  "$OUT"   # small sweeps (17 goal 3)
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh noise "$OUT"   # noise floor (14)
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh transfer "$OUT" # LR grid, gpu ladder plan (23)
 #
 # Each part writes its log (and JSON where there is one) to the folder given, so that what came
 # back survives a part cut off at its limit. Every figure goes into README with the device and
 # the date, next to the command that produced it (the commands are echoed into the log).
 set -uo pipefail
-part=${1:?tier, bench, noise or pack}
+part=${1:?tier, bench, noise, pack or transfer}
 out=${2:-gpu-out}
 mkdir -p "$out"
 : "${ABLATE:=python3 -m cli.main}"
@@ -67,5 +68,13 @@ pack)
   run "python3 scripts/seed_batching.py --device cuda --bf16 $ABL --seeds 3"
   run "python3 scripts/seed_batching.py --device cuda $ABL --seeds 3"
   ;;
-*) echo "unknown part '$part': tier, bench, noise or pack"; exit 2 ;;
+transfer)
+  # issue 23 on a GPU: the QK-norm LR grid of docs/transfer.md at the small ablation model, with
+  # the attention-logit diagnostics; the gpu ladder's plan (its full run takes hours: r3 is GPT-2
+  # small on 20 tokens per parameter)
+  run "$ABLATE sweep act=gelu,swiglu --ladder gpu --seeds 3 model=small train=gpu tokenizer=gpt2 --dry-run | head -8"
+  run "$ABLATE sweep qk_norm=off,on --lr-grid 3e-4:3e-1:7 --seeds 3 $ABL train.steps=300 train.diagnostics_every=50 logger=none train.progress=false hydra.sweep.dir=$out/lr_qk"
+  run "$ABLATE compare $out/lr_qk --json > $out/lr_qk.json; $ABLATE compare $out/lr_qk --plot $out/lr_qk.png"
+  ;;
+*) echo "unknown part '$part': tier, bench, noise, pack or transfer"; exit 2 ;;
 esac

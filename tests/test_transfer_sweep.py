@@ -113,3 +113,11 @@ def test_a_rerun_with_another_grid_into_the_same_directory_is_refused(tmp_path):
     write_transfer(tmp_path, {"kind": "lr_grid", "grid": [0.001, 0.01, 0.1]})  # the same: fine
     with pytest.raises(ConfigError, match="new hydra.sweep.dir"):
         write_transfer(tmp_path, {"kind": "lr_grid", "grid": [0.001, 0.1, 1.0]})
+
+
+def test_the_gpu_ladder_plans_up_to_gpt2_small(tmp_path):
+    jobs = dry("act=gelu,swiglu", "--ladder", "gpu", "model=small", "train=gpu", tmp_path=tmp_path)
+    sizes = [(j["model.d_model"], j["model.n_layers"], j["model.n_heads"]) for j in jobs[::2]]
+    assert sizes == [("256", "4", "4"), ("384", "6", "6"), ("512", "8", "8"), ("768", "12", "12")]
+    steps = [int(j["train.steps"]) for j in jobs[::2]]
+    assert steps == sorted(steps) and float(jobs[-1]["train.lr"]) == pytest.approx(6e-4)
