@@ -190,11 +190,11 @@ def write_transfer(sweep_dir: Path, record: dict) -> None:
 
 def check_transfer(lr_grid: Optional[str], ladder: Optional[str]) -> tuple[list[float], Optional[Ladder]]:
     """--lr-grid and --ladder as given: (the grid, the ladder); one line on bad input."""
-    if lr_grid and ladder:
+    if lr_grid is not None and ladder is not None:
         raise ConfigError("--lr-grid and --ladder together are not supported yet: run the "
                           "ladder (its LR follows the ladder's width rule), or a grid per size")
-    if not lr_grid:
-        return [], load_ladder(ladder) if ladder else None
+    if lr_grid is None:
+        return [], load_ladder(ladder) if ladder is not None else None
     from ablate.analysis.transfer import parse_lr_grid
 
     return parse_lr_grid(lr_grid), None
