@@ -145,3 +145,21 @@ def test_one_lr_of_a_grid_is_an_ordinary_comparison_and_other_flags_are_refused(
     for flag in (["--per-seed"], ["--metric", "val_bpb"]):
         res = run_ablate("compare", str(sweep_dir), *flag)
         assert res.returncode == 2 and "not available for an --lr-grid or --ladder sweep" in res.stderr
+
+
+def test_three_variants_on_a_ladder_report_ranks_and_their_agreement(tmp_path):
+    path = _ladder(tmp_path, [("a", 16, 1, 1), ("b", 24, 2, 2), ("c", 32, 2, 2)])
+    res = run_ablate("sweep", "act=gelu,swiglu,relu", "--ladder", str(path), *LADDER_ARGS,
+                     "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
+    assert len(rows) == 3 and "rank agreement" in res.stdout
+    for i in range(3):  # each rung's ranks are 1..3, by mean loss
+        by_rank = sorted(rows, key=lambda r: r["ranks"][i])
+        assert [r["ranks"][i] for r in by_rank] == [1, 2, 3]
+        losses = [r["rungs"][i]["mean"] for r in by_rank]
+        assert losses == sorted(losses)
+    first, last = [{r["variant"]: r["ranks"][k] for r in rows} for k in (0, 2)]
+    pairs = [(x, y) for x in first for y in first if x < y]
+    held = sum((first[x] < first[y]) == (last[x] < last[y]) for x, y in pairs) / len(pairs)
+    assert rows[0]["rank_agreement"] == pytest.approx(held)

@@ -323,6 +323,13 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     agreement = _rank_agreement(losses, names)
     if agreement is not None:
         notes.append(f"rank agreement: {agreement:.0%} of the pairwise orderings at {rungs[0]} hold at {rungs[-1]}")
+    for i, rung in enumerate(rungs):  # 1 = the lowest mean loss at that rung
+        order = sorted((r for r in rows if r[f"loss_{rung}"] is not None), key=lambda r: r[f"loss_{rung}"])
+        for k, r in enumerate(order, 1):
+            r.setdefault("ranks", [None] * len(rungs))[i] = k
+    for r in rows:
+        r.setdefault("ranks", [None] * len(rungs))
+        r["rank_agreement"] = agreement
     columns = ([("variant", "variant", str)] + [(f"loss {r}", f"loss_{r}", ".4f") for r in rungs]
                + [(f"Δ {r}", f"delta_{r}", "+.4f") for r in rungs]
                + [(f"x {r}", f"mult_{r}", ".2f") for r in rungs]
