@@ -121,3 +121,17 @@ def test_the_gpu_ladder_plans_up_to_gpt2_small(tmp_path):
     assert sizes == [("256", "4", "4"), ("384", "6", "6"), ("512", "8", "8"), ("768", "12", "12")]
     steps = [int(j["train.steps"]) for j in jobs[::2]]
     assert steps == sorted(steps) and float(jobs[-1]["train.lr"]) == pytest.approx(6e-4)
+
+
+def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly():
+    """`ablate sweep ... --dry-run | head -3`: the reader closes the pipe; no traceback, exit 0."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "sweep", "act=gelu,swiglu", "--ladder", "cpu",
+                          "--dry-run"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before the plan is printed: every write meets a closed pipe
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and "Traceback" not in err, err

@@ -219,7 +219,15 @@ def plan(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0,
 
 
 def print_plan(jobs: list[Job], as_json: bool, header: str = "", out=None) -> None:
-    out = out or sys.stdout
+    try:
+        _print_plan(jobs, as_json, header, out or sys.stdout)
+    except BrokenPipeError:  # `ablate sweep ... --dry-run | head`: the reader has what it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what follows goes nowhere
+
+
+def _print_plan(jobs: list[Job], as_json: bool, header: str, out) -> None:
     if as_json:
         out.write(json.dumps([j.overrides for j in jobs], indent=None) + "\n")
         return
