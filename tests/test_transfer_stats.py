@@ -1,7 +1,8 @@
 """Issue 23, part 3: the statistics of --lr-grid and --ladder against independent references:
 LR sensitivity against hand-computed tables (Wortsman et al. 2023's definition), the L(C) fit
 against scipy.optimize.curve_fit on synthetic data with known parameters, the compute
-multiplier on curves whose answer is known."""
+multiplier on curves whose answer is known, the tuned comparison against a hand table with
+scipy's paired t and Holm by hand."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import numpy as np
 import pytest
 from scipy.optimize import curve_fit
 
+from scipy import stats
+
 from ablate.analysis.transfer import (PowerLaw, best_lr, compute_multiplier, fit_power_laws,
-                                      log_grid, lr_sensitivity, multiplier_ci, parse_lr_grid,
-                                      rank_agreement, wins_every_rung)
+                                      grid_curve, log_grid, lr_sensitivity, multiplier_ci,
+                                      parse_lr_grid, rank_agreement, tuned_comparison,
+                                      wins_every_rung)
 from ablate.errors import ConfigError
 
 GRID = [1e-4, 1e-3, 1e-2, 1e-1]
@@ -24,6 +28,7 @@ GRID = [1e-4, 1e-3, 1e-2, 1e-1]
     ([3.0, 2.0, 2.5, 4.0], 5.0, 0.875),
     # a diverged point (None, inf) counts as the loss at init: (1 + 0 + 3 + 3) / 4
     ([3.0, 2.0, None, math.inf], 5.0, 1.75),
+    ([3.0, 2.0, math.nan, None], 5.0, 1.75),
     # a loss above init (a run that got worse) is capped at init: (1 + 0 + 0.5 + 3) / 4
     ([3.0, 2.0, 2.5, 7.0], 5.0, 1.125),
     ([2.0, 2.0, 2.0, 2.0], 5.0, 0.0),  # flat: no sensitivity
@@ -51,10 +56,18 @@ def test_best_lr_flags_the_grids_edges():
 
 def test_log_grid_and_its_bad_input():
     assert log_grid(1e-4, 1e-1, 4) == [1e-4, 1e-3, 1e-2, 1e-1]
+    # 10^(-4 + k/3), by hand, at 3 significant digits
+    assert log_grid(1e-4, 1e-2, 7) == [1e-4, 2.15e-4, 4.64e-4, 1e-3, 2.15e-3, 4.64e-3, 1e-2]
     assert parse_lr_grid("1e-3:1e-1:5") == [1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1]
+    for args, message in [((1e-3, 1e-1, 2), "an LR grid needs at least 3 points"),
+                          ((0.0, 1e-1, 5), "learning rates must be positive"),
+                          ((1e-3, -1.0, 5), "learning rates must be positive"),
+                          ((1e-2, 1e-2, 5), "HI must be above its LO")]:
+        with pytest.raises(ConfigError, match=message):
+            log_grid(*args)
     for text, message in [("1e-3:1e-1:2", "at least 3"), ("0:1e-1:5", "positive"),
                           ("-1:1:4", "positive"), ("1e-1:1e-3:4", "above"), ("1e-3,1e-1", "LO:HI:N"),
-                          ("a:b:c", "LO:HI:N")]:
+                          ("a:b:c", "LO:HI:N"), ("1e-3:1e-1:2.5", "LO:HI:N"), ("", "LO:HI:N")]:
         with pytest.raises(ConfigError, match=message):
             parse_lr_grid(text)
 
@@ -64,42 +77,78 @@ COMPUTE = [1e9, 1e10, 1e11, 1e12, 1e13]
 
 
 def _law(c, l_inf, a, alpha):
-    return l_inf + a * c ** -alpha
+    return l_inf + a * np.asarray(c, float) ** -alpha
 
 
-def _reference(c, y):
-    """scipy's curve_fit in log-compute (the usual way to fit a saturating power law)."""
-    p, _ = curve_fit(lambda x, li, a, al: _law(10 ** x, li, a, al), np.log10(c), y,
-                     p0=(1.0, 10.0, 0.2), maxfev=20000)
+def _reference(c, y, p0=(1.4, 40.0, 0.25)):
+    """scipy's curve_fit (least squares in loss units) in log-compute, from a nearby start."""
+    p, _ = curve_fit(lambda x, li, a, al: _law(10 ** x, li, a, al), np.log10(c), y, p0=p0, maxfev=20000)
     return p
 
 
-@pytest.mark.parametrize("noise", [0.0, 0.002])
-def test_fit_recovers_known_parameters_as_curve_fit_does(noise):
-    rng = np.random.default_rng(0)
-    y = np.array([TRUE.loss(c) for c in COMPUTE]) + noise * rng.standard_normal(len(COMPUTE))
-    fit = fit_power_laws({"x": (COMPUTE, list(y))})["x"]
-    ref = _reference(np.array(COMPUTE), y)
-    tol = 1e-4 if noise == 0 else 0.05
-    assert fit.l_inf == pytest.approx(TRUE.l_inf, rel=tol, abs=tol)
-    assert fit.alpha == pytest.approx(TRUE.alpha, rel=20 * tol)
-    # the same curve as curve_fit's, where it was measured
-    assert [fit.loss(c) for c in COMPUTE] == pytest.approx([_law(c, *ref) for c in COMPUTE], abs=2 * noise + 1e-6)
+def _noisy(law, noise, seed, computes=COMPUTE):
+    rng = np.random.default_rng(seed)
+    return [law.loss(c) + noise * rng.standard_normal() for c in computes]
 
 
-def test_two_curves_share_one_l_inf():
+@pytest.mark.parametrize("noise, seed", [(0.0, 0), (2e-4, 0), (2e-4, 1), (2e-3, 0), (2e-3, 2), (2e-3, 3)])
+def test_fit_recovers_known_parameters_as_curve_fit_does(noise, seed):
+    y = _noisy(TRUE, noise, seed)
+    fit = fit_power_laws({"x": (COMPUTE, y)})["x"]
+    ref = _reference(np.array(COMPUTE), np.array(y))
+    # the same least-squares solution as curve_fit's: parameters and curve
+    assert (fit.l_inf, fit.a, fit.alpha) == pytest.approx(tuple(ref), rel=1e-4)
+    assert [fit.loss(c) for c in COMPUTE] == pytest.approx(list(_law(COMPUTE, *ref)), abs=1e-7)
+    if noise == 0:
+        assert (fit.l_inf, fit.a, fit.alpha) == pytest.approx((1.5, 50.0, 0.3), rel=1e-6)
+    elif noise <= 2e-4:  # near the truth where the noise leaves it identified (A the least so)
+        assert (fit.l_inf, fit.alpha) == (pytest.approx(1.5, abs=1e-3), pytest.approx(0.3, abs=0.01))
+        assert fit.a == pytest.approx(50.0, rel=0.15)
+
+
+def test_two_curves_share_one_l_inf_as_a_joint_curve_fit():
     other = PowerLaw(1.5, 80.0, 0.25)
-    curves = {"a": (COMPUTE, [TRUE.loss(c) for c in COMPUTE]), "b": (COMPUTE, [other.loss(c) for c in COMPUTE])}
-    fits = fit_power_laws(curves)
-    assert fits["a"].l_inf == fits["b"].l_inf == pytest.approx(1.5, rel=1e-3)
-    assert (fits["a"].alpha, fits["b"].alpha) == (pytest.approx(0.3, rel=1e-2), pytest.approx(0.25, rel=1e-2))
-    fixed = fit_power_laws(curves, l_inf=1.5)
-    assert fixed["b"].a == pytest.approx(80.0, rel=1e-6)
+    exact = {"a": (COMPUTE, [TRUE.loss(c) for c in COMPUTE]), "b": (COMPUTE, [other.loss(c) for c in COMPUTE])}
+    fits = fit_power_laws(exact)
+    assert fits["a"].l_inf == fits["b"].l_inf == pytest.approx(1.5, rel=1e-6)
+    assert (fits["a"].a, fits["a"].alpha, fits["b"].a, fits["b"].alpha) == pytest.approx((50, 0.3, 80, 0.25), rel=1e-4)
+    # with noise: the joint least squares (one L_inf, two A and alpha) by curve_fit
+    ya, yb = _noisy(TRUE, 2e-3, 3), _noisy(other, 2e-3, 4)
+    fits = fit_power_laws({"a": (COMPUTE, ya), "b": (COMPUTE, yb)})
+    x = np.log10(COMPUTE)
+    joint = lambda _, li, a1, al1, a2, al2: np.concatenate([_law(10 ** x, li, a1, al1), _law(10 ** x, li, a2, al2)])
+    p, _ = curve_fit(joint, np.zeros(10), np.array(ya + yb), p0=(1.4, 40, 0.25, 60, 0.2), maxfev=50000)
+    got = (fits["a"].l_inf, fits["a"].a, fits["a"].alpha, fits["b"].a, fits["b"].alpha)
+    assert got == pytest.approx(tuple(p), rel=1e-3)
+    assert fits["b"].l_inf == fits["a"].l_inf
+
+
+def test_a_fixed_l_inf_is_kept_and_must_lie_below_the_losses():
+    other = PowerLaw(1.5, 80.0, 0.25)
+    y = _noisy(other, 2e-3, 5)
+    fixed = fit_power_laws({"b": (COMPUTE, y)}, l_inf=1.5)["b"]
+    p, _ = curve_fit(lambda x, a, al: _law(10 ** x, 1.5, a, al), np.log10(COMPUTE), y, p0=(60, 0.2), maxfev=20000)
+    assert (fixed.l_inf, fixed.a, fixed.alpha) == (1.5, pytest.approx(p[0], rel=1e-4), pytest.approx(p[1], rel=1e-4))
+    exact = fit_power_laws({"b": (COMPUTE, [other.loss(c) for c in COMPUTE])}, l_inf=1.5)["b"]
+    assert (exact.a, exact.alpha) == pytest.approx((80.0, 0.25), rel=1e-6)
+    for bad in (min(y), 10.0, -0.1):
+        with pytest.raises(ValueError, match="below every loss"):
+            fit_power_laws({"b": (COMPUTE, y)}, l_inf=bad)
 
 
 def test_fewer_than_three_rungs_refuse_to_fit():
-    with pytest.raises(ValueError, match="fewer than 3 rungs"):
+    with pytest.raises(ValueError, match="fewer than 3 rungs: no extrapolation"):
         fit_power_laws({"x": (COMPUTE[:2], [3.0, 2.5])})
+    with pytest.raises(ValueError, match="b: fewer than 3 rungs"):  # one short curve is enough
+        fit_power_laws({"a": (COMPUTE, [TRUE.loss(c) for c in COMPUTE]), "b": (COMPUTE[:2], [3.0, 2.5])})
+    with pytest.raises(ValueError, match="3 computes but 2 losses"):
+        fit_power_laws({"x": (COMPUTE[:3], [3.0, 2.5])})
+
+
+def test_the_power_law_and_its_inverse():
+    assert TRUE.loss(1e10) == pytest.approx(1.5 + 50 * 1e10 ** -0.3)
+    assert TRUE.compute_for(TRUE.loss(3e11)) == pytest.approx(3e11, rel=1e-9)
+    assert TRUE.compute_for(1.5) is None and TRUE.compute_for(1.4) is None
 
 
 def test_a_variant_on_the_baselines_curve_at_twice_the_compute_has_multiplier_two():
@@ -108,15 +157,49 @@ def test_a_variant_on_the_baselines_curve_at_twice_the_compute_has_multiplier_tw
     twice = [TRUE.loss(2 * c) for c in rungs]
     fits = fit_power_laws({"base": (rungs, base), "v": (rungs, twice)})
     assert [compute_multiplier(fits["base"], v, c) for v, c in zip(twice, rungs)] == pytest.approx([2, 2, 2], rel=1e-3)
+    assert compute_multiplier(TRUE, TRUE.loss(2e13), 1e13) == pytest.approx(2, rel=1e-9)
     assert compute_multiplier(TRUE, TRUE.l_inf - 0.1, 1e9) is None  # below L_inf: never reached
+    # no seed noise: the point estimate is 2 per rung and at the target, and so is every resample
+    exact = multiplier_ci({"base": [[x] * 3 for x in base], "v": [[x] * 3 for x in twice]}, rungs,
+                          "base", "v", n_boot=50)
+    assert exact.target == 10 * rungs[-1] and exact.at_target == pytest.approx(2, rel=1e-3)
+    assert exact.per_rung == pytest.approx([2, 2, 2], rel=1e-3)
+    assert exact.ci == pytest.approx((2, 2), rel=1e-3) and exact.n_boot == 50
+    assert exact.method == "paired bootstrap over seeds, shared L_inf"
+
+
+def test_the_multiplier_ci_holds_two_and_narrows_with_more_seeds():
+    rungs = COMPUTE[:3]
+    base = [TRUE.loss(c) for c in rungs]
+    twice = [TRUE.loss(2 * c) for c in rungs]
     rng = np.random.default_rng(1)
     seeds = lambda losses, k: [[x + 0.003 * rng.standard_normal() for _ in range(k)] for x in losses]
-    few = multiplier_ci({"base": seeds(base, 3), "v": seeds(twice, 3)}, rungs, "base", "v", n_boot=300)
+    few_seeds = {"base": seeds(base, 3), "v": seeds(twice, 3)}
+    few = multiplier_ci(few_seeds, rungs, "base", "v", n_boot=300)
     many = multiplier_ci({"base": seeds(base, 12), "v": seeds(twice, 12)}, rungs, "base", "v", n_boot=300)
     for m in (few, many):
         assert m.ci[0] <= 2 <= m.ci[1]
         assert all(lo <= 2 <= hi for lo, hi in m.per_rung_ci)
     assert many.ci[1] - many.ci[0] < few.ci[1] - few.ci[0]  # more seeds, a narrower interval
+    assert multiplier_ci(few_seeds, rungs, "base", "v", n_boot=300) == few  # a fixed RNG seed
+    # each rung's interval is that rung's (around its own estimate, not all alike)
+    assert all(lo <= x <= hi for x, (lo, hi) in zip(few.per_rung, few.per_rung_ci))
+    assert len(set(few.per_rung_ci)) == 3
+    # percentiles: a 99.9% interval holds the 95% one, a 50% one lies inside it
+    wide = multiplier_ci(few_seeds, rungs, "base", "v", n_boot=300, alpha=0.001)
+    narrow = multiplier_ci(few_seeds, rungs, "base", "v", n_boot=300, alpha=0.5)
+    assert wide.ci[0] < few.ci[0] < narrow.ci[0] < narrow.ci[1] < few.ci[1] < wide.ci[1]
+
+
+def test_the_multiplier_ci_is_paired():
+    """A variant equal to the baseline seed by seed: every paired resample picks the same seeds
+    for both, so every multiplier is exactly 1; unpaired resampling would spread it."""
+    rungs = COMPUTE[:3]
+    rng = np.random.default_rng(2)
+    same = [[TRUE.loss(c) + 0.004 * rng.standard_normal() for _ in range(6)] for c in rungs]
+    m = multiplier_ci({"base": same, "v": same}, rungs, "base", "v", n_boot=200)
+    assert m.per_rung == pytest.approx([1, 1, 1], rel=1e-6) and m.at_target == pytest.approx(1, rel=1e-6)
+    assert all(ci == pytest.approx((1, 1), rel=1e-6) for ci in m.per_rung_ci + [m.ci])
 
 
 def test_rank_agreement_and_wins_by_hand():
@@ -124,8 +207,17 @@ def test_rank_agreement_and_wins_by_hand():
     assert rank_agreement(small, {"a": 1.0, "b": 2.0, "c": 3.0}) == 1.0
     assert rank_agreement(small, {"a": 3.0, "b": 2.0, "c": 1.0}) == 0.0
     assert rank_agreement(small, {"a": 2.0, "b": 1.0, "c": 3.0}) == pytest.approx(2 / 3)  # a<b flips
+    # a<b holds (2 < 3); a<c and b<c flip
+    assert rank_agreement(small, {"a": 2.0, "b": 3.0, "c": 1.0}) == pytest.approx(1 / 3)
+    assert rank_agreement(small, {"a": 1.0, "b": 2.0, "d": 0.0}) == 1.0  # names in both only
+    assert rank_agreement({"a": 1.0, "b": 1.0, "c": 2.0}, {"a": 0.0, "b": 5.0, "c": 9.0}) == 1.0  # a tie: no ordering
+    assert rank_agreement(small, {"a": 1.0, "b": 1.0, "c": 3.0}) == pytest.approx(2 / 3)  # a<b became a tie
+    assert rank_agreement({"a": 2.0, "b": 1.0}, {"a": 1.0, "b": 1.0}) == 0.0  # b<a became a tie
     assert rank_agreement({"a": 1.0}, {"a": 1.0}) is None
     assert wins_every_rung([3.0, 2.0, 1.5], [2.9, 1.9, 1.4]) and not wins_every_rung([3.0, 2.0], [2.9, 2.1])
+    assert not wins_every_rung([3.0, 2.0], [2.9, 2.0])  # a tie is not a win
+    with pytest.raises(ValueError):
+        wins_every_rung([3.0, 2.0, 1.5], [2.9, 1.9])
 
 
 def test_a_variant_below_the_measured_baseline_at_a_rung_has_a_multiplier_above_one():
@@ -167,3 +259,75 @@ def test_the_tuned_report_by_hand():
     # Wortsman: capped at loss_init 5.0, best 2.40 / 2.50
     assert v["lr_sensitivity"] == pytest.approx(((3.1 - 2.4) + (2.6 - 2.4) + 0) / 3)
     assert b["lr_sensitivity"] == pytest.approx(((3.0 - 2.5) + 0 + (5.0 - 2.5)) / 3)
+
+
+# the baseline is best at 1e-2, the variant v at 1e-1 (3 seeds there; the grid is seed 0)
+TUNED = {
+    "baseline": {1e-3: {0: 3.0}, 1e-2: {0: 2.50, 1: 2.54, 2: 2.49}, 1e-1: {0: None}},
+    "v": {1e-3: {0: 3.1}, 1e-2: {0: 2.60}, 1e-1: {0: 2.40, 1: 2.41, 2: 2.43}},
+}
+BASE_AT_BEST = [2.50, 2.54, 2.49]
+W = {1e-3: {0: 3.05}, 1e-2: {0: 2.51, 1: 2.50, 2: 2.50}, 1e-1: {0: math.inf}}  # best at 1e-2 too
+U = {1e-3: {0: 2.45, 1: 2.40, 2: 2.50}, 1e-2: {0: 2.55}, 1e-1: {0: 3.5}}  # best at 1e-3
+
+
+def test_tuned_comparison_by_hand():
+    """At the shared LR 1e-2 v is worse (+0.10); at its own best LR it is better (paired t by
+    scipy, p < 0.05): the verdict differs."""
+    out = tuned_comparison(TUNED, "baseline", 5.0, shared_lr=1e-2)
+    b, v = out["baseline"], out["v"]
+    assert list(out) == ["baseline", "v"]
+    assert (b.best_lr, b.on_edge, v.best_lr, v.on_edge) == (1e-2, False, 1e-1, True)
+    assert b.tuned_delta is None and b.shared_delta is None and not b.verdict_differs
+    hand = ((2.40 - 2.50) + (2.41 - 2.54) + (2.43 - 2.49)) / 3  # paired by seed
+    ref = stats.ttest_rel([2.40, 2.41, 2.43], BASE_AT_BEST)
+    assert v.tuned_delta.test_delta == pytest.approx(hand) and v.tuned_delta.test == "paired t"
+    assert v.tuned_delta.p_value == pytest.approx(ref.pvalue) and v.p_holm == pytest.approx(ref.pvalue)
+    assert ref.pvalue < 0.05 and v.verdict == "better"
+    # seed 0 only at 1e-2 for v: 2.60 - 2.50 (the baseline's mean there, 2.51, is not paired)
+    assert v.shared_delta == pytest.approx(0.10) and v.verdict_differs
+    assert (v.n, v.loss) == (3, pytest.approx(2.41333333))
+    lo, hi = stats.t.interval(0.95, 2, loc=np.mean([2.40, 2.41, 2.43]), scale=stats.sem([2.40, 2.41, 2.43]))
+    assert v.loss_ci == pytest.approx((lo, hi))
+    assert v.lr_sensitivity == pytest.approx(((3.1 - 2.4) + (2.6 - 2.4) + 0) / 3)
+    assert b.lr_sensitivity == pytest.approx(((3.0 - 2.5) + 0 + (5.0 - 2.5)) / 3)  # diverged: loss_init
+
+
+def test_tuned_comparison_holm_over_variants():
+    """Three variants: Holm by hand over scipy's paired p-values. v is noise after Holm, yet its
+    shared delta lies outside its tuned CI: the verdict differs. u's shared delta has the other
+    sign but lies inside its (wide) tuned CI, and w's agrees: neither differs."""
+    out = tuned_comparison({**TUNED, "w": W, "u": U}, "baseline",
+                           {"baseline": 5.0, "v": 5.0, "w": None, "u": 5.0}, shared_lr=0.01)
+    v, w, u = out["v"], out["w"], out["u"]
+    p = {n: stats.ttest_rel(x, BASE_AT_BEST).pvalue
+         for n, x in [("v", [2.40, 2.41, 2.43]), ("w", [2.51, 2.50, 2.50]), ("u", [2.45, 2.40, 2.50])]}
+    first, second, third = sorted(p, key=p.get)
+    holm = {first: min(1, 3 * p[first])}
+    holm[second] = max(holm[first], min(1, 2 * p[second]))
+    holm[third] = max(holm[second], p[third])
+    assert {n: out[n].p_holm for n in p} == pytest.approx(holm)
+    assert v.verdict == "noise" and v.verdict_differs
+    assert (w.best_lr, w.on_edge) == (1e-2, False)
+    assert w.shared_delta == pytest.approx((0.01 - 0.04 + 0.01) / 3) == pytest.approx(w.tuned_delta.test_delta)
+    assert w.verdict == "noise" and not w.verdict_differs and w.lr_sensitivity is None
+    assert (u.best_lr, u.on_edge) == (1e-3, True)
+    assert u.tuned_delta.test_delta == pytest.approx((-0.05 - 0.14 + 0.01) / 3)
+    assert u.shared_delta == pytest.approx(0.05) and u.tuned_delta.ci_high > 0.05
+    assert u.verdict == "noise" and not u.verdict_differs
+    # a shared LR outside the grid, or none: no shared delta, so nothing to differ
+    for shared in (3e-2, None):
+        none = tuned_comparison(TUNED, "baseline", 5.0, shared_lr=shared)
+        assert none["v"].shared_delta is None and not none["v"].verdict_differs
+    with pytest.raises(ValueError, match="baseline 'base'"):
+        tuned_comparison(TUNED, "base", 5.0)
+
+
+def test_the_grid_curve_compares_the_same_seeds_at_every_lr():
+    """Extra seeds at one LR (the seeds run at a best LR) stay out of the grid's curve, and a
+    seed that diverged makes its LR diverged: 1e-2 stays the best, not 1e-1."""
+    runs = {1e-3: {0: 3.0, 1: None}, 1e-2: {0: 2.50, 1: 2.56, 2: 2.90}, 1e-1: {0: 2.55, 1: 2.60}}
+    assert grid_curve(runs) == {1e-3: None, 1e-2: pytest.approx(2.53), 1e-1: pytest.approx(2.575)}
+    assert grid_curve({1e-3: {0: 3.0}, 1e-2: {1: 2.5, 2: 2.7}}) == {1e-3: 3.0, 1e-2: pytest.approx(2.6)}
+    out = tuned_comparison({"baseline": runs, "x": runs}, "baseline", 5.0)
+    assert out["x"].best_lr == 1e-2 and out["x"].n == 3 and out["x"].tuned_delta.test_delta == 0

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, number
-from ablate.analysis.stats import ALPHA, holm, mean_std, seed_test, verdict
+from ablate.analysis.stats import ALPHA, mean_std, seed_test
 
 MIN_RUNGS = 3  # fewer: the rung table, no fit and no projection
 
@@ -185,34 +185,33 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
     names, base = _by_variant(points, baseline)
     grid = [float(x) for x in record["grid"]]
     shared = _nearest(grid, float(record.get("shared_lr") or grid[len(grid) // 2]))
-    curves = {n: {lr: _grid_loss(points, n, lr) for lr in grid} for n in names}
-    best = {n: T.best_lr(curves[n]) for n in names}
-    at = {n: _seed_values(points, n, best[n].lr) for n in names}
+    runs: dict = {n: {lr: {} for lr in grid} for n in names}
+    inits: dict = {n: [] for n in names}
+    for p in points:
+        lr = _nearest(grid, p.lr)
+        runs[p.variant][lr][p.seed] = p.loss
+        if p.loss_init is not None:
+            inits[p.variant].append(p.loss_init)
+    loss_init = {n: sum(v) / len(v) if v else None for n, v in inits.items()}
+    tuned = T.tuned_comparison(runs, base, loss_init, shared, alpha)
     rows, notes = [], []
     for n in names:
-        init = [p.loss_init for p in points if p.variant == n and p.loss_init is not None]
-        mean, _ = mean_std(list(at[n].values()))
-        test = seed_test(at[base], at[n], alpha) if n != base else None
-        lo, hi = _mean_ci(list(at[n].values()), alpha)
-        shared_delta = _paired_mean(_seed_values(points, base, shared), _seed_values(points, n, shared))
+        t, test = tuned[n], tuned[n].tuned_delta
         top = max((p for p in points if p.variant == n), key=lambda p: p.lr)
         rows.append({
-            "variant": n, "baseline": n == base, "best_lr": best[n].lr, "best_lr_on_edge": best[n].on_edge,
-            "n": len(at[n]), "loss": mean, "loss_ci": [lo, hi] if lo is not None else None,
+            "variant": n, "baseline": n == base, "best_lr": t.best_lr, "best_lr_on_edge": t.on_edge,
+            "n": t.n, "loss": t.loss, "loss_ci": list(t.loss_ci) if t.loss_ci[0] is not None else None,
             "tuned_delta": test.test_delta if test else None,
             "tuned_delta_ci": [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
             "tuned_p": test.p_value if test else None, "tuned_t": test.t if test else None,
             "seeds_needed": test.seeds_needed if test else None,
-            "shared_lr": shared, "shared_delta": shared_delta if n != base else None,
-            "lr_sensitivity": T.lr_sensitivity(curves[n], sum(init) / len(init)) if init else None,
-            "loss_init": sum(init) / len(init) if init else None,
+            "tuned_p_holm": t.p_holm, "tuned_verdict": t.verdict,
+            "shared_lr": shared, "shared_delta": t.shared_delta, "verdict_differs": t.verdict_differs,
+            "lr_sensitivity": t.lr_sensitivity, "loss_init": loss_init[n],
             "max_attn_logit": top.max_attn_logit, "max_attn_logit_lr": top.lr,
-            "curve": {f"{lr:g}": curves[n][lr] for lr in grid},
+            "curve": {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()},
         })
-    for row, p in zip(rows, holm([r["tuned_p"] for r in rows])):
-        row["tuned_p_holm"] = p
-        row["tuned_verdict"] = verdict(row["tuned_t"], p, "val_loss", alpha)
-        row["verdict_differs"] = _differs(row)
+    for row in rows:
         if row["best_lr_on_edge"]:
             notes.append(f"{row['variant']}: the best LR {row['best_lr']:g} is on the grid's edge; "
                          "widen the grid")
@@ -251,47 +250,6 @@ def _ci(v: Sequence[float]) -> str:
 
 def _nearest(grid: Sequence[float], lr: float) -> float:
     return min(grid, key=lambda x: abs(math.log(x / lr)))
-
-
-def _grid_loss(points: Sequence[Point], variant: str, lr: float) -> Optional[float]:
-    """The grid's value at an LR: seed 0's (the grid ran seed 0 at every LR); None if it diverged."""
-    runs = [p for p in points if p.variant == variant and math.isclose(p.lr, lr, rel_tol=1e-6)]
-    first = sorted(runs, key=lambda p: str(p.seed))[:1]
-    return first[0].loss if first else None
-
-
-def _seed_values(points: Sequence[Point], variant: str, lr: Optional[float]) -> dict:
-    if lr is None:
-        return {}
-    return {p.seed: p.loss for p in points if p.variant == variant and p.loss is not None
-            and math.isclose(p.lr, lr, rel_tol=1e-6)}
-
-
-def _paired_mean(base: dict, other: dict) -> Optional[float]:
-    common = set(base) & set(other)
-    return sum(other[s] - base[s] for s in common) / len(common) if common else None
-
-
-def _mean_ci(values: list, alpha: float) -> tuple[Optional[float], Optional[float]]:
-    from scipy import stats
-
-    mean, sd = mean_std(values)
-    if sd is None:
-        return None, None
-    half = stats.t.ppf(1 - alpha / 2, len(values) - 1) * sd / math.sqrt(len(values))
-    return mean - half, mean + half
-
-
-def _differs(row: dict) -> bool:
-    """The shared LR would tell another story: the tuned test finds a difference (better or
-    worse, Holm) and the shared-LR delta points the other way, or the tuned test finds none and
-    the shared-LR delta lies outside the tuned CI."""
-    tuned, shared, ci = row["tuned_delta"], row["shared_delta"], row["tuned_delta_ci"]
-    if tuned is None or shared is None:
-        return False
-    if row["tuned_verdict"] in ("better", "worse"):
-        return shared == 0 or (shared > 0) != (tuned > 0)
-    return ci is not None and not ci[0] <= shared <= ci[1]
 
 
 # ---- the ladder ---------------------------------------------------------------------------------
