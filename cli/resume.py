@@ -123,7 +123,7 @@ def _resume_sweep(sweep_dir: Path, extra: list[str]) -> None:
     seeds = int(recorded.get("hydra.sweeper.seeds", 0))
     typer.echo(f"resuming sweep {sweep_dir}", err=True)
     try:
-        preflight(args, mode, seeds)
+        preflight(args, mode, seeds, ladder="hydra.sweeper.ladder" in recorded)
     except AblateError as e:
         fail(str(e), e.exit_code)
     call_hydra(args, multirun=True)

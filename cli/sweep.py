@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
             fail("--json lists the jobs: use it with --dry-run")
         if not any(a.startswith("-") for a in args):
             try:
-                preflight(args, mode, seeds or 0)
+                preflight(args, mode, seeds or 0, ladder=ladder is not None)
             except AblateError as e:
                 fail(str(e), e.exit_code)
         # Hydra takes --cfg/--info instead of -m: show the (first) job's config, run nothing.

@@ -75,6 +75,10 @@ transfer)
   run "$ABLATE sweep act=gelu,swiglu --ladder gpu --seeds 3 model=small train=gpu tokenizer=gpt2 --dry-run | head -8"
   run "$ABLATE sweep qk_norm=off,on --lr-grid 3e-4:3e-1:7 --seeds 3 $ABL train.steps=300 train.diagnostics_every=50 logger=none train.progress=false hydra.sweep.dir=$out/lr_qk"
   run "$ABLATE compare $out/lr_qk --json > $out/lr_qk.json; $ABLATE compare $out/lr_qk --plot $out/lr_qk.png"
+  # the twice-the-tokens check at 4x the cpu ladder's tokens per parameter: on 2 CPU cores,
+  # 20 vs 40 gave 2x at r0 only (the ladder undertrained from r1 on; docs/transfer.md)
+  run "$ABLATE sweep ladder.tokens_per_param=80,160 --ladder cpu --seeds 2 train.device=cuda logger=none train.progress=false hydra.sweep.dir=$out/ladder_2x"
+  run "$ABLATE compare $out/ladder_2x --json > $out/ladder_2x.json; $ABLATE compare $out/ladder_2x"
   ;;
 *) echo "unknown part '$part': tier, bench, noise, pack or transfer"; exit 2 ;;
 esac

@@ -66,6 +66,34 @@ def test_eta_is_the_mean_job_time_times_the_jobs_left():
     assert p.line(JobResult(Job([], "b"), "failed"), 90.0).endswith("1m30s  2 left  ETA 2m00s")
 
 
+def test_eta_weighs_the_jobs_left_by_their_training_flops():
+    """A ladder's last rungs cost more than its first: the ETA counts their FLOPs, not jobs."""
+    from ablate.sweep import Job
+    from ablate.sweep.report import JobResult, Progress, job_flops
+    from conftest import compose
+
+    small, large = compose(TINY), compose(TINY + ["model.d_model=64", "train.steps=40"])
+    ratio = job_flops(large) / job_flops(small)
+    assert ratio > 4
+    jobs = [Job([], "s0"), Job([], "s1"), Job([], "l0")]
+    now = [0.0]
+    p = Progress(4, clock=lambda: now[0])  # the fourth job is a later phase's: the mean job
+    p.expect(jobs, [small, small, large])
+    now[0] += 10
+    line = p.line(JobResult(jobs[0], "completed"), 10.0)
+    mean = (2 + ratio) / 3
+    assert line.endswith(f"ETA {_fmt(10 * (1 + ratio + mean))}")
+    p.line(JobResult(jobs[1], "completed", earlier=True), None)  # done earlier: no time, no work
+    now[0] += 10 * ratio
+    assert p.line(JobResult(jobs[2], "completed"), 10 * ratio).endswith(f"1 left  ETA {_fmt(10 * mean)}")
+
+
+def _fmt(seconds: float) -> str:
+    from ablate.sweep.report import _duration
+
+    return _duration(seconds)
+
+
 def test_launcher_logs_are_hidden_unless_hydra_verbose():
     from ablate.sweep.report import quiet_launcher_logs
 

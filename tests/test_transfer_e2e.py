@@ -104,8 +104,8 @@ def _ladder(tmp_path, rungs):
 def ladder_sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ladder")
     path = _ladder(tmp, [("a", 16, 1, 1), ("b", 24, 2, 2), ("c", 32, 2, 2)])
-    res = run_ablate("sweep", "train.batch_size=4,8", "--ladder", str(path), "--seeds", "2",
-                     *LADDER_ARGS, f"hydra.sweep.dir={tmp}/sweep")
+    res = run_ablate("sweep", "ladder.tokens_per_param=1,2", "--ladder", str(path), "--seeds", "2",
+                     *LADDER_ARGS, "train.batch_size=4", f"hydra.sweep.dir={tmp}/sweep")
     assert res.returncode == 0, res.stdout + res.stderr
     return tmp / "sweep", res
 
@@ -120,10 +120,19 @@ def test_a_ladder_sweep_reports_the_compute_multiplier(ladder_sweep):
     assert computes == sorted(computes) and twice["target_compute"] == pytest.approx(10 * computes[-1])
     lo, hi = twice["compute_multiplier_ci"]
     assert lo <= twice["compute_multiplier"] <= hi
-    for r in twice["rungs"]:  # twice the tokens (batch 8 vs 4): the baseline needs more compute
+    for r in twice["rungs"]:  # twice the tokens (steps): the baseline needs more compute
         assert r["n"] == 2 and r["compute_multiplier"] > 1
         assert r["compute_multiplier_ci"][0] <= r["compute_multiplier"] <= r["compute_multiplier_ci"][1]
     assert twice["fit"]["l_inf"] == base["fit"]["l_inf"]  # one L_inf shared
+
+
+def test_resuming_a_ladder_sweep_reruns_nothing_and_changes_no_result(ladder_sweep):
+    sweep_dir, _ = ladder_sweep
+    before = run_ablate("compare", str(sweep_dir), "--json").stdout
+    res = run_ablate("resume", str(sweep_dir))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("done earlier") == 12 and "ladder.tokens_per_param=2_c_seed1" in res.stdout
+    assert run_ablate("compare", str(sweep_dir), "--json").stdout == before
 
 
 def test_fewer_than_three_rungs_show_the_table_and_refuse_to_project(tmp_path):

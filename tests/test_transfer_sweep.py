@@ -77,6 +77,8 @@ def test_ladder_runs_every_variant_on_every_rung_with_its_rules(tmp_path):
     (["--ladder", "nope"], "no such ladder"),
     (["--ladder", "cpu", "model.d_model=256"], "sets model.d_model"),
     (["--ladder", "cpu", "train.steps=10"], "sets train.steps"),
+    (["--ladder", "cpu", "ladder.tokens_per_param=40"], "alone would set every variant's tokens"),
+    (["ladder.tokens_per_param=20,40"], "variant of a --ladder sweep"),
 ])
 def test_bad_transfer_input_is_one_line_and_nothing_launched(args, message, tmp_path):
     res = run_ablate("sweep", "act=gelu,swiglu", *args, f"out_dir={tmp_path}")
@@ -106,6 +108,27 @@ def test_ladder_jobs_name_their_rung_and_share_its_steps():
                                       "baseline_r1_seed0", "act=swiglu_r1_seed0"]
     assert [t["steps"] for t in table] == [3200, 6400] and [t["lr"] for t in table] == [8e-3, 4e-3]
     assert jobs[1].overrides[:1] == ["act=swiglu"] and "train.steps=3200" in jobs[1].overrides
+
+
+def test_a_variant_with_its_own_tokens_per_param_trains_that_many_tokens_on_every_rung(tmp_path):
+    lad = Ladder("t", (Rung("r0", 32, 2, 2), Rung("r1", 64, 4, 4)), 10, 4e-3, 64, warmup_fraction=0.1)
+    jobs, table = ladder_jobs([Job([], "baseline"), Job(["ladder.tokens_per_param=20"], "x")], lad,
+                              lambda r: (1000 * r.d_model, 100), [0])
+    assert [t["steps"] for t in table] == [3200, 6400]  # the table is the baseline's
+    twice = [j.overrides for j in jobs if j.variant == "x"]
+    assert [o for o in twice[0] if o.startswith("train.")] == ["train.steps=6400", "train.warmup_steps=640",
+                                                               "train.lr=0.008"]
+    assert "train.steps=12800" in twice[1] and not any("ladder." in o for o in twice[0] + twice[1])
+    # end to end: the plan a user sees, the baseline's own value is the ladder's
+    plan = dry("ladder.tokens_per_param=20,40", "--ladder", "cpu", "--seeds", "1", tmp_path=tmp_path)
+    for base, var in zip(plan[::2], plan[1::2]):
+        assert 2 * int(base["train.steps"]) - int(var["train.steps"]) in (0, 1)
+    text = run_ablate("sweep", "ladder.tokens_per_param=30,60", "--ladder", "cpu", f"out_dir={tmp_path}",
+                      "--dry-run").stdout  # the baseline's own value is the ladder's, as run
+    assert "rungs (30 tokens per non-embedding parameter of the baseline)" in text
+    for bad in ("0", "x"):
+        res = run_ablate("sweep", f"ladder.tokens_per_param=20,{bad}", "--ladder", "cpu", f"out_dir={tmp_path}/o")
+        assert res.returncode == 2 and "positive number of tokens per parameter" in res.stderr
 
 
 def test_a_rerun_with_another_grid_into_the_same_directory_is_refused(tmp_path):

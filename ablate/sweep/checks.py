@@ -29,7 +29,7 @@ def check_options(mode: str, seeds: Optional[int], jobs_per_gpu: Optional[int],
         check_transfer(lr_grid, ladder)
 
 
-def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> list[Job]:
+def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0, ladder: bool = False) -> list[Job]:
     """Compose the sweep's first job (with the hydra node) and plan the jobs, so a wrong option,
     a launcher that is not installed or an empty ofat sweep is refused in one line before
     Hydra makes any directory. The sweeper checks every job (check_jobs) before launching."""
@@ -42,12 +42,15 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> l
     from ablate.axes import CONF_DIR
     from ablate.compose import check_no_secrets, check_quoted, hydra_message, load_plugins
     from ablate.config import register_configs
+    from ablate.sweep.transfer import TOKENS_KEY
 
     check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
     check_quoted(list(arguments))
     load_plugins(list(arguments))  # their options are swept like built-in ones
     p = parse(arguments)
+    _check_tokens_key(p, ladder)
     first = p.fixed + [values[0] for _, values in p.swept]
+    first = [o for o in first if o.lstrip("+").split("=", 1)[0] != TOKENS_KEY]  # --ladder's own key
     register_configs()
     GlobalHydra.instance().clear()
     try:
@@ -63,6 +66,20 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0) -> l
         return []  # another sweeper was chosen (hydra/sweeper=...): it plans its own jobs
     jobs = sweeper.get("jobs")
     return plan(arguments, mode, seeds, OmegaConf.to_container(jobs, resolve=True) if jobs else None)
+
+
+def _check_tokens_key(p: Any, ladder: bool) -> None:
+    """ladder.tokens_per_param is not a config key: a --ladder sweep's variant, swept."""
+    from ablate.sweep.transfer import TOKENS_KEY
+
+    fixed = [o for o in p.fixed if o.lstrip("+").split("=", 1)[0] == TOKENS_KEY]
+    swept = any(k.lstrip("+") == TOKENS_KEY for k, _ in p.swept)
+    if (fixed or swept) and not ladder:
+        raise ConfigError(f"{TOKENS_KEY} makes the tokens a variant of a --ladder sweep "
+                          f"(e.g. {TOKENS_KEY}=20,40 --ladder cpu)")
+    if fixed:
+        raise ConfigError(f"{fixed[0]} alone would set every variant's tokens: edit tokens_per_param "
+                          f"in the ladder file, or sweep it ({TOKENS_KEY}=20,40)")
 
 
 def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:

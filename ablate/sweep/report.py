@@ -102,32 +102,84 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     """One line per job as it ends: `[3/12] name  status  val_loss 4.1234  12s  9 left  ETA 1m48s`.
-    The ETA is the mean time per job run so far times the jobs left (for parallel launchers a
-    chunk of jobs ends at once, so it is a bound, not a schedule). A job a resumed sweep did not
-    run again says `done earlier` and does not count in the mean."""
+    The ETA weighs the jobs left by their work, a job's training FLOPs (`expect`: steps x tokens
+    per step x FLOPs per token), so a ladder's large rungs or a longer variant count for what they
+    cost: a fitted start-up time plus time per FLOP once jobs of different sizes have run one at
+    a time, else the time so far prorated by work. Jobs without an estimate count as the mean
+    job. For parallel launchers a chunk of jobs ends at once, so it is a bound, not a schedule.
+    A job a resumed sweep did not run again says `done earlier` and does not count."""
 
     def __init__(self, total: int, out=None, clock=None):
         import time
 
-        self.total, self.done, self.ran, self.out = total, 0, 0, out
+        self.total, self.done, self.out = total, 0, out
         self.clock = clock or time.monotonic
         self.start = self.clock()
+        self.work: dict[str, float] = {}  # job name -> its FLOPs (expect)
+        self.ran: list = []  # (work or None, seconds or None) of each job run so far
+        self.ended: set[str] = set()
+
+    def expect(self, jobs: list[Job], configs: list) -> None:
+        """Estimate the work of jobs about to launch from their composed configs."""
+        for job, cfg in zip(jobs, configs):
+            self.work[job.name] = job_flops(cfg)
+
+    def _eta(self, left: int) -> str:
+        if not left:
+            return "done"
+        if not self.ran:
+            return "ETA -"
+        known = [w for w in self.work.values() if w]
+        mean = sum(known) / len(known) if known else 1.0
+        pending = [w or mean for n, w in self.work.items() if n not in self.ended]
+        pending += [mean] * max(left - len(pending), 0)  # a later phase's jobs: the mean job
+        fit = _time_model([(w or mean, t) for w, t in self.ran])
+        if fit is not None:  # each job: a fixed start-up cost plus a time per FLOP
+            a, b = fit
+            return f"ETA {_duration(sum(a + b * w for w in pending))}"
+        per_work = (self.clock() - self.start) / sum(w or mean for w, _ in self.ran)
+        return f"ETA {_duration(per_work * sum(pending))}"
 
     def line(self, r: JobResult, seconds: Optional[float]) -> str:
         self.done += 1
-        self.ran += not r.earlier
+        self.ended.add(r.job.name)
+        if not r.earlier:
+            self.ran.append((self.work.get(r.job.name), seconds))
         left = self.total - self.done
-        elapsed = self.clock() - self.start
-        eta = "done" if not left else f"ETA {_duration(elapsed / self.ran * left)}" if self.ran else "ETA -"
         took = "done earlier" if r.earlier else _duration(seconds) if seconds is not None else "-"
         return (f"[{self.done}/{self.total}] {r.job.name}  {r.status}  val_loss {_final_loss(r)}"
-                f"  {took}  {left} left  {eta}")
+                f"  {took}  {left} left  {self._eta(left)}")
 
     def report(self, r: JobResult, seconds: Optional[float] = None) -> None:
         """Print the job's line; `seconds`: how long it took (None: its summary's wall time)."""
         if seconds is None:
             seconds = summary_value(r.run_dir, "wall_time_s")
         print(self.line(r, seconds), file=self.out or sys.stdout, flush=True)
+
+
+def _time_model(ran: list) -> Optional[tuple[float, float]]:
+    """seconds = a + b * FLOPs fitted to the jobs that ran one at a time (a: start-up, data,
+    evaluation; small jobs are mostly that); None when the jobs' times are unknown (a parallel
+    launch) or their sizes do not vary, or the fit is not a cost (then time is prorated by work)."""
+    if len(ran) < 2 or any(t is None for _, t in ran) or len({w for w, _ in ran}) < 2:
+        return None
+    n = len(ran)
+    mw, mt = sum(w for w, _ in ran) / n, sum(t for _, t in ran) / n
+    b = sum((w - mw) * (t - mt) for w, t in ran) / sum((w - mw) ** 2 for w, _ in ran)
+    a = mt - b * mw
+    return (a, b) if a >= 0 and b > 0 else None
+
+
+def job_flops(cfg: Any) -> Optional[float]:
+    """A job's training FLOPs (None: its config says too little): the ETA's unit of work."""
+    from ablate.model.spec import ModelSpec, flops_per_token
+
+    try:
+        t = cfg.train
+        return float(flops_per_token(ModelSpec.from_config(cfg), int(t.seq_len))) * int(t.steps) * \
+            int(t.batch_size) * int(t.seq_len)
+    except Exception:  # an estimate only: a plugin's config the spec cannot read costs the mean
+        return None
 
 
 # Hydra's launchers log each launch ("Launching 1 jobs locally", "#0 : <overrides>") through

@@ -7,10 +7,12 @@ each variant on every rung of a model ladder (`--ladder`).
 --ladder NAME      every variant on every rung of conf/ladder/NAME.yaml (or a .yaml path): the
                    rung sets width, depth and heads together, the steps follow the ladder's
                    tokens-per-parameter rule (the baseline's non-embedding parameters at that
-                   rung) and the learning rate its width rule.
+                   rung) and the learning rate its width rule. A swept
+                   `ladder.tokens_per_param=20,40` makes the tokens a variant (e.g. the
+                   twice-the-tokens check): that variant's steps follow its own value.
 The sweep directory's transfer.json says which of the two a sweep is; `ablate compare` reads it
-to report best_lr, lr_sensitivity, tuned_delta (ablate/analysis/tuned.py) or the compute
-multiplier (ablate/analysis/ladder.py).
+to report best_lr, lr_sensitivity, tuned_delta or the compute multiplier
+(ablate/analysis/transfer_report.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ablate.sweep.planning import SEED_KEY, Job, Parsed
 
 LR_KEY = "train.lr"
 LADDER_KEYS = ("model.d_model", "model.n_layers", "model.n_heads")
+TOKENS_KEY = "ladder.tokens_per_param"  # a ladder sweep's variant may set its own (not a config key)
 
 
 def lr_tag(lr: float) -> str:
@@ -99,8 +102,8 @@ class Ladder:
         lr = self.base_lr * self.base_width / rung.d_model if self.lr_rule == "width" else self.base_lr
         return float(f"{lr:.3g}")
 
-    def steps(self, params: int, tokens_per_step: int) -> int:
-        return max(1, math.ceil(self.tokens_per_param * params / tokens_per_step))
+    def steps(self, params: int, tokens_per_step: int, tokens_per_param: Optional[float] = None) -> int:
+        return max(1, math.ceil((tokens_per_param or self.tokens_per_param) * params / tokens_per_step))
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -161,14 +164,33 @@ def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Ru
         steps, lr = ladder.steps(params, per_step), ladder.lr(rung)
         table.append({**dataclasses.asdict(rung), "params": params, "steps": steps,
                       "tokens": steps * per_step, "lr": lr})
-        fixed = rung.overrides() + [f"train.steps={steps}", f"train.warmup_steps={ladder.warmup(steps)}",
-                                    f"{LR_KEY}={lr:g}"]
         for v in variants:
+            own, rest = variant_tokens(v.overrides)
+            n = steps if own is None else ladder.steps(params, per_step, own)  # the tokens as a variant
+            rest += rung.overrides() + [f"train.steps={n}", f"train.warmup_steps={ladder.warmup(n)}",
+                                        f"{LR_KEY}={lr:g}"]
             for s in seeds or [None]:
                 jobs.append(dataclasses.replace(
-                    v, overrides=v.overrides + fixed + ([f"{SEED_KEY}={s}"] if s is not None else []),
+                    v, overrides=rest + ([f"{SEED_KEY}={s}"] if s is not None else []),
                     seed=s, tag=rung.name))
     return jobs, table
+
+
+def variant_tokens(overrides: Sequence[str]) -> tuple[Optional[float], list[str]]:
+    """(the variant's ladder.tokens_per_param or None, its other overrides)."""
+    own, rest = None, []
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key != TOKENS_KEY:
+            rest.append(o)
+            continue
+        try:
+            own = float(value)
+        except ValueError:
+            own = math.nan
+        if not own > 0 or not math.isfinite(own):
+            raise ConfigError(f"{TOKENS_KEY}={value}: give a positive number of tokens per parameter")
+    return own, rest
 
 
 # ---- the sweep's record -------------------------------------------------------------------------
@@ -238,8 +260,11 @@ class TransferPlan:
         if clash:
             raise ConfigError(f"--ladder {lad.name} sets {', '.join(sorted(clash))} on each rung; "
                               "do not set them too (edit the ladder file instead)")
-        jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(variants[0], rung),
-                                  list(range(seeds)))
+        own, rest = variant_tokens(variants[0].overrides)
+        base = dataclasses.replace(variants[0], overrides=rest)
+        if own is not None:  # the baseline's own tokens per parameter are the ladder's, as run
+            lad = dataclasses.replace(lad, tokens_per_param=own)
+        jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(base, rung), list(range(seeds)))
         record = {"kind": "ladder", "ladder": lad.as_dict(), "rungs": table, "seeds": seeds}
         return cls(jobs, variants, record, seeds)
 

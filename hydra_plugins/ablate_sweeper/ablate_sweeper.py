@@ -170,6 +170,7 @@ class AblateSweeper(Sweeper):
         from ablate.sweep import report as R
         from ablate.sweep.placement import pack_launcher, placement
 
+        progress.expect(jobs, configs)
         batches = [_job_overrides(j) for j in jobs]
         packed = False
         if packing is not None:
