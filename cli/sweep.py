@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs (overrides per job; with launcher=slurm, the sbatch script); run nothing."),
         json_out: bool = typer.Option(False, "--json", help="With --dry-run: a JSON list of the jobs' override lists."),
         strict: bool = typer.Option(False, "--strict", help="Exit non-zero if any job failed, diverged or did not finish."),
-        lr_grid: Optional[str] = typer.Option(None, "--lr-grid", help="LO:HI:N: every variant at N log-spaced learning rates (seed 0), then --seeds K of each at its own best LR; compare reports best_lr, lr_sensitivity and tuned_delta."),
+        lr_grid: Optional[str] = typer.Option(None, "--lr-grid", help="LO:HI:N: every variant at N log-spaced learning rates (seed 0), then --seeds K of each at its own best LR (with --ladder: on every rung); compare reports best_lr, lr_sensitivity and tuned_delta."),
         ladder: Optional[str] = typer.Option(None, "--ladder", help="Every variant on every rung of a model ladder (conf/ladder/NAME.yaml: cpu, gpu; or a .yaml file); compare reports the compute multiplier."),
         jobs_per_gpu: Optional[int] = typer.Option(None, "--jobs-per-gpu", help="Run K jobs at once on each GPU (on a CPU-only machine: K processes sharing the cores), each with its share of the CPU threads; for small models that leave a GPU idle. Needs launcher=joblib, submitit_local or slurm (there: K jobs per array task)."),
     ) -> None:

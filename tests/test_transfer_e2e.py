@@ -172,3 +172,22 @@ def test_three_variants_on_a_ladder_report_ranks_and_their_agreement(tmp_path):
     pairs = [(x, y) for x in first for y in first if x < y]
     held = sum((first[x] < first[y]) == (last[x] < last[y]) for x, y in pairs) / len(pairs)
     assert rows[0]["rank_agreement"] == pytest.approx(held)
+
+
+def test_a_ladder_with_an_lr_grid_compares_each_variant_at_its_best_lr_on_each_rung(tmp_path):
+    path = _ladder(tmp_path, [("a", 16, 1, 1), ("b", 24, 2, 2), ("c", 32, 2, 2)])
+    res = run_ablate("sweep", "qk_norm=off,on", "--ladder", str(path), "--lr-grid", "3e-3:3e-2:3",
+                     "--seeds", "2", *LADDER_ARGS, "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[24/24]" in res.stdout and "LR a" in res.stdout
+    rows = json.loads(run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
+    runs = [(p.parent.name, json.loads(p.read_text())) for p in (tmp_path / "sweep").glob("*/summary.json")]
+    lr_of = lambda s: float(next(o for o in s["overrides"] if o.startswith("train.lr=")).split("=")[1])  # noqa: E731
+    for row in rows:
+        for rung in row["rungs"]:
+            mine = [s for name, s in runs if s["variant"] == row["variant"] and f"_{rung['rung']}_lr" in name]
+            scan = {lr_of(s): s["val_loss"] for s in mine if s["seed"] == 0}
+            assert len(scan) == 3 and rung["best_lr"] == pytest.approx(min(scan, key=scan.get), rel=1e-3)
+            there = [s["val_loss"] for s in mine if math.isclose(lr_of(s), rung["best_lr"], rel_tol=1e-3)]
+            assert rung["n"] == len(there) == 2 and rung["mean"] == pytest.approx(sum(there) / 2)
+    assert rows[1]["compute_multiplier"] is not None and rows[1]["compute_multiplier_ci"] is not None

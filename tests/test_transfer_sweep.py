@@ -11,8 +11,8 @@ import pytest
 
 from ablate.errors import ConfigError
 from ablate.sweep.planning import Job
-from ablate.sweep.transfer import (Ladder, Rung, best_lrs, check_ladder, grid_jobs, ladder_jobs,
-                                   load_ladder, tuned_jobs, write_transfer)
+from ablate.sweep.transfer import (Ladder, Rung, best_jobs, check_ladder, grid_jobs, ladder_jobs,
+                                   load_ladder, seed_jobs, write_transfer)
 from conftest import run_ablate
 
 
@@ -39,14 +39,45 @@ def test_second_phase_runs_the_other_seeds_at_each_variants_best_lr():
     losses = {0: 3.0, 1: 2.5, 2: None, 3: 3.1, 4: 2.9, 5: 2.4}  # baseline best at 1e-2, swiglu at 1e-1
     results = [SimpleNamespace(job=j, status="completed" if losses[i] is not None else "diverged",
                                run_dir=i) for i, j in enumerate(grid)]
-    best = best_lrs(results, lambda d: losses[d])
-    assert best == {"baseline": (1e-2, 2.5), "act=swiglu": (1e-1, 2.4)}
-    second = tuned_jobs(variants, best, seeds=3)
+    best = best_jobs(results, lambda d: losses[d])
+    assert {cell: (job.tag, loss) for cell, (job, loss) in best.items()} == {
+        ("baseline", ""): ("lr0.01", 2.5), ("act=swiglu", ""): ("lr0.1", 2.4)}
+    second = seed_jobs(best, seeds=3)
     assert [(j.variant, j.overrides[-2:], j.name) for j in second] == [
         ("baseline", ["train.lr=0.01", "seed=1"], "baseline_lr0.01_seed1"),
         ("baseline", ["train.lr=0.01", "seed=2"], "baseline_lr0.01_seed2"),
         ("act=swiglu", ["train.lr=0.1", "seed=1"], "act=swiglu_lr0.1_seed1"),
         ("act=swiglu", ["train.lr=0.1", "seed=2"], "act=swiglu_lr0.1_seed2")]
+
+
+def test_a_ladder_with_an_lr_grid_scans_each_rung_then_seeds_each_rungs_best_lr(tmp_path, monkeypatch):
+    jobs = dry("act=gelu,swiglu", "--ladder", "cpu", "--lr-grid", "1e-3:1e-1:3", "--seeds", "2",
+               tmp_path=tmp_path)
+    ladder = load_ladder("cpu")
+    assert len(jobs) == 2 * len(ladder.rungs) * 3 and {j["seed"] for j in jobs} == {"0"}
+    for rung, block in zip(ladder.rungs, [jobs[i:i + 6] for i in range(0, len(jobs), 6)]):
+        assert {j["model.d_model"] for j in block} == {str(rung.d_model)}
+        assert [(j["act"], j["train.lr"]) for j in block] == [
+            (a, lr) for a in ("gelu", "swiglu") for lr in ("0.001", "0.01", "0.1")]
+        assert len({j["train.steps"] for j in block}) == 1  # the rung's steps, whatever the LR
+    text = run_ablate("sweep", "act=gelu,swiglu", "--ladder", "cpu", "--lr-grid", "1e-3:1e-1:3", "--seeds", "2",
+                      f"out_dir={tmp_path}", "--dry-run").stdout
+    assert "2 variants x 3 rungs x 3 learning rates (0.001, 0.01, 0.1), seed 0: 18 jobs" in text
+    assert "then: seeds 1..1 of each variant at its own best LR of the grid on each rung: 6 jobs" in text
+    # phase 2 from phase 1: each (variant, rung) at its own best LR
+    from ablate.sweep.transfer import TransferPlan
+
+    plan = TransferPlan.make(["act=gelu,swiglu"], "ofat", 2, None, "1e-3:1e-1:3", "cpu",
+                             lambda job, rung: (1000 * rung.d_model, 2048), lambda job: 3e-3)
+    losses = {j.name: 3.0 - (j.tag.endswith("lr0.1") if j.tag.startswith("r2") else j.tag.endswith("lr0.01"))
+              for j in plan.jobs}
+    results = [SimpleNamespace(job=j, status="completed", run_dir=j.name) for j in plan.jobs]
+    monkeypatch.setattr("ablate.sweep.report.summary_value", lambda d, key: losses[d])
+    second = plan.next_jobs(results)
+    assert [(j.name, j.overrides[-2:]) for j in second][:2] == [
+        ("baseline_r0_lr0.01_seed1", ["train.lr=0.01", "seed=1"]),
+        ("act=swiglu_r0_lr0.01_seed1", ["train.lr=0.01", "seed=1"])]
+    assert {j.tag for j in second if j.tag.startswith("r2")} == {"r2_lr0.1"} and len(second) == 6
 
 
 def test_ladder_runs_every_variant_on_every_rung_with_its_rules(tmp_path):
@@ -73,7 +104,7 @@ def test_ladder_runs_every_variant_on_every_rung_with_its_rules(tmp_path):
     (["--lr-grid", "-1e-3:1e-1:5"], "positive"),
     (["--lr-grid", "1e-3-1e-1"], "LO:HI:N"),
     (["--lr-grid", "1e-3:1e-1:5", "train.lr=0.01"], "sets train.lr"),
-    (["--lr-grid", "1e-3:1e-1:5", "--ladder", "cpu"], "together"),
+    (["--lr-grid", "1e-3:1e-1:2", "--ladder", "cpu"], "at least 3 points"),
     (["--ladder", "nope"], "no such ladder"),
     (["--ladder", "cpu", "model.d_model=256"], "sets model.d_model"),
     (["--ladder", "cpu", "train.steps=10"], "sets train.steps"),

@@ -9,6 +9,7 @@ Ladder: per rung the loss, the delta vs the baseline and the compute multiplier;
 L(C) = L_inf + A * C^-alpha with one shared L_inf; compute_multiplier and
 compute_multiplier_ci at a projected compute; wins_every_rung; rank_agreement between the
 smallest and the largest rung. Compute is FLOPs/token (as `inspect` counts) x tokens trained.
+A ladder with an LR grid: each variant on each rung at its own best LR there (best_lr per rung).
 The statistics are ablate/analysis/transfer.py's.
 """
 
@@ -259,6 +260,10 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
 
     names, base = _by_variant(points, baseline)
     rungs = [r["name"] for r in record["rungs"]]
+    best = _best_per_rung(points, record["grid"], names, rungs) if record.get("grid") else {}
+    if best:  # a scan per rung: each variant on each rung at its own best LR there
+        points = [p for p in points if best[p.variant, p.rung].lr is not None
+                  and math.isclose(p.lr, best[p.variant, p.rung].lr, rel_tol=1e-6)]
     seeds = sorted({p.seed for p in points}, key=str)
     # per variant and rung: the losses by seed, and the baseline's compute at each rung
     losses = {n: [{p.seed: p.loss for p in points if p.variant == n and p.rung == r and p.loss is not None}
@@ -278,6 +283,7 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
         notes.append(f"fewer than {MIN_RUNGS} rungs with a finished run of every variant: the rung table "
                      "only, no fit and no projection")
     rows = [_ladder_row(n, base, rungs, seeds, losses, computes, fits, target, alpha) for n in names]
+    lr_columns = _add_best_lrs(rows, best, rungs, notes) if best else []
     agreement = _rank_agreement(losses, names)
     if agreement is not None:
         notes.append(f"rank agreement: {agreement:.0%} of the pairwise orderings at {rungs[0]} hold at {rungs[-1]}")
@@ -288,7 +294,7 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     for r in rows:
         r.setdefault("ranks", [None] * len(rungs))
         r["rank_agreement"] = agreement
-    columns = ([("variant", "variant", str)] + [(f"loss {r}", f"loss_{r}", ".4f") for r in rungs]
+    columns = ([("variant", "variant", str)] + lr_columns + [(f"loss {r}", f"loss_{r}", ".4f") for r in rungs]
                + [(f"Δ {r}", f"delta_{r}", "+.4f") for r in rungs]
                + [(f"x {r}", f"mult_{r}", ".2f") for r in rungs]
                + [("x projected", "compute_multiplier", ".2f"), ("95% CI", "compute_multiplier_ci", _mult_ci),
@@ -331,6 +337,32 @@ def _ladder_row(n: str, base: str, rungs: list, seeds: list, losses: dict, compu
         row[f"loss_{r['rung']}"], row[f"delta_{r['rung']}"] = r["mean"], r["delta"]
         row[f"mult_{r['rung']}"] = r["compute_multiplier"]
     return row
+
+
+def _best_per_rung(points: Sequence[Point], grid: Sequence[float], names: list, rungs: list) -> dict:
+    """(variant, rung) -> T.BestLR of its LR scan (the seeds present at every grid LR)."""
+    from ablate.analysis import transfer as T
+
+    grid = [float(x) for x in grid]
+    cells: dict = {(n, r): {lr: {} for lr in grid} for n in names for r in rungs}
+    for p in points:
+        if (p.variant, p.rung) in cells:
+            cells[p.variant, p.rung][_nearest(grid, p.lr)][p.seed] = p.loss
+    return {cell: T.best_lr(T.grid_curve(runs)) for cell, runs in cells.items()}
+
+
+def _add_best_lrs(rows: list[dict], best: dict, rungs: list, notes: list) -> list[tuple]:
+    """Each row's best LR per rung (in `rungs` and as lr_<rung>); its columns."""
+    for row in rows:
+        for r in row["rungs"]:
+            b = best[row["variant"], r["rung"]]
+            r["best_lr"], r["best_lr_on_edge"] = b.lr, b.on_edge
+            row[f"lr_{r['rung']}"] = b.lr
+            if b.on_edge:
+                notes.append(f"{row['variant']} at {r['rung']}: the best LR {b.lr:g} is on the grid's "
+                             "edge; widen the grid")
+    notes.append("each variant on each rung at its own best LR of the grid (seeds 1.. ran there)")
+    return [(f"LR {r}", f"lr_{r}", _lr_cell) for r in rungs]
 
 
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:

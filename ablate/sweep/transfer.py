@@ -10,6 +10,8 @@ each variant on every rung of a model ladder (`--ladder`).
                    rung) and the learning rate its width rule. A swept
                    `ladder.tokens_per_param=20,40` makes the tokens a variant (e.g. the
                    twice-the-tokens check): that variant's steps follow its own value.
+Both together: the LR grid on every rung (the ladder's LR rule gives way), then each variant's
+seeds at its own best LR of each rung.
 The sweep directory's transfer.json says which of the two a sweep is; `ablate compare` reads it
 to report best_lr, lr_sensitivity, tuned_delta or the compute multiplier
 (ablate/analysis/transfer_report.py).
@@ -46,26 +48,38 @@ def grid_jobs(variants: Sequence[Job], grid: Sequence[float]) -> list[Job]:
             for v in variants for lr in grid]
 
 
-def best_lrs(results: Sequence[Any], read_loss: Callable[[Optional[str]], Optional[float]]) -> dict[str, tuple[float, float]]:
-    """variant -> (its best grid LR, the loss there), from phase 1's results (JobResult: a job and
-    its run dir). A variant whose grid runs all diverged or failed is left out."""
-    best: dict[str, tuple[float, float]] = {}
+def cell_of(job: Job) -> tuple[str, str]:
+    """(variant, rung) of a grid job: its tag is `lr0.01`, or `r0_lr0.01` on a ladder."""
+    rung, _, _ = job.tag.rpartition("_")
+    return job.variant, rung
+
+
+def grid_lr(job: Job) -> float:
+    return float(job.tag.rpartition("_")[2].removeprefix("lr"))
+
+
+def best_jobs(results: Sequence[Any], read_loss: Callable[[Optional[str]], Optional[float]]) -> dict[tuple[str, str], tuple[Job, float]]:
+    """(variant, rung) -> phase 1's job at its best grid LR and the loss there (JobResult: a job and
+    its run dir). A cell whose grid runs all diverged or failed is left out."""
+    best: dict[tuple[str, str], tuple[Job, float]] = {}
     for r in results:
         loss = read_loss(r.run_dir) if r.status == "completed" else None
         if loss is None or not math.isfinite(loss):
             continue
-        lr = float(r.job.tag.removeprefix("lr"))
-        if r.job.variant not in best or loss < best[r.job.variant][1]:
-            best[r.job.variant] = (lr, loss)
+        cell = cell_of(r.job)
+        if cell not in best or loss < best[cell][1]:
+            best[cell] = (r.job, loss)
     return best
 
 
-def tuned_jobs(variants: Sequence[Job], best: dict[str, tuple[float, float]], seeds: int) -> list[Job]:
-    """Phase 2: seeds 1..seeds-1 of each variant at its best LR (seed 0 ran there in phase 1)."""
-    return [dataclasses.replace(v, overrides=v.overrides + [f"{LR_KEY}={best[v.variant][0]:g}",
-                                                           f"{SEED_KEY}={s}"],
-                                seed=s, tag=lr_tag(best[v.variant][0]))
-            for v in variants if v.variant in best for s in range(1, seeds)]
+def seed_jobs(best: dict[tuple[str, str], tuple[Job, float]], seeds: int) -> list[Job]:
+    """Phase 2: seeds 1..seeds-1 of each cell's best job (seed 0 ran there in phase 1), in the
+    order of phase 1."""
+    out = []
+    for job, _ in best.values():
+        rest = [o for o in job.overrides if o.split("=", 1)[0] != SEED_KEY]
+        out += [dataclasses.replace(job, overrides=rest + [f"{SEED_KEY}={s}"], seed=s) for s in range(1, seeds)]
+    return out
 
 
 # ---- --ladder -----------------------------------------------------------------------------------
@@ -212,14 +226,12 @@ def write_transfer(sweep_dir: Path, record: dict) -> None:
 
 def check_transfer(lr_grid: Optional[str], ladder: Optional[str]) -> tuple[list[float], Optional[Ladder]]:
     """--lr-grid and --ladder as given: (the grid, the ladder); one line on bad input."""
-    if lr_grid is not None and ladder is not None:
-        raise ConfigError("--lr-grid and --ladder together are not supported yet: run the "
-                          "ladder (its LR follows the ladder's width rule), or a grid per size")
+    lad = load_ladder(ladder) if ladder is not None else None
     if lr_grid is None:
-        return [], load_ladder(ladder) if ladder is not None else None
+        return [], lad
     from ablate.analysis.transfer import parse_lr_grid
 
-    return parse_lr_grid(lr_grid), None
+    return parse_lr_grid(lr_grid), lad
 
 
 # ---- the plan the sweeper runs ------------------------------------------------------------------
@@ -249,11 +261,11 @@ class TransferPlan:
         p = parse(arguments)
         if p.seeds:
             raise ConfigError("with --lr-grid or --ladder give seeds as --seeds N, not seed=...")
+        if grid and LR_KEY in _set_keys(p):
+            raise ConfigError(f"--lr-grid sets {LR_KEY} for every job; do not set it too")
         variants = plan(arguments, mode, 0, explicit)
-        if grid:
-            if LR_KEY in _set_keys(p):
-                raise ConfigError(f"--lr-grid sets {LR_KEY} for every job; do not set it too")
-            k = max(seeds, 1)
+        k = max(seeds, 1)
+        if lad is None:
             record = {"kind": "lr_grid", "grid": grid, "seeds": k, "shared_lr": base_lr(variants[0])}
             return cls(grid_jobs(variants, grid), variants, record, k, len(variants) * (k - 1))
         clash = _set_keys(p) & {*LADDER_KEYS, "train.steps", "train.warmup_steps", LR_KEY}
@@ -264,25 +276,37 @@ class TransferPlan:
         base = dataclasses.replace(variants[0], overrides=rest)
         if own is not None:  # the baseline's own tokens per parameter are the ladder's, as run
             lad = dataclasses.replace(lad, tokens_per_param=own)
-        jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(base, rung), list(range(seeds)))
+        jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(base, rung),
+                                  [0] if grid else list(range(seeds)))
         record = {"kind": "ladder", "ladder": lad.as_dict(), "rungs": table, "seeds": seeds}
-        return cls(jobs, variants, record, seeds)
+        if not grid:
+            return cls(jobs, variants, record, seeds)
+        # a scan per rung: each variant's seed 0 on each rung at every grid LR, then its seeds at
+        # the best LR of that rung
+        record.update(grid=grid, seeds=k)
+        scan = [dataclasses.replace(j, overrides=[o for o in j.overrides[:-1] if not o.startswith(f"{LR_KEY}=")]
+                                    + [f"{LR_KEY}={lr:g}", j.overrides[-1]], tag=f"{j.tag}_{lr_tag(lr)}")
+                for j in jobs for lr in grid]
+        return cls(scan, variants, record, k, len(jobs) * (k - 1))
 
     def header(self, n: int, sweep_dir: Path) -> str:
         r = self.record
+        grid = ", ".join(f"{x:g}" for x in r.get("grid", []))
         if r["kind"] == "lr_grid":
             return (f"lr-grid sweep: {len(self.variants)} variants x {len(r['grid'])} learning rates "
-                    f"({', '.join(f'{x:g}' for x in r['grid'])}), seed 0: {n} jobs -> {sweep_dir}")
+                    f"({grid}), seed 0: {n} jobs -> {sweep_dir}")
         rungs = "".join(f"\n  {t['name']}: d_model {t['d_model']}, {t['n_layers']} layers, "
                         f"{t['n_heads']} heads, {t['params']:,} non-embedding params, {t['steps']} steps "
-                        f"({t['tokens']:,} tokens), lr {t['lr']:g}" for t in r["rungs"])
+                        f"({t['tokens']:,} tokens)" + ("" if grid else f", lr {t['lr']:g}") for t in r["rungs"])
+        size = f"{len(r['grid'])} learning rates ({grid}), seed 0" if grid else f"{max(self.seeds, 1)} seeds"
         return (f"ladder {r['ladder']['name']} sweep: {len(self.variants)} variants x "
-                f"{len(r['rungs'])} rungs x {max(self.seeds, 1)} seeds: {n} jobs -> {sweep_dir}\n"
+                f"{len(r['rungs'])} rungs x {size}: {n} jobs -> {sweep_dir}\n"
                 f"rungs ({r['ladder']['tokens_per_param']:g} tokens per non-embedding parameter of "
                 f"the baseline):{rungs}")
 
     def then(self) -> str:
-        return (f"then: seeds 1..{self.seeds - 1} of each variant at its own best LR of the grid: "
+        where = " on each rung" if self.record["kind"] == "ladder" else ""
+        return (f"then: seeds 1..{self.seeds - 1} of each variant at its own best LR of the grid{where}: "
                 f"{self.later} jobs")
 
     def record_in(self, sweep_dir: Path) -> None:
@@ -294,9 +318,10 @@ class TransferPlan:
 
         from ablate.sweep.report import summary_value
 
-        best = best_lrs(results, lambda d: summary_value(d, "val_loss"))
-        lost = [v.variant for v in self.variants if v.variant not in best]
+        best = best_jobs(results, lambda d: summary_value(d, "val_loss"))
+        lost = [f"{v} ({r})" if r else v for v, r in dict.fromkeys(cell_of(j) for j in self.jobs)
+                if (v, r) not in best]
         if lost:
             print(f"warning: no grid LR finished for {', '.join(lost)}: no seeds at a best LR for it",
                   file=sys.stderr)
-        return tuned_jobs(self.variants, best, self.seeds)
+        return seed_jobs(best, self.seeds)
