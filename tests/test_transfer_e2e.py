@@ -145,6 +145,16 @@ def test_fewer_than_three_rungs_show_the_table_and_refuse_to_project(tmp_path):
     assert rows[1]["compute_multiplier"] is None and rows[1]["rungs"][1]["delta"] is not None
 
 
+def test_a_rerun_of_a_grid_sweep_reruns_nothing_and_changes_no_result(grid_sweep):
+    """Phase 2 is planned again from phase 1's runs on disk: the same best LRs, the same jobs."""
+    sweep_dir, first = grid_sweep
+    before = run_ablate("compare", str(sweep_dir), "--json").stdout
+    res = run_ablate("resume", str(sweep_dir))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("done earlier") == first.stdout.count(" completed ") == 8
+    assert run_ablate("compare", str(sweep_dir), "--json").stdout == before
+
+
 def test_one_lr_of_a_grid_is_an_ordinary_comparison_and_other_flags_are_refused(grid_sweep):
     sweep_dir, _ = grid_sweep
     one = run_ablate("compare", str(sweep_dir), "--where", "train.lr=0.1", "--json")
