@@ -262,8 +262,9 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     rungs = [r["name"] for r in record["rungs"]]
     best = _best_per_rung(points, record["grid"], names, rungs) if record.get("grid") else {}
     if best:  # a scan per rung: each variant on each rung at its own best LR there
-        points = [p for p in points if best[p.variant, p.rung].lr is not None
-                  and math.isclose(p.lr, best[p.variant, p.rung].lr, rel_tol=1e-6)]
+        at = {cell: b.lr for cell, b in best.items() if b.lr is not None}
+        points = [p for p in points if (p.variant, p.rung) in at
+                  and math.isclose(p.lr, at[p.variant, p.rung], rel_tol=1e-6)]
     seeds = sorted({p.seed for p in points}, key=str)
     # per variant and rung: the losses by seed, and the baseline's compute at each rung
     losses = {n: [{p.seed: p.loss for p in points if p.variant == n and p.rung == r and p.loss is not None}
