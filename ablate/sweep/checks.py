@@ -42,15 +42,14 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0, ladd
     from ablate.axes import CONF_DIR
     from ablate.compose import check_no_secrets, check_quoted, hydra_message, load_plugins
     from ablate.config import register_configs
-    from ablate.sweep.transfer import TOKENS_KEY
+    from ablate.sweep.transfer import variant_tokens
 
     check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
     check_quoted(list(arguments))
     load_plugins(list(arguments))  # their options are swept like built-in ones
     p = parse(arguments)
     _check_tokens_key(p, ladder)
-    first = p.fixed + [values[0] for _, values in p.swept]
-    first = [o for o in first if o.lstrip("+").split("=", 1)[0] != TOKENS_KEY]  # --ladder's own key
+    first = variant_tokens(p.fixed + [values[0] for _, values in p.swept])[1]  # --ladder's own key out
     register_configs()
     GlobalHydra.instance().clear()
     try:

@@ -54,10 +54,6 @@ def cell_of(job: Job) -> tuple[str, str]:
     return job.variant, rung
 
 
-def grid_lr(job: Job) -> float:
-    return float(job.tag.rpartition("_")[2].removeprefix("lr"))
-
-
 def best_jobs(results: Sequence[Any], read_loss: Callable[[Optional[str]], Optional[float]]) -> dict[tuple[str, str], tuple[Job, float]]:
     """(variant, rung) -> phase 1's job at its best grid LR and the loss there (JobResult: a job and
     its run dir). A cell whose grid runs all diverged or failed is left out."""
@@ -284,6 +280,7 @@ class TransferPlan:
         # a scan per rung: each variant's seed 0 on each rung at every grid LR, then its seeds at
         # the best LR of that rung
         record.update(grid=grid, seeds=k)
+        # the grid LR replaces the rung's; the seed override stays last
         scan = [dataclasses.replace(j, overrides=[o for o in j.overrides[:-1] if not o.startswith(f"{LR_KEY}=")]
                                     + [f"{LR_KEY}={lr:g}", j.overrides[-1]], tag=f"{j.tag}_{lr_tag(lr)}")
                 for j in jobs for lr in grid]
