@@ -123,6 +123,11 @@ def test_a_ladder_sweep_reports_the_compute_multiplier(ladder_sweep):
     for r in twice["rungs"]:  # twice the tokens (steps): the baseline needs more compute
         assert r["n"] == 2 and r["compute_multiplier"] > 1
         assert r["compute_multiplier_ci"][0] <= r["compute_multiplier"] <= r["compute_multiplier_ci"][1]
+    # below the baseline's lowest loss (its largest rung, at least): read off its fitted curve, and said
+    lowest = min(r["mean"] for r in base["rungs"])
+    beyond = [r["rung"] for r in twice["rungs"] if r["mean"] < lowest]
+    assert beyond and [r["rung"] for r in twice["rungs"] if r["compute_multiplier_extrapolated"]] == beyond
+    assert f"x at {', '.join(beyond)} lies beyond the baseline's measured losses" in res.stdout
     assert twice["fit"]["l_inf"] == base["fit"]["l_inf"]  # one L_inf shared
 
 

@@ -202,6 +202,22 @@ def test_the_multiplier_ci_is_paired():
     assert all(ci == pytest.approx((1, 1), rel=1e-6) for ci in m.per_rung_ci + [m.ci])
 
 
+def test_one_seed_pair_gives_a_multiplier_but_no_interval():
+    """With one seed per rung every resample is that seed: an interval of zero width would claim
+    a certainty the sweep does not have. A rung with two seeds keeps its own interval; the target's
+    needs two everywhere."""
+    rungs = COMPUTE[:3]
+    base = [TRUE.loss(c) for c in rungs]
+    twice = [TRUE.loss(2 * c) for c in rungs]
+    one = multiplier_ci({"base": [[x] for x in base], "v": [[x] for x in twice]}, rungs, "base", "v", n_boot=50)
+    assert one.per_rung == pytest.approx([2, 2, 2], rel=1e-3) and one.at_target == pytest.approx(2, rel=1e-3)
+    assert one.per_rung_ci == [(None, None)] * 3 and one.ci == (None, None)
+    mixed = multiplier_ci({"base": [[x, x + 0.01] for x in base[:2]] + [[base[2]]],
+                           "v": [[x, x - 0.01] for x in twice[:2]] + [[twice[2]]]}, rungs, "base", "v", n_boot=50)
+    assert all(lo < hi for lo, hi in mixed.per_rung_ci[:2])
+    assert mixed.per_rung_ci[2] == (None, None) and mixed.ci == (None, None)
+
+
 def test_rank_agreement_and_wins_by_hand():
     small = {"a": 1.0, "b": 2.0, "c": 3.0}
     assert rank_agreement(small, {"a": 1.0, "b": 2.0, "c": 3.0}) == 1.0

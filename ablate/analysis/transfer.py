@@ -275,9 +275,12 @@ def multiplier_ci(seed_losses: Mapping[str, Sequence[Sequence[float]]], computes
             continue
         boots_rung.append([math.nan if x is None else x for x in r])
         boots_target.append(math.nan if t is None else t)
-    rung_ci = [_percentile_ci([b[i] for b in boots_rung], alpha) for i in range(len(computes))]
+    # one seed pair at a rung: every resample is the same, so no interval there (nor at the target)
+    pairs = [min(len(b), len(v)) for b, v in zip(data[base], data[variant])]
+    rung_ci = [_percentile_ci([b[i] for b in boots_rung], alpha) if k > 1 else (None, None)
+               for i, k in enumerate(pairs)]
     return Multiplier(per_rung, rung_ci, float(target), at_target,
-                      _percentile_ci(boots_target, alpha), n_boot)
+                      _percentile_ci(boots_target, alpha) if min(pairs) > 1 else (None, None), n_boot)
 
 
 # ---- rankings across rungs ----------------------------------------------------------------------

@@ -285,6 +285,11 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
                      "only, no fit and no projection")
     rows = [_ladder_row(n, base, rungs, seeds, losses, computes, fits, target, alpha) for n in names]
     lr_columns = _add_best_lrs(rows, best, rungs, notes) if best else []
+    for row in rows:
+        beyond = [r["rung"] for r in row["rungs"] if r["compute_multiplier_extrapolated"]]
+        if beyond:
+            notes.append(f"{row['variant']}: x at {', '.join(beyond)} lies beyond the baseline's measured "
+                         "losses, so it is read off the baseline's fitted curve (an extrapolation)")
     agreement = _rank_agreement(losses, names)
     if agreement is not None:
         notes.append(f"rank agreement: {agreement:.0%} of the pairwise orderings at {rungs[0]} hold at {rungs[-1]}")
@@ -315,6 +320,7 @@ def _ladder_row(n: str, base: str, rungs: list, seeds: list, losses: dict, compu
     if fits and n != base:
         mult = T.multiplier_ci({k: [[v[s] for s in seeds if s in v] for v in losses[k]] for k in (base, n)},
                                computes, base, n, target=target)
+    base_means = [_mean(list(v.values())) for v in losses[base]]
     for i, r in enumerate(rungs):
         vals = losses[n][i]
         mean, std = mean_std(list(vals.values()))
@@ -325,12 +331,12 @@ def _ladder_row(n: str, base: str, rungs: list, seeds: list, losses: dict, compu
             and losses[base][i] else None,
             "delta_ci": [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
             "compute_multiplier": mult.per_rung[i] if mult else None,
-            "compute_multiplier_ci": list(mult.per_rung_ci[i]) if mult else None})
-    base_means = [_mean(list(v.values())) for v in losses[base]]
+            "compute_multiplier_ci": _interval(mult.per_rung_ci[i]) if mult else None,
+            "compute_multiplier_extrapolated": _outside(mean, base_means) if mult else None})
     means = [x["mean"] for x in per_rung]
     row = {"variant": n, "baseline": n == base, "rungs": per_rung,
            "compute_multiplier": mult.at_target if mult else None,
-           "compute_multiplier_ci": list(mult.ci) if mult else None, "target_compute": target,
+           "compute_multiplier_ci": _interval(mult.ci) if mult else None, "target_compute": target,
            "wins_every_rung": (T.wins_every_rung(base_means, means)
                                if n != base and None not in means + base_means else None),
            "fit": ({"l_inf": fits[n].l_inf, "a": fits[n].a, "alpha": fits[n].alpha} if n in fits else None)}
@@ -338,6 +344,18 @@ def _ladder_row(n: str, base: str, rungs: list, seeds: list, losses: dict, compu
         row[f"loss_{r['rung']}"], row[f"delta_{r['rung']}"] = r["mean"], r["delta"]
         row[f"mult_{r['rung']}"] = r["compute_multiplier"]
     return row
+
+
+def _interval(ci: tuple) -> Optional[list]:
+    return None if ci[0] is None else list(ci)
+
+
+def _outside(loss: Optional[float], base_means: Sequence[Optional[float]]) -> Optional[bool]:
+    """Whether `loss` lies outside the baseline's measured losses, so that the baseline's compute
+    for it is read off its fitted curve beyond its rungs (a variant that wins at the largest rung
+    always is)."""
+    known = [m for m in base_means if m is not None]
+    return None if loss is None or not known else not min(known) <= loss <= max(known)
 
 
 def _best_per_rung(points: Sequence[Point], grid: Sequence[float], names: list, rungs: list) -> dict:
