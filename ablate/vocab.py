@@ -31,6 +31,10 @@ VARIANT_MODEL_KEYS = ("model.z_loss", "model.attn_softcap", "model.logit_softcap
                       "model.depth_scaled_init", "model.act_clamp", "model.mtp_heads",
                       "model.mtp_weight", "model.parallel_block", "model.n_kv_heads", "model.init")
 
+# A ladder sweep's variant may train on its own tokens per parameter (not a config key): the
+# sweep plans its steps from it, and compare reads a variant of it alone as the twice-the-tokens check.
+LADDER_TOKENS_KEY = "ladder.tokens_per_param"
+
 
 def _key(override_or_key: str) -> str:
     return override_or_key.lstrip("+~").split("=", 1)[0]

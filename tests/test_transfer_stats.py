@@ -18,6 +18,7 @@ from ablate.analysis.transfer import (PowerLaw, best_lr, compute_multiplier, fit
                                       grid_curve, log_grid, lr_sensitivity, multiplier_ci,
                                       parse_lr_grid, rank_agreement, tuned_comparison,
                                       wins_every_rung)
+from ablate.analysis.transfer_report import Point, ladder_report
 from ablate.errors import ConfigError
 
 GRID = [1e-4, 1e-3, 1e-2, 1e-1]
@@ -216,6 +217,34 @@ def test_one_seed_pair_gives_a_multiplier_but_no_interval():
                            "v": [[x, x - 0.01] for x in twice[:2]] + [[twice[2]]]}, rungs, "base", "v", n_boot=50)
     assert all(lo < hi for lo, hi in mixed.per_rung_ci[:2])
     assert mixed.per_rung_ci[2] == (None, None) and mixed.ci == (None, None)
+
+
+def test_a_variant_of_the_tokens_alone_reads_as_the_twice_the_tokens_check():
+    """compare names the check for a variant that only changes the ladder's tokens per parameter:
+    k x the baseline's tokens should come out at x = k on every rung, and each rung is said to hold
+    k, lie above it (too few tokens per parameter) or below it (too many)."""
+    rungs, noise = COMPUTE[:3], (0.002, -0.002)  # two seeds, the same offsets for every variant (paired)
+
+    def points(variant, losses):
+        return [Point(variant, seed, 0.01, f"r{i}", loss + e, None, c, None, "")
+                for i, (c, loss) in enumerate(zip(rungs, losses)) for seed, e in enumerate(noise)]
+    record = {"ladder": {"name": "t", "tokens_per_param": 20},
+              "rungs": [{"name": f"r{i}"} for i in range(3)]}
+    at_twice = [TRUE.loss(2 * c) for c in rungs]
+    report = ladder_report(points("baseline", [TRUE.loss(c) for c in rungs])
+                           + points("ladder.tokens_per_param=40", at_twice)   # 2x the tokens, x = 2
+                           + points("ladder.tokens_per_param=80", at_twice)   # 4x the tokens, x = 2
+                           + points("pos=rope", at_twice), record)
+    checks = [n for n in report.notes if "its tokens: on a compute-optimal ladder" in n]
+    assert len(checks) == 2  # pos=rope is no check of the ladder, whatever its multiplier
+    two, four = checks
+    assert two.startswith("ladder.tokens_per_param=40 is the baseline on 2x its tokens")
+    assert two.count("holds 2") == 3 and "above" not in two.split(". ")[0]
+    assert four.startswith("ladder.tokens_per_param=80 is the baseline on 4x its tokens")
+    assert four.count("] below") == 3 and "20 tokens per parameter are too few" in four
+    # one seed: the verdict has no interval behind it, and the note says so
+    one = ladder_report([p for p in report.points if p.seed == 0], record)
+    assert any("(one seed: no interval)" in n for n in one.notes)
 
 
 def test_rank_agreement_and_wins_by_hand():

@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, number
 from ablate.analysis.stats import ALPHA, mean_std, seed_test
+from ablate.vocab import LADDER_TOKENS_KEY
 
 MIN_RUNGS = 3  # fewer: the rung table, no fit and no projection
 
@@ -290,6 +291,7 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
         if beyond:
             notes.append(f"{row['variant']}: x at {', '.join(beyond)} lies beyond the baseline's measured "
                          "losses, so it is read off the baseline's fitted curve (an extrapolation)")
+    notes += [n for row in rows if (n := _tokens_check(row, record["ladder"]["tokens_per_param"]))]
     agreement = _rank_agreement(losses, names)
     if agreement is not None:
         notes.append(f"rank agreement: {agreement:.0%} of the pairwise orderings at {rungs[0]} hold at {rungs[-1]}")
@@ -344,6 +346,32 @@ def _ladder_row(n: str, base: str, rungs: list, seeds: list, losses: dict, compu
         row[f"loss_{r['rung']}"], row[f"delta_{r['rung']}"] = r["mean"], r["delta"]
         row[f"mult_{r['rung']}"] = r["compute_multiplier"]
     return row
+
+
+def _tokens_check(row: dict, base_tokens: float) -> Optional[str]:
+    """A variant that is only the baseline on k times its tokens per parameter: on a
+    compute-optimal ladder its multiplier is k on every rung. Where each rung's is, and what that
+    says of the ladder's tokens per parameter there."""
+    key, _, value = row["variant"].lstrip("+").partition("=")
+    try:
+        k = float(value) / float(base_tokens) if key == LADDER_TOKENS_KEY and "," not in value else None
+    except (TypeError, ValueError, ZeroDivisionError):
+        k = None
+    if not k or k == 1 or all(r["compute_multiplier"] is None for r in row["rungs"]):
+        return None
+    cells = []
+    for r in row["rungs"]:
+        x, ci = r["compute_multiplier"], r["compute_multiplier_ci"]
+        if x is None:
+            cells.append(f"{r['rung']} -")
+            continue
+        lo, hi = ci or (x, x)
+        cells.append(f"{r['rung']} {x:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if ci else "")
+                     + (f" holds {k:g}" if lo <= k <= hi else " above" if lo > k else " below"))
+    return (f"{row['variant']} is the baseline on {k:g}x its tokens: on a compute-optimal ladder x is {k:g} "
+            f"on every rung; here {', '.join(cells)}" + ("" if any(r["compute_multiplier_ci"] for r in row["rungs"])
+                                                      else " (one seed: no interval)")
+            + f". Above {k:g}: {base_tokens:g} tokens per parameter are too few at that rung; below: too many")
 
 
 def _interval(ci: tuple) -> Optional[list]:

@@ -29,10 +29,10 @@ from typing import Any, Callable, Optional, Sequence
 from ablate.errors import ConfigError
 from ablate.rundir import TRANSFER, read_transfer
 from ablate.sweep.planning import SEED_KEY, Job, Parsed
+from ablate.vocab import LADDER_TOKENS_KEY as TOKENS_KEY
 
 LR_KEY = "train.lr"
 LADDER_KEYS = ("model.d_model", "model.n_layers", "model.n_heads")
-TOKENS_KEY = "ladder.tokens_per_param"  # a ladder sweep's variant may set its own (not a config key)
 
 
 def lr_tag(lr: float) -> str:
