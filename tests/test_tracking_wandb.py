@@ -176,6 +176,26 @@ def test_reader_joins_records_across_blocks(tmp_path):
 
 
 # ---- the sink in-process: finish() records how the run ended; a W&B that cannot start is not fatal
+def read_finished(path, timeout: float = 20.0):
+    """The run file once it holds the exit record. In-process, W&B's service can still be writing
+    the file when run.finish() returns (CI once read it empty); a subprocess's reads are after exit."""
+    import time
+
+    from ablate.tracking.wandb_file import WandbFileError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            run = read_run(path)
+        except WandbFileError:  # not there yet, or only its first bytes
+            if time.monotonic() > deadline:
+                raise
+            run = None
+        if run is not None and (run.exit_code is not None or time.monotonic() > deadline):
+            return run
+        time.sleep(0.1)
+
+
 def sink_for(tmp_path, mode="offline"):
     from types import SimpleNamespace
 
@@ -197,7 +217,7 @@ def test_failed_run_is_finished_with_a_failing_exit_code(tmp_path, monkeypatch):
     finally:
         sink.finish({"status": "failed", "error": "boom", "params": 123})
     assert sink.run is None and info["wandb"]["mode"] == "offline"
-    run = read_run(tmp_path)
+    run = read_finished(tmp_path)
     assert run.exit_code == 1 and run.summary["status"] == "failed"
     assert run.summary["flops_per_token"] == 456
     assert run.config["norm"] == "rmsnorm" and "hf_token" not in run.config  # no credentials
@@ -304,7 +324,7 @@ def test_the_latest_checkpoint_is_logged_as_an_artifact_offline(tmp_path, monkey
     sink = WandbSink(cfg, tmp_path, "v seed=0", {"norm": "layernorm"}, [], None, resume_id="ckpttest")
     sink.start({})
     sink.finish({"status": "completed", "step": 4})
-    run = read_run(tmp_path)
+    run = read_finished(tmp_path)
     assert [(a["type"], a["files"], a["metadata"]) for a in run.artifacts] == [
         ("model", ["step_00000004.pt"], {"step": 4})]
     assert "step-4" in run.artifacts[0]["aliases"]
