@@ -262,12 +262,13 @@ def multiplier_ci(seed_losses: Mapping[str, Sequence[Sequence[float]]], computes
     data = {n: [np.asarray(v, float) for v in seed_losses[n]] for n in (base, variant)}
     means = {n: [float(v.mean()) for v in data[n]] for n in data}
     per_rung, at_target = _multipliers(means, computes, base, variant, target)
+    # one seed pair at a rung: every resample is the same, so no interval there (nor at the target)
+    pairs = [min(len(b), len(v)) for b, v in zip(data[base], data[variant])]
     rng = np.random.default_rng(seed)
     boots_rung, boots_target = [], []
-    for _ in range(n_boot):
+    for _ in range(n_boot if max(pairs) > 1 else 0):
         # per rung, seeds past the shorter side have no partner and stay out of the pairing
-        picks = [rng.integers(0, min(len(b), len(v)), min(len(b), len(v)))
-                 for b, v in zip(data[base], data[variant])]
+        picks = [rng.integers(0, k, k) for k in pairs]
         m = {n: [float(x[p].mean()) for x, p in zip(data[n], picks)] for n in data}
         try:
             r, t = _multipliers(m, computes, base, variant, target)
@@ -275,8 +276,6 @@ def multiplier_ci(seed_losses: Mapping[str, Sequence[Sequence[float]]], computes
             continue
         boots_rung.append([math.nan if x is None else x for x in r])
         boots_target.append(math.nan if t is None else t)
-    # one seed pair at a rung: every resample is the same, so no interval there (nor at the target)
-    pairs = [min(len(b), len(v)) for b, v in zip(data[base], data[variant])]
     rung_ci = [_percentile_ci([b[i] for b in boots_rung], alpha) if k > 1 else (None, None)
                for i, k in enumerate(pairs)]
     return Multiplier(per_rung, rung_ci, float(target), at_target,
