@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/ablate run
 
-# Two workers: most tests wait on a subprocess (a real `ablate` run), so two cores run the
-# suite in about half the time (6 vs 12 minutes here). TEST_WORKERS=0 runs it in one process.
+# Two workers: most tests wait on a subprocess (a real `ablate` run), so two cores keep two of
+# them going. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
