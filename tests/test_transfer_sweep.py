@@ -131,6 +131,23 @@ def test_a_ladder_whose_rungs_do_not_grow_is_refused(tmp_path):
         check_ladder(Ladder("same", (Rung("a", 32, 2, 2), Rung("b", 32, 2, 2)), 10, 1e-3, 128))
 
 
+@pytest.mark.parametrize("text, why", [
+    ("tokens_per_param: 10\nbase_width: 128\nrungs:\n  - {name: a, d_model: 32, n_layers: 2, n_heads: 2}\n",
+     "(no key 'base_lr')"),
+    ("tokens_per_param: 10\nbase_lr: 0.003\nbase_width: 128\nrungs: 3\n", "(TypeError: "),
+    ("tokens_per_param: ten\nbase_lr: 0.003\nbase_width: 128\nrungs: []\n", "(ValueError: "),
+    ("rungs: [\n", "(YAML: expected the node content, but found '<stream end>' at line 2, column 1)"),
+])
+def test_a_file_that_is_not_a_ladder_says_what_is_wrong_and_what_a_ladder_needs(text, why, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_ladder(str(bad))
+    message = str(err.value)
+    assert "is not a ladder " + why in message and "base_lr and base_width" in message
+    assert "\n" not in message
+
+
 def test_ladder_jobs_name_their_rung_and_share_its_steps():
     lad = Ladder("t", (Rung("r0", 32, 2, 2), Rung("r1", 64, 4, 4)), 10, 4e-3, 64)
     jobs, table = ladder_jobs([Job([], "baseline"), Job(["act=swiglu"], "act=swiglu")], lad,

@@ -141,7 +141,11 @@ def load_ladder(name: str) -> Ladder:
                         int(doc["base_width"]), str(doc.get("lr_rule", "width")),
                         float(doc.get("warmup_fraction", 0.1)))
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"--ladder {name}: {path} is not a ladder ({type(e).__name__}: {e}); it "
+        mark = getattr(e, "problem_mark", None)  # a YAML syntax error: its several lines in one
+        why = (f"no key {e}" if isinstance(e, KeyError) else
+               f"YAML: {e.problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else
+               f"{type(e).__name__}: {e}")
+        raise ConfigError(f"--ladder {name}: {path} is not a ladder ({why}); it "
                           "needs rungs [{name, d_model, n_layers, n_heads}], tokens_per_param, "
                           "base_lr and base_width") from None
     check_ladder(ladder)
@@ -267,7 +271,8 @@ class TransferPlan:
         clash = _set_keys(p) & {*LADDER_KEYS, "train.steps", "train.warmup_steps", LR_KEY}
         if clash:
             raise ConfigError(f"--ladder {lad.name} sets {', '.join(sorted(clash))} on each rung; "
-                              "do not set them too (edit the ladder file instead)")
+                              f"do not set {'it' if len(clash) == 1 else 'them'} too "
+                              "(edit the ladder file instead)")
         own, rest = variant_tokens(variants[0].overrides)
         base = dataclasses.replace(variants[0], overrides=rest)
         if own is not None:  # the baseline's own tokens per parameter are the ladder's, as run
