@@ -176,6 +176,35 @@ def test_seeds_needed_matches_textbook_sample_sizes_and_a_monte_carlo_power():
     assert power(n) - power(n - 1) > 0.02
 
 
+def test_seeds_needed_are_the_seeds_that_pass_the_holm_verdict_beside_them(tmp_path):
+    """Three variants tested against the baseline: each one's seeds needed are at alpha / 3
+    (Bonferroni: what Holm asks of the smallest p, so the verdict shown passes whatever the
+    others' p-values), and the header says for which verdict; one variant alone gets alpha."""
+    base = {0: 3.00, 1: 3.04, 2: 2.98, 3: 3.02}
+    offsets = {"norm=rmsnorm": (-0.030, -0.020, -0.045, -0.025), "act=relu": (0.02, 0.00, 0.03, 0.01),
+               "pos=rope": (-0.01, 0.012, -0.02, 0.0)}
+    for s, v in base.items():
+        write_run(tmp_path / "baseline", f"s{s}", {}, s, v)
+    for name, deltas in offsets.items():
+        key, value = name.split("=")
+        for s, d in enumerate(deltas):
+            write_run(tmp_path / name, f"s{s}", {key: value}, s, base[s] + d)
+    rows = by_name(compare_dirs([tmp_path]))
+    effects = {name: np.mean(d) / np.std(d, ddof=1) for name, d in offsets.items()}
+    for name, effect in effects.items():
+        assert rows[name]["effect"] == pytest.approx(effect)
+        assert rows[name]["seeds_needed_alpha"] == pytest.approx(0.05 / 3)
+        assert rows[name]["seeds_needed"] == seeds_needed(effect, 0.05 / 3)
+    alone = by_name(compare_dirs([tmp_path / "baseline", tmp_path / "norm=rmsnorm"]))["norm=rmsnorm"]
+    assert alone["seeds_needed_alpha"] == 0.05 and alone["seeds_needed"] == seeds_needed(effects["norm=rmsnorm"])
+    assert alone["seeds_needed"] < rows["norm=rmsnorm"]["seeds_needed"]  # a stricter bar takes more seeds
+    from rich.console import Console
+
+    console = Console(width=400, record=True)
+    print_comparison(compare_dirs([tmp_path]), console)
+    assert "seeds needed (80% power, Holm p<0.05)" in console.export_text()
+
+
 def test_seeds_needed_fewer_than_three_seeds_and_the_size_threshold(tmp_path):
     for s in (0, 1):
         write_run(tmp_path, f"base_s{s}", {}, s, 3.0 + 0.1 * s, params=100_000)
@@ -187,7 +216,9 @@ def test_seeds_needed_fewer_than_three_seeds_and_the_size_threshold(tmp_path):
     rms = rows["norm=rmsnorm"]
     d = [-0.07, -0.06]
     eff = (sum(d) / 2) / stats.tstd(d)
-    assert rms["effect"] == pytest.approx(eff) and rms["seeds_needed"] == seeds_needed(eff)
+    # two variants tested: the seeds that pass Holm whatever the other's p, at 0.05 / 2
+    assert rms["effect"] == pytest.approx(eff) and rms["seeds_needed"] == seeds_needed(eff, 0.025)
+    assert rms["seeds_needed_alpha"] == 0.025
     assert rms["few_seeds"] and any("fewer than 3 seeds in the test: norm=rmsnorm (2)" in n for n in cmp.notes)
     # 0.4% bigger: no size note; 0.6%: noted
     assert not rms["size_differs"] and rows["act=swiglu"]["size_differs"]
@@ -201,7 +232,8 @@ def test_seeds_needed_fewer_than_three_seeds_and_the_size_threshold(tmp_path):
     text = console.export_text()
     assert "only 2 seeds" in text and "seeds needed" in text and f"{rms['ci_low']:+.4f}" in text
     data = by_name(json.loads(cli("compare", str(tmp_path), "--json").stdout))
-    for key in ("ci_low", "ci_high", "p_holm", "effect", "seeds_needed", "few_seeds", "size_differs"):
+    for key in ("ci_low", "ci_high", "p_holm", "effect", "seeds_needed", "seeds_needed_alpha", "few_seeds",
+                "size_differs"):
         assert data["norm=rmsnorm"][key] == pytest.approx(rms[key])
 
 

@@ -352,6 +352,13 @@ def test_tuned_comparison_holm_over_variants():
     holm[second] = max(holm[first], min(1, 2 * p[second]))
     holm[third] = max(holm[second], p[third])
     assert {n: out[n].p_holm for n in p} == pytest.approx(holm)
+    # seeds needed for the Holm verdict over three variants: at 0.05 / 3
+    from ablate.analysis.stats import seeds_needed
+
+    for n in p:
+        t = out[n].tuned_delta
+        assert t.seeds_needed_alpha == pytest.approx(0.05 / 3)
+        assert t.seeds_needed == seeds_needed(t.effect, 0.05 / 3)
     assert v.verdict == "noise" and v.verdict_differs
     assert (w.best_lr, w.on_edge) == (1e-2, False)
     assert w.shared_delta == pytest.approx((0.01 - 0.04 + 0.01) / 3) == pytest.approx(w.tuned_delta.test_delta)

@@ -197,8 +197,8 @@ COLUMNS: list[Column] = [
     Column(lambda c: "beyond seed noise?", word, ("verdict",), text=True,
            rich_head=lambda c: f"beyond seed noise? (Holm p<{c.alpha:g})", rich_cell=rich_test, rich=FOLD),
     Column(lambda c: "effect (Δ/σ)", effect, ("effect",), rich=RIGHT),
-    Column(lambda c: "seeds needed", needed, ("seeds_needed", "few_seeds"),
-           rich_head=lambda c: "seeds needed (80% power)", rich=RIGHT),
+    Column(lambda c: "seeds needed", needed, ("seeds_needed", "seeds_needed_alpha", "few_seeds"),
+           rich_head=lambda c: f"seeds needed (80% power, Holm p<{c.alpha:g})", rich=RIGHT),
     Column(lambda c: "", lambda r: "", ("params", "params_delta", "params_delta_pct", "size_differs",
                                         "flops_per_token"), formats=frozenset()),  # csv only
     Column(lambda c: "Δ vs previous rung", lambda r: delta(r, True), ("prev", "delta_prev"), study=True,

@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional, Sequence
 from ablate.analysis.checks import describe_mixed, filter_runs, mixed_settings, resolve_metric
 from ablate.analysis.groups import Group, label_groups, pick_baseline, study_ladder
 from ablate.analysis.load import CompareError, Run, find_runs, number, print_warning
-from ablate.analysis.stats import ALPHA, MIN_SEEDS, NO_TEST, SeedTest, holm, mean_std, seed_test, verdict
+from ablate.analysis.stats import (ALPHA, MIN_SEEDS, NO_TEST, SeedTest, for_family, holm, mean_std, seed_test,
+                                   verdict)
 from ablate.rundir import CONFIG
 
 SIZE_NOTE_PCT = 0.5  # a variant whose parameter count differs by more than this (%) is noted
@@ -235,8 +236,10 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
 
 def _correct(family: list[Versus], metric: str, alpha: float) -> None:
     """Holm over one family of tests (every variant vs the baseline; or every rung vs the rung
-    before it); the corrected p decides the verdict."""
+    before it); the corrected p decides the verdict, and seeds_needed is the count that passes it."""
+    tested = sum(v.test.p_value is not None for v in family)
     for v, p in zip(family, holm([v.test.p_value for v in family])):
+        v.test = for_family(v.test, alpha, tested)
         v.p_holm = p
         v.verdict = verdict(v.test.t, p, metric, alpha)
 

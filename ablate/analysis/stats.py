@@ -5,7 +5,7 @@ the verdict, and the seeds a test would need (seeds_needed). Pure functions of n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Optional, Sequence
 
 from ablate.vocab import higher_is_better
@@ -13,6 +13,7 @@ from ablate.vocab import higher_is_better
 ALPHA = 0.05
 POWER = 0.8  # "seeds needed": the seeds that detect the observed difference this often
 SEEDS_NEEDED_LIMIT = 1000  # beyond this, "seeds needed" is reported as more than the limit
+_WELCH_NODES = 24  # Gauss-Jacobi nodes over Welch's df (its critical value is smooth in them)
 MIN_SEEDS = 3  # fewer seeds in a test: a warning (one or two degrees of freedom say little)
 
 
@@ -35,7 +36,9 @@ class SeedTest:
     """A seed-noise test of mean(other) - mean(base). `test_seeds`: the seeds of `other` in the
     test; `test_delta`: the difference it tested (the mean paired difference, or the difference of
     the means); `ci_*`: its (1 - alpha) confidence interval; `effect`: that difference in units
-    of seed noise; `seeds_needed`: the seeds per variant that detect it with 80% power."""
+    of seed noise; `seeds_needed`: the seeds per variant that detect it with 80% power in a
+    two-sided t-test at `seeds_needed_alpha` (the test's alpha; for_family makes it the alpha
+    that passes a Holm-corrected verdict)."""
 
     test: Optional[str] = None  # "paired t" | "Welch t" | None (fewer than 2 seeds on a side)
     t: Optional[float] = None
@@ -47,37 +50,85 @@ class SeedTest:
     ci_high: Optional[float] = None
     effect: Optional[float] = None
     seeds_needed: Optional[int] = None
+    seeds_needed_alpha: Optional[float] = None
 
 
 NO_TEST = SeedTest()
+
+
+def t_test_power(effect: float, n: int, alpha: float = ALPHA, paired: bool = True) -> float:
+    """The chance that a two-sided t-test at `alpha` on n seeds per variant rejects when the true
+    difference is `effect` (in units of seed noise). Paired: T = (Z + nc) / S with
+    nc = effect * sqrt(n), S^2 = V / df, V ~ chi2(df), df = n - 1. Welch, two samples of n with
+    equal noise: the same with nc = effect * sqrt(n / 2), df = 2n - 2 for S, and the test's own
+    Satterthwaite df = (n - 1) / (B^2 + (1 - B)^2), B = V1 / (V1 + V2) ~ Beta((n-1)/2, (n-1)/2)
+    independent of S (so its critical value varies with B: Gauss-Jacobi nodes over B).
+
+    The power is the integral over S of P(|Z + nc| > c S) = Phi(nc - c S) + Phi(-nc - c S): a
+    bounded, smooth integrand, so it stays exact where scipy's noncentral t (stats.nct, which
+    statsmodels uses too) returns NaN (df 1-2, large nc)."""
+    import numpy as np
+    from scipy import integrate, special
+
+    df = n - 1 if paired else 2 * n - 2
+    nc = abs(effect) * math.sqrt(n if paired else n / 2)
+    if paired:
+        crit, weight = np.array([special.stdtrit(df, 1 - alpha / 2)]), np.ones(1)
+    else:
+        x, weight = special.roots_jacobi(_WELCH_NODES, (n - 3) / 2, (n - 3) / 2)
+        b = (1 + x) / 2
+        crit, weight = special.stdtrit((n - 1) / (b * b + (1 - b) ** 2), 1 - alpha / 2), weight / weight.sum()
+    # S's density, 2 df s f_chi2(df s^2), on its central 1 - 2e-14 (the rest cannot move 0.8)
+    lo, mid, hi = (math.sqrt(special.chdtri(df, q) / df) for q in (1 - 1e-14, 0.5, 1e-14))
+    log_norm = math.log(2) + (df / 2) * math.log(df / 2) - special.gammaln(df / 2)
+
+    def integrand(s: float) -> float:
+        density = math.exp(log_norm + (df - 1) * math.log(s) - df * s * s / 2)
+        return float(np.dot(weight, special.ndtr(nc - crit * s) + special.ndtr(-nc - crit * s))) * density
+
+    return float(integrate.quad(integrand, lo, hi, points=[mid], epsabs=1e-12, limit=200)[0])
 
 
 def seeds_needed(effect: Optional[float], alpha: float = ALPHA, power: float = POWER,
                  paired: bool = True, limit: int = SEEDS_NEEDED_LIMIT) -> Optional[int]:
     """Seeds per variant for a two-sided t-test at `alpha` to detect a true difference of
     `effect` (in units of seed noise: Δ / sd) with probability `power`: the smallest n whose
-    power, from the noncentral t distribution, reaches it. Paired: df = n - 1, noncentrality
-    effect * sqrt(n); two independent samples of n: df = 2n - 2, effect * sqrt(n / 2).
-    None when no n up to `limit` does (a zero effect never does)."""
-    from scipy import stats
-
+    t_test_power reaches it (a bisection: the power grows with n). None when no n up to
+    `limit` does (a zero effect never does)."""
     if effect is None or math.isnan(effect) or effect == 0:
         return None
     if math.isinf(effect):
         return 2  # no noise at all: the smallest test there is
-    for n in range(2, limit + 1):
-        df, nc = (n - 1, abs(effect) * math.sqrt(n)) if paired else (2 * n - 2, abs(effect) * math.sqrt(n / 2))
-        crit = stats.t.ppf(1 - alpha / 2, df)
-        if stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc) >= power:
-            return n
-    return None
+    if t_test_power(effect, limit, alpha, paired) < power:
+        return None
+    lo, hi = 1, limit  # power(lo) < power <= power(hi); n = 1 has no test
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if t_test_power(effect, mid, alpha, paired) >= power else (mid, hi)
+    return hi
+
+
+def family_alpha(alpha: float, family: int) -> float:
+    """The alpha at which a test of a Holm family of `family` tests passes whatever the others'
+    p-values: Bonferroni's alpha / family, what Holm asks of the smallest p (alpha itself for one)."""
+    return alpha / max(family, 1)
+
+
+def for_family(test: SeedTest, alpha: float, family: int) -> SeedTest:
+    """`test` with seeds_needed for a verdict Holm-corrected over `family` tests: the seeds that
+    would detect its effect at family_alpha, 80% of the time."""
+    if test.test is None:
+        return test
+    at = family_alpha(alpha, family)
+    return replace(test, seeds_needed=seeds_needed(test.effect, at, paired=test.test == "paired t"),
+                   seeds_needed_alpha=at)
 
 
 def _exact(name: str, diff: float, df, seeds: list, alpha: float, paired: bool) -> SeedTest:
     """Identical differences on every seed: no noise to compare against."""
     effect = 0.0 if diff == 0 else math.copysign(math.inf, diff)
     return SeedTest(name, effect, 1.0 if diff == 0 else 0.0, df, seeds, diff, diff, diff, effect,
-                    seeds_needed(effect, alpha, paired=paired))
+                    seeds_needed(effect, alpha, paired=paired), alpha)
 
 
 def seed_test(base: dict, other: dict, alpha: float = ALPHA) -> SeedTest:
@@ -106,7 +157,7 @@ def _paired(a: list, b: list, seeds: list, alpha: float) -> SeedTest:
     half = stats.t.ppf(1 - alpha / 2, n - 1) * sd / math.sqrt(n)
     effect = mean / sd  # Cohen's d_z: the difference in units of its seed-to-seed sd
     return SeedTest("paired t", float(r.statistic), float(r.pvalue), n - 1, seeds, mean,
-                    float(mean - half), float(mean + half), effect, seeds_needed(effect, alpha))
+                    float(mean - half), float(mean + half), effect, seeds_needed(effect, alpha), alpha)
 
 
 def _welch(a: list, b: list, seeds: list, alpha: float) -> SeedTest:
@@ -123,7 +174,8 @@ def _welch(a: list, b: list, seeds: list, alpha: float) -> SeedTest:
     pooled = math.sqrt(((len(a) - 1) * sa ** 2 + (len(b) - 1) * sb ** 2) / (len(a) + len(b) - 2))
     effect = diff / pooled  # Cohen's d
     return SeedTest("Welch t", float(r.statistic), float(r.pvalue), df, seeds, diff,
-                    float(diff - half), float(diff + half), effect, seeds_needed(effect, alpha, paired=False))
+                    float(diff - half), float(diff + half), effect, seeds_needed(effect, alpha, paired=False),
+                    alpha)
 
 
 def holm(p_values: Sequence[Optional[float]]) -> list[Optional[float]]:

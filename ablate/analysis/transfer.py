@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ablate.analysis.stats import ALPHA, SeedTest, holm, mean_std, seed_test, verdict
+from ablate.analysis.stats import ALPHA, SeedTest, for_family, holm, mean_std, seed_test, verdict
 from ablate.errors import ConfigError
 
 MIN_GRID = 3
@@ -370,7 +370,8 @@ def tuned_comparison(runs: Mapping[str, Runs], baseline: str,
     the best of its grid_curve; tuned_delta is stats.seed_test of its seeds there against the
     baseline's at the baseline's best LR (paired by seed); p-values are Holm-adjusted over the
     variants. shared_delta: the mean paired difference at `shared_lr` (None: not given, not in
-    the grid, or no common seed). loss_init: one value, or one per variant (None: no
+    the grid, or no common seed); seeds_needed at alpha / (variants tested), the bar of the Holm
+    verdict (stats.for_family). loss_init: one value, or one per variant (None: no
     lr_sensitivity). Returns {variant: Tuned}, the baseline first."""
     if baseline not in runs:
         raise ValueError(f"baseline {baseline!r} is not among the variants: {', '.join(runs)}")
@@ -379,6 +380,8 @@ def tuned_comparison(runs: Mapping[str, Runs], baseline: str,
     at = {n: _at(runs[n], best[n].lr) for n in names}
     tests = {n: seed_test(at[baseline], at[n], alpha) if n != baseline else None for n in names}
     adjusted = dict(zip(names, holm([t.p_value if t else None for t in tests.values()])))
+    tested = sum(t is not None and t.p_value is not None for t in tests.values())
+    tests = {n: for_family(t, alpha, tested) if t else None for n, t in tests.items()}  # seeds for the Holm verdict
     out = {}
     for n in names:
         init = loss_init.get(n) if isinstance(loss_init, Mapping) else loss_init

@@ -207,6 +207,7 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
             "tuned_delta_ci": [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
             "tuned_p": test.p_value if test else None, "tuned_t": test.t if test else None,
             "seeds_needed": test.seeds_needed if test else None,
+            "seeds_needed_alpha": test.seeds_needed_alpha if test else None,
             "tuned_p_holm": t.p_holm, "tuned_verdict": t.verdict,
             "shared_lr": shared, "shared_delta": t.shared_delta, "verdict_differs": t.verdict_differs,
             "lr_sensitivity": t.lr_sensitivity, "loss_init": loss_init[n],
