@@ -30,13 +30,11 @@ from ablate.vocab import STOPPED, STOPPED_EXIT, variant_name, variant_overrides
 log = logging.getLogger("ablate")
 
 def _name_resolver(override_dirname: str) -> str:
-    # a path in an override (data.paths=[/a/b.txt]) must not nest the run directory
-    name = (override_dirname or "baseline").replace("/", "_")
-    if len(name) > 160:  # a file name stops at 255 bytes: keep the start, make the rest a hash
-        import hashlib
+    # A name a shell takes as printed (the banner's path pastes into `ablate resume`): a value
+    # with shell-special characters or a long one is hashed; a path does not nest the directory.
+    from ablate.rundir import dir_name
 
-        name = name[:150] + "~" + hashlib.sha1(name.encode()).hexdigest()[:8]
-    return name
+    return dir_name(override_dirname or "baseline")
 
 
 if not OmegaConf.has_resolver("ablate_name"):

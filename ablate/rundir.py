@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -19,11 +21,65 @@ TRANSFER = "transfer.json"  # a sweep directory's --lr-grid or --ladder record (
 
 
 def resume_command(run_dir: Path) -> str:
-    """The shell command that resumes `run_dir` (`ablate resume`; the name is quoted only where
-    the shell needs it: '=' and ',' need no quotes)."""
+    """The shell command that resumes `run_dir` (`ablate resume`). The names ablate gives need
+    no quotes (dir_name); a directory the user named with spaces or quotes is quoted."""
     import shlex
 
     return f"ablate resume {shlex.quote(str(run_dir))}"
+
+
+# ---- directory names: a shell takes them as printed ----------------------------------------------
+# Characters that every shell reads as themselves inside a word ('/' too, written as '_' in a name
+# so that a path does not nest the directory). Anything else (quotes, brackets, globs, spaces, $,
+# ~, braces) would be stripped or expanded when a printed path is pasted.
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9._+:@%/-]*")
+_NOT_PLAIN = re.compile(r"[^A-Za-z0-9._+-]")
+VALUE_CHARS = 40  # a longer value is named by its hash: names stay readable in a listing
+NAME_CHARS = 160  # a file name stops at 255 bytes: a longer name keeps its start, the rest hashed
+
+
+def short_hash(text: str) -> str:
+    """`h` and the first 8 hex digits of the text's SHA-1: the same text, the same name."""
+    return "h" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]
+
+
+def value_name(value: str) -> str:
+    """An override's value as a directory name shows it: itself when plain and short, else its
+    short_hash (`data.paths=["corpus/*.txt"]` -> `data.paths=h3f9a1c2e`)."""
+    if len(value) <= VALUE_CHARS and _PLAIN_VALUE.fullmatch(value):
+        return value.replace("/", "_")
+    return short_hash(value)
+
+
+def split_items(text: str) -> list[str]:
+    """`a=1,b=[x,y],c='p,q'` -> ['a=1', 'b=[x,y]', "c='p,q'"]: a comma inside brackets or quotes
+    belongs to its value (Hydra's override_dirname joins the overrides with ',')."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(depth - 1, 0)
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return items + [text[start:]]
+
+
+def dir_name(overrides: str, limit: int = NAME_CHARS) -> str:
+    """The directory name for `overrides` (`key=value,...` as Hydra's override_dirname joins them,
+    or a sweep job's variant name) that a shell takes as printed: each value by value_name, any
+    other character outside [A-Za-z0-9._+-] as '_'."""
+    parts = []
+    for item in split_items(overrides):
+        key, eq, value = item.partition("=")
+        parts.append(_NOT_PLAIN.sub("_", key) + (eq + value_name(value) if eq else ""))
+    name = ",".join(parts)
+    return name if len(name) <= limit else f"{name[:limit - 10]}_{short_hash(name)}"
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
@@ -38,7 +37,19 @@ class Job:
 
     @property
     def name(self) -> str:
-        name = f"{self.variant}_{self.tag}" if self.tag else self.variant
+        """The job's label (progress lines, sweep.json, --dry-run): `act=swiglu_seed0`."""
+        return self._with_tag_and_seed(self.variant, self.tag)
+
+    @property
+    def dir_name(self) -> str:
+        """Its directory's name, which a shell takes as printed: the name, each value that
+        holds shell-special characters or is long as a hash (ablate.rundir.dir_name)."""
+        from ablate.rundir import dir_name
+
+        return self._with_tag_and_seed(dir_name(self.variant, limit=120), dir_name(self.tag))
+
+    def _with_tag_and_seed(self, variant: str, tag: str) -> str:
+        name = f"{variant}_{tag}" if tag else variant
         return name if self.seed is None else f"{name}_seed{self.seed}"
 
 
@@ -99,11 +110,6 @@ def parse(arguments: Sequence[str]) -> Parsed:
 def _plain(override: str) -> str:
     """The override without its +/~ prefix, for names ('+x=1' and 'x=1' name the same change)."""
     return override.lstrip("+~")
-
-
-def dir_safe(name: str, limit: int = 120) -> str:
-    name = re.sub(r"[^A-Za-z0-9=,.+_-]", "_", name)
-    return name if len(name) <= limit else name[:limit]
 
 
 def _flat_keys(node: Any, prefix: str = "") -> list[str]:

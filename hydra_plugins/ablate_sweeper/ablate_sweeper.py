@@ -270,12 +270,11 @@ def _refusing(suffix: str = " (nothing was launched)"):
 
 def _job_overrides(job) -> list:
     from ablate.overrides import quote
-    from ablate.sweep.planning import dir_safe
 
     # env_set is applied around the task function; the sweep subdir reads it too.
     return list(job.overrides) + [
         f"+hydra.job.env_set.{VARIANT_ENV}={quote(job.variant)}",
-        f"+hydra.job.env_set.{JOB_ENV}={quote(dir_safe(job.name))}"]
+        f"+hydra.job.env_set.{JOB_ENV}={quote(job.dir_name)}"]
 
 
 def _one_line(e: BaseException) -> str:
