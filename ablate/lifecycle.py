@@ -135,21 +135,23 @@ class Plan:
     extended_from: Optional[int] = None  # EXTEND: the steps the run had finished
 
 
-def _refusal(record: Record, key: str, old: Any, new: Any) -> RunDirError:
+def _refusal(record: Record, key: str, old: Any, new: Any, extend_dir: Optional[Path] = None) -> RunDirError:
     what = (f"a {record.status} run" if record.finished else
             f"a checkpoint of a {record.status or 'started'} run")
     hint = "use another directory (hydra.run.dir / hydra.sweep.dir)"
     if key == "train.steps" and record.status == Status.COMPLETED and isinstance(new, int) and new > (old or 0):
-        hint = (f"to train it further, extend it by name: {resume_command(record.run_dir)} --extend {new}; "
+        hint = (f"to train it further, extend it by name: {resume_command(extend_dir or record.run_dir)} "
+                f"--extend {new}; "
                 "or " + hint)
     return RunDirError(f"{record.run_dir} holds {what} with {key}={old}; this config has {key}={new}: "
                        f"{hint}, or start it over with train.resume=never")
 
 
-def check_reentry(run_dir: Path, cfg: Any) -> Optional[Plan]:
+def check_reentry(run_dir: Path, cfg: Any, extend_dir: Optional[Path] = None) -> Optional[Plan]:
     """The checks of `plan` that need no checkpoint loaded: a sweep's preflight calls it for
     every job directory that exists, so a re-run that would change a finished job is refused
-    before anything is launched. None for a fresh directory."""
+    before anything is launched (`extend_dir`: the sweep, which a refusal says to extend).
+    None for a fresh directory."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return None
@@ -167,7 +169,7 @@ def check_reentry(run_dir: Path, cfg: Any) -> Optional[Plan]:
                 return Plan(EXTEND, record, extended_from=old,
                             notice=f"extending {run_dir} from step {old} to {new} (train.extend=true); "
                                    "the extra steps keep the learning rate the schedule ended with")
-        raise _refusal(record, *diff[0])
+        raise _refusal(record, *diff[0], extend_dir)
     if not record.checkpoints:
         return Plan(START, record, notice=_no_checkpoint_line(record))
     if diff:

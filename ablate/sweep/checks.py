@@ -92,7 +92,8 @@ def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:
     if run_dir is not None:  # a re-run into the sweep's directory: the one re-entry rule
         from ablate.lifecycle import check_reentry
 
-        check_reentry(Path(run_dir), config)
+        # a sweep is extended as a whole (`ablate resume <sweep dir> --extend N`), not job by job
+        check_reentry(Path(run_dir), config, extend_dir=Path(run_dir).parent)
     if launcher.local:
         from ablate.data.cache import preflight as data_preflight
         from ablate.train.distributed import check_nproc
