@@ -26,12 +26,27 @@ def schema_keys() -> list[str]:
 
 
 def unknown_key_message(key: str) -> str:
+    """`model.n_layer` -> did you mean model.n_layers? The wrong part is matched against its
+    siblings only (`model.foo` is not close to `model.d_ff` because both start `model.`); with
+    none close, the valid keys there are listed."""
     import difflib
 
-    keys = {k.lstrip(".") for k in schema_keys()}
-    keys = sorted(keys | {k.rsplit(".", 1)[0] for k in keys if "." in k})  # groups too
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    return f"unknown config key '{key}'" + (f" (did you mean {close[0]}?)" if close else "")
+    leaves = [k.lstrip(".") for k in schema_keys()]
+    nodes = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}
+    parts = key.split(".")
+    depth = 0  # the first part that names nothing: the one to correct
+    while depth < len(parts) - 1 and ".".join(parts[:depth + 1]) in nodes:
+        depth += 1
+    parent = ".".join(parts[:depth])
+    siblings = sorted({k[len(parent) + 1 if parent else 0:].split(".")[0]
+                       for k in leaves if not parent or k.startswith(parent + ".")})
+    close = difflib.get_close_matches(parts[depth], siblings, n=1, cutoff=0.6)
+    if close:
+        fixed = ".".join(parts[:depth] + close + parts[depth + 1:])  # trian.steps -> train.steps
+        fixed = fixed if fixed in nodes or fixed in leaves else ".".join(parts[:depth] + close)
+        return f"unknown config key '{key}' (did you mean {fixed}?)"
+    where = f"{parent} has" if parent else "the top-level keys are"
+    return f"unknown config key '{key}' (none is close; {where}: {', '.join(siblings)})"
 
 
 def hydra_message(e: Exception) -> str:
