@@ -13,17 +13,21 @@ from enum import Enum
 
 # ---- variant keys ------------------------------------------------------------------------------
 # Keys (prefixes) that do not change what is trained: where the outputs go, what is shown, how
-# often it is saved. A run re-entered with other values of these is the same run.
+# often it is saved or evaluated. A run re-entered with other values of these is the same run.
+# train.eval_every is one: an evaluation reads fixed windows, draws no random numbers, and one
+# always runs at the last step, so neither the weights nor the final val_loss depend on it
+# (train.eval_tokens does not belong here: it sets what val_loss measures).
 NOT_TRAINING = ("hydra.", "hydra/", "launcher", "logger", "out_dir", "study", "plugins",
                 "train.progress", "train.threads", "train.resume", "train.extend", "train.log_every",
-                "train.ckpt_every", "train.keep_ckpts", "train.diagnostics_every",
+                "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.diagnostics_every",
                 "data.num_proc", "data.cache_dir")
 # Keys that choose how the same model and batches are computed (placement, kernels, compile,
 # the loss in chunks, the passes a batch is cut into): results differ by rounding only, so they
 # never name a variant, and a run re-entered with other values of them is the same experiment
 # (ablate/lifecycle.py: a finished one returns its record, a stopped one continues).
 HOW_COMPUTED = ("train.device", "train.nproc", "train.strategy", "train.fused_ce", "train.ce_chunk",
-                "train.compile", "train.sdpa_backend", "train.flex_attention", "train.micro_batch")
+                "train.compile", "train.sdpa_backend", "train.flex_attention", "train.micro_batch",
+                "train.deterministic")
 SEED_KEYS = ("seed", "data_seed")
 # Model keys that are variant keys though outside an axis group: they change the block, not its
 # size or its training (the stability options, the presets' init, the heads' layout).
@@ -36,18 +40,19 @@ VARIANT_MODEL_KEYS = ("model.z_loss", "model.attn_softcap", "model.logit_softcap
 LADDER_TOKENS_KEY = "ladder.tokens_per_param"
 
 
-def _key(override_or_key: str) -> str:
+def override_key(override_or_key: str) -> str:
+    """`+model.z_loss=1e-4` -> `model.z_loss`; a plain key is returned as it is."""
     return override_or_key.lstrip("+~").split("=", 1)[0]
 
 
 def is_not_training(key: str) -> bool:
     """The key's value does not change what is trained (re-entering with another is the same run)."""
-    return _key(key).startswith(NOT_TRAINING)
+    return override_key(key).startswith(NOT_TRAINING)
 
 
 def names_variant(key: str) -> bool:
     """The key's value can name a variant: not a seed, not an output or a way of computing."""
-    key = _key(key)
+    key = override_key(key)
     return key not in SEED_KEYS and not key.startswith(NOT_TRAINING + HOW_COMPUTED)
 
 

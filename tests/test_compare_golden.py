@@ -58,8 +58,9 @@ def make_fixture(root: Path) -> Path:
     write_study(root / "study")
     for name, steps in (("a", 6), ("b", 8)):
         d = write_run(root / "mixed", name, {}, 0, 3.0 + steps / 100)
-        cfg = (d / "config.yaml").read_text().replace("steps: 6", f"steps: {steps}")
-        (d / "config.yaml").write_text(cfg)
+        for record in ("config.yaml", "summary.json"):  # its config and its override, as `ablate run` writes them
+            text = (d / record).read_text().replace("steps: 6", f"steps: {steps}")
+            (d / record).write_text(text.replace("train.steps=6", f"train.steps={steps}"))
     return root
 
 

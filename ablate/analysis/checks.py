@@ -31,6 +31,13 @@ def _shown(value: str) -> str:
     return value if value == ABSENT else str(json.loads(value))
 
 
+def alike(runs: Sequence[Run]) -> set[str]:
+    """The config keys set to one value in every run that has a config (absent counts as a value)."""
+    configs = [r.config for r in runs if r.config]
+    keys = set().union(*configs) if configs else set()
+    return {k for k in keys if len({_setting(c, k) for c in configs}) == 1}
+
+
 def mixed_settings(runs: Sequence[Run]) -> dict[str, dict[str, int]]:
     """Settings that differ between runs but are neither a variant key nor swept by a sweep
     among them (a key that differs between the jobs of one sweep directory is what that sweep
@@ -41,8 +48,7 @@ def mixed_settings(runs: Sequence[Run]) -> dict[str, dict[str, int]]:
         if r.config and r.summary.get("sweep"):
             by_sweep.setdefault(r.dir.parent, []).append(r)
     for rs in by_sweep.values():
-        keys = set().union(*(r.config for r in rs))
-        swept |= {k for k in keys if len({_setting(r.config, k) for r in rs}) > 1}
+        swept |= set().union(*(r.config for r in rs)) - alike(rs)
     configs = [r.config for r in runs if r.config]
     out: dict[str, dict[str, int]] = {}
     for key in sorted(set().union(*configs) if configs else ()):

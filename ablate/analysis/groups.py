@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ablate.analysis.checks import alike
 from ablate.analysis.load import CompareError, Run
+from ablate.vocab import names_variant, override_key
 
 MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it
 
@@ -27,26 +29,30 @@ class Group:
 
 
 def label_groups(groups: list[Group]) -> None:
-    """Readable names: a sweep's own variant names; for single runs, the overrides that are
-    not shared by every run compared ("baseline" when none are left)."""
-    loose = [g for g in groups if not g.runs[0].summary.get("sweep")]
-    common: Optional[set] = None
-    if len(loose) > 1:
-        for g in loose:
-            o = set(g.runs[0].summary.get("overrides") or [])
-            common = o if common is None else common & o
+    """Readable names: a sweep's own variant names; for a single run, its overrides that name a
+    variant less those set alike in every run compared ("baseline" when none are left), so a run
+    beside a sweep is not named by the settings it shares with the sweep."""
+    same = alike([r for g in groups for r in g.runs]) if len(groups) > 1 else None
     for g in groups:
-        s = g.runs[0].summary
-        if s.get("sweep") or common is None:
-            g.label = str(s.get("variant") or g.runs[0].dir.name)
+        r = g.runs[0]
+        if r.summary.get("sweep") or same is None or not r.config:
+            g.label = str(r.summary.get("variant") or r.dir.name)
         else:
-            g.label = ",".join(o for o in (s.get("overrides") or []) if o not in common) or "baseline"
+            g.label = ",".join(o for o in (r.summary.get("overrides") or [])
+                               if names_variant(o) and not _set_alike(o, r.config, same)) or "baseline"
     seen: dict[str, int] = {}
     for g in groups:  # same name, different config (two sweeps' baselines): keep them apart
         n = seen[g.label] = seen.get(g.label, 0) + 1
         if n > 1:
             sweep = g.runs[0].summary.get("sweep")
             g.label = f"{g.label} [{sweep}]" if sweep else f"{g.label} ({n})"
+
+
+def _set_alike(override: str, config: dict, same: set) -> bool:
+    """Every config key the override sets (a group's, for `model=small`) is in `same`."""
+    key = override_key(override)
+    keys = [k for k in config if k == key or k.startswith(key + ".")]
+    return bool(keys) and all(k in same for k in keys)
 
 
 def pick_baseline(groups: list[Group], baseline: Optional[str],
