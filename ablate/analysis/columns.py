@@ -68,6 +68,11 @@ def mean_std(r) -> str:
     return "-" if r.mean is None else f"{r.mean:.4f}" + (f" ± {r.std:.4f}" if r.std is not None else "")
 
 
+def speed(r) -> str:
+    """The median of the seeds' tokens/s; `~` before it: the seeds' figures disagree (a note says why)."""
+    return ("~" if r.tokens_per_s_unsteady else "") + num(r.tokens_per_s, ",.0f")
+
+
 def status(r) -> str:
     return "ok" if list(r.status) == ["completed"] else ", ".join(f"{n} {st}" for st, n in r.status.items())
 
@@ -172,6 +177,10 @@ def rich_test(r, prev: bool = False) -> str:
             f"Holm p={v.p_holm:.3g})" + few)
 
 
+def rich_speed(r) -> str:
+    return "[yellow]~[/yellow]" + speed(r)[1:] if r.tokens_per_s_unsteady else speed(r)
+
+
 def rich_status(r) -> str:
     if list(r.status) == ["completed"]:
         return "[green]ok[/green]"
@@ -207,7 +216,7 @@ COLUMNS: list[Column] = [
     Column(lambda c: "p (Holm)", lambda r: p_holm(r, True), ("p_prev", "p_holm_prev"), formats=ONLY_PLAIN, study=True),
     Column(lambda c: "step beyond seed noise?", lambda r: word(r, True), ("verdict_prev", "seeds_needed_prev"),
            text=True, study=True, rich_cell=lambda r: rich_test(r, True), rich=FOLD),
-    Column(lambda c: "tokens/s", lambda r: num(r.tokens_per_s, ",.0f"), ("tokens_per_s",), rich=RIGHT),
+    Column(lambda c: "tokens/s", speed, ("tokens_per_s", "tokens_per_s_unsteady"), rich_cell=rich_speed, rich=RIGHT),
     Column(lambda c: "status", status, ("status",), text=True, rich_cell=rich_status, rich=FOLD),
 ]
 

@@ -18,6 +18,7 @@ rung before it (Row.vs_prev; Holm over the rungs' steps), so each step's own gai
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -30,6 +31,7 @@ from ablate.analysis.stats import (ALPHA, MIN_SEEDS, NO_TEST, SeedTest, for_fami
 from ablate.rundir import CONFIG
 
 SIZE_NOTE_PCT = 0.5  # a variant whose parameter count differs by more than this (%) is noted
+SPEED_SPREAD = 1.5  # seeds' tokens/s whose max/min exceeds this are marked: they measured the machine
 
 
 @dataclass
@@ -75,7 +77,8 @@ class Row:
     params_delta_pct: Optional[float]
     size_differs: bool
     flops_per_token: Optional[float]
-    tokens_per_s: Optional[float]
+    tokens_per_s: Optional[float]  # the median of the completed seeds' figures
+    tokens_per_s_unsteady: bool  # they differ by more than SPEED_SPREAD x: they measured the machine
     axes: Optional[dict]
     dirs: list
     rung: bool = False  # a study rung: vs_prev holds its step against the rung before it
@@ -91,7 +94,7 @@ class Row:
         d.update(self.vs.as_dict())
         d.update({k: getattr(self, k) for k in ("status", "params", "params_delta", "params_delta_pct",
                                                 "size_differs", "flops_per_token", "tokens_per_s",
-                                                "axes", "dirs")})
+                                                "tokens_per_s_unsteady", "axes", "dirs")})
         if self.rung:
             d["prev"] = self.prev
             d.update(self.vs_prev.as_dict("_prev"))
@@ -221,17 +224,26 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
     params, base_params = g.first("params"), base.first("params") if base else None
     p_delta = (params - base_params) if (params is not None and base_params and g is not base) else None
     p_pct = (100 * p_delta / base_params) if p_delta is not None else None
-    tps = [t for t in (number(r.summary.get("tokens_per_s")) for r in g.runs if r.status == "completed") if t]
+    tps, unsteady = _speed(g)
     order = sorted(g.values, key=str)
     return Row(variant=g.label, baseline=g is base, metric=metric, n=len(g.values), runs=len(g.runs),
                coverage=coverage, seeds=[s[0] for s in order], mean=mean, std=std,
                values=[g.values[s] for s in order], vs=_versus(base, g, alpha), status=counts,
                params=params, params_delta=p_delta, params_delta_pct=p_pct,
                size_differs=p_pct is not None and abs(p_pct) > SIZE_NOTE_PCT,
-               flops_per_token=g.first("flops_per_token"), tokens_per_s=(sum(tps) / len(tps)) if tps else None,
+               flops_per_token=g.first("flops_per_token"), tokens_per_s=tps, tokens_per_s_unsteady=unsteady,
                axes=g.runs[0].summary.get("axes"), dirs=[str(r.dir) for r in g.runs], rung=rung,
                prev=g.prev.label if rung and g.prev else None,
                vs_prev=_versus(g.prev, g, alpha) if rung else Versus())
+
+
+def _speed(g: Group) -> tuple[Optional[float], bool]:
+    """The median of the completed seeds' tokens/s (a seed timed on a busy host drags a mean, not
+    a median), and whether the seeds' figures differ by more than SPEED_SPREAD x (max/min)."""
+    tps = [t for t in (number(r.summary.get("tokens_per_s")) for r in g.runs if r.status == "completed") if t]
+    if not tps:
+        return None, False
+    return statistics.median(tps), max(tps) > SPEED_SPREAD * min(tps)
 
 
 def _correct(family: list[Versus], metric: str, alpha: float) -> None:
@@ -254,6 +266,12 @@ def _summary_notes(rows: list[Row], notes: list[str]) -> None:
     if sized:
         notes.append(f"differs in size from the baseline by more than {SIZE_NOTE_PCT:g}%, so part of "
                      "its delta may be capacity: " + "; ".join(sized))
+    unsteady = [r.variant for r in rows if r.tokens_per_s_unsteady]
+    if unsteady:
+        notes.append(f"~ tokens/s: the seeds' figures differ by more than {SPEED_SPREAD:g}x (max/min) in "
+                     + ", ".join(unsteady) + ", so they measured the machine (its load, device or "
+                     "settings) as much as the variant. Each figure is the median of the seeds; compare "
+                     "speed with `ablate bench --vs OVERRIDE` (alternating rounds), not here")
 
 
 def per_seed_rows(cmp: Comparison) -> list[dict]:
