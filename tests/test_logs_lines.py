@@ -5,9 +5,12 @@ columns, and a quiet console in a sweep job."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
 
-from conftest import TINY, run_ablate
+from conftest import ROOT, TINY, run_ablate
 
 from ablate.tracking.sinks import ConsoleSink
 
@@ -87,3 +90,76 @@ def test_a_sweep_job_prints_nothing_but_logs_everything(capsys, caplog):
     assert captured.out == "" and captured.err == ""
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 4 + 3 + 1 and "d" * 120 in logged[-1]
+
+
+def _corpus(root, sizes=(25_000, 15_000)):
+    """Plain ASCII text files of exactly these sizes (bytes): the corpus a user points at."""
+    text = (ROOT / "README.md").read_text(encoding="ascii", errors="ignore").replace("\r", "")
+    root.mkdir()
+    for i, size in enumerate(sizes):
+        (root / f"part{i}.txt").write_text((text * (size // len(text) + 1))[:size])
+    return sum(sizes)
+
+
+def _tokenize_args(tmp_path) -> list[str]:
+    # train.progress on (TINY turns it off): what a user's run shows while tokenizing
+    return ["run", *[o for o in TINY if o != "train.progress=false"], "data=text_files",
+            f'data.paths=["{tmp_path}/corpus/*.txt"]', f"hydra.run.dir={tmp_path / 'run'}"]
+
+
+def test_off_a_terminal_tokenizing_is_plain_lines_with_the_corpus_bytes(tmp_path):
+    total = _corpus(tmp_path / "corpus")
+    log = tmp_path / "run.log"
+    with log.open("w") as out:  # `ablate run ... > run.log 2>&1`
+        res = subprocess.run([sys.executable, "-m", "cli.main", *_tokenize_args(tmp_path)], cwd=ROOT,
+                             stdout=out, stderr=subprocess.STDOUT, timeout=300,
+                             env={**os.environ, "ABLATE_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""})
+    text = log.read_text()
+    assert res.returncode == 0, text
+    assert "\r" not in text and "it/s" not in text and "B/s" not in text  # no bar fragments
+    lines = text.splitlines()
+    assert lines[0] == "tokenizing text_files with byte ..."
+    done = re.fullmatch(r"tokenizing text_files with byte: done, ([\d,]+) bytes of text in 2 documents -> "
+                        r"([\d,]+) tokens \(\d+\.\d s\)", lines[1])
+    assert done and int(done.group(1).replace(",", "")) == total, lines[1]
+    assert int(done.group(2).replace(",", "")) == total + 2  # byte tokenizer: one per byte, one end-of-text per file
+    assert lines[2].startswith("ablate run: ")  # the banner on a line of its own
+
+
+def test_on_a_terminal_the_bar_ends_at_the_corpus_bytes(tmp_path):
+    _corpus(tmp_path / "corpus", sizes=(30_000, 10_000))  # 40.0kB
+    master, slave = _terminal(columns=80)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *_tokenize_args(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=slave, close_fds=True,
+                            env={**os.environ, "ABLATE_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""})
+    os.close(slave)
+    seen = _read_all(master)
+    assert proc.wait(timeout=300) == 0, seen
+    frames = [f for f in re.split(r"[\r\n]", seen) if f.startswith("tokenizing text_files with byte:")]
+    assert frames and frames[-1].startswith("tokenizing text_files with byte: 40.0kB "), repr(seen)
+
+
+def _terminal(columns: int):
+    """A pseudo-terminal `columns` wide (a fresh pty is 0 x 0): (master, slave) descriptors."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    return master, slave
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")

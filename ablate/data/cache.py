@@ -179,24 +179,33 @@ def _prefetch(batches: Iterator[list[str]], depth: int = 2) -> Iterator[list[str
 
 
 class _Progress:
-    """A tqdm bar on stderr: tokens against data.max_tokens when set, else text bytes."""
+    """Tokenizing, as a person reads it on stderr. On a terminal: a tqdm bar (tokens against
+    data.max_tokens when set, else text bytes) whose last frame stays with the final counts. Off
+    a terminal (a log file, a pipe): a plain start line and a done line, no `\\r` frames."""
 
     def __init__(self, enabled: bool, desc: str, max_tokens: Optional[int]):
-        self.bar, self.by_tokens = None, bool(max_tokens)
-        if enabled:
+        self.bar, self.by_tokens, self.desc = None, bool(max_tokens), desc
+        self.lines = enabled and not sys.stderr.isatty()
+        self.started = time.perf_counter()
+        if self.lines:
+            print(f"{desc} ...", file=sys.stderr, flush=True)
+        elif enabled:
             from tqdm import tqdm
 
             self.bar = tqdm(desc=desc, total=max_tokens or None, unit="tok" if max_tokens else "B",
-                            unit_scale=True, unit_divisor=1000 if max_tokens else 1024,
-                            leave=False, mininterval=0.5, file=sys.stderr)
+                            unit_scale=True, unit_divisor=1000, mininterval=0.5, file=sys.stderr)
 
     def update(self, n_bytes: int, n_tokens: int) -> None:
         if self.bar is not None:
             self.bar.update(n_tokens if self.by_tokens else n_bytes)
 
-    def close(self) -> None:
+    def close(self, n_bytes: int, n_tokens: int, n_docs: int) -> None:
         if self.bar is not None:
-            self.bar.close()
+            self.bar.close()  # its last frame: the counts at the end
+        if self.lines:
+            print(f"{self.desc}: done, {n_bytes:,} bytes of text in {n_docs:,} documents -> "
+                  f"{n_tokens:,} tokens ({time.perf_counter() - self.started:.1f} s)",
+                  file=sys.stderr, flush=True)
 
 
 def _split_tail(tmp: Path, all_path: Path, n_tokens: int, dtype, lengths, data_cfg: Any) -> tuple[int, int, int]:
@@ -254,7 +263,7 @@ def _tokenize_to(tmp: Path, data_cfg: Any, tok: Tokenizer, progress: bool) -> di
             if truncated:
                 break
     seconds = time.perf_counter() - t0
-    bar.close()
+    bar.close(n_text_bytes, n_tokens, n_docs)
     if n_docs == 0:
         raise DataError(f"data={data_cfg.name}: the corpus is empty (no text found)")
     n_train, n_val, val_bytes = _split_tail(tmp, all_path, n_tokens, dtype, lengths, data_cfg)
