@@ -18,16 +18,21 @@ def _bytes(n: float) -> str:
 
 
 def _print_report(r: dict) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console()
+    from ablate.report import print_table, print_text, table_console
+
+    con = table_console()  # piped: full lines; on a terminal: lines broken between words
+
+    def say(markup: str) -> None:
+        print_text(con, markup)
+
     s = r["spec"]
     axes = " ".join(f"{k}={v}" for k, v in r["axes"].items())
-    con.print(f"[bold]{escape(axes)}[/bold]")
-    con.print(f"d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads x head_dim "
-              f"{r['head_dim']}, {s['n_kv_heads']} KV heads, d_ff {s['d_ff']}, max_seq_len {s['max_seq_len']}")
+    say(f"[bold]{escape(axes)}[/bold]")
+    say(f"d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads x head_dim "
+        f"{r['head_dim']}, {s['n_kv_heads']} KV heads, d_ff {s['d_ff']}, max_seq_len {s['max_seq_len']}")
     t = Table(title="parameters")
     t.add_column("component")
     t.add_column("params", justify="right")
@@ -37,23 +42,23 @@ def _print_report(r: dict) -> None:
         t.add_row(k, f"{r['params'][k]:,}", f"{100 * r['params'][k] / total:.1f}%")
     t.add_row("[bold]total[/bold]", f"[bold]{total:,}[/bold]", "100%")
     t.add_row("non-embedding", f"{r['non_embedding_params']:,}", f"{100 * r['non_embedding_params'] / total:.1f}%")
-    con.print(t)
+    print_table(t)
     vb = r["vs_baseline"]
     changed = [f"{k}={v}" for k, v in r["axes"].items() if vb["baseline_axes"].get(k) != v]
-    con.print(f"vs baseline (every axis at its default{'' if not changed else '; this variant: ' + ', '.join(changed)}): "
-              f"[bold]{vb['delta']:+,}[/bold] params ({vb['delta_pct']:+.2f}%)")
+    say(f"vs baseline (every axis at its default{'' if not changed else '; this variant: ' + ', '.join(changed)}): "
+        f"[bold]{vb['delta']:+,}[/bold] params ({vb['delta_pct']:+.2f}%)")
     if "built_params" in r:
-        con.print(f"--build: a model built on the meta device has {r['built_params']['total']:,} "
-                  "parameters, equal to the analytic count in every component")
+        say(f"--build: a model built on the meta device has {r['built_params']['total']:,} "
+            "parameters, equal to the analytic count in every component")
     if s["tied"]:
-        con.print("embedding includes the output head (tied); learned positions are counted in embedding")
-    con.print(f"vocab: {escape(r['vocab']['note'])}")
-    con.print(f"FFN: {escape(r['ffn']['why'])}")
-    con.print(f"FLOPs/token (training, seq_len {r['seq_len']}): [bold]{r['flops_per_token']:,}[/bold] "
-              f"= {escape(r['flops_formula'])}")
-    con.print(f"KV cache ({r['dtype']}): [bold]{r['kv_cache_bytes_per_token']:,} bytes/token[/bold] "
-              f"= {r['kv_cache_formula']}; for seq_len {r['seq_len']} x batch {r['batch']}: "
-              f"{r['kv_cache_bytes']:,} bytes ({_bytes(r['kv_cache_bytes'])})")
+        say("embedding includes the output head (tied); learned positions are counted in embedding")
+    say(f"vocab: {escape(r['vocab']['note'])}")
+    say(f"FFN: {escape(r['ffn']['why'])}")
+    say(f"FLOPs/token (training, seq_len {r['seq_len']}): [bold]{r['flops_per_token']:,}[/bold] "
+        f"= {escape(r['flops_formula'])}")
+    say(f"KV cache ({r['dtype']}): [bold]{r['kv_cache_bytes_per_token']:,} bytes/token[/bold] "
+        f"= {r['kv_cache_formula']}; for seq_len {r['seq_len']} x batch {r['batch']}: "
+        f"{r['kv_cache_bytes']:,} bytes ({_bytes(r['kv_cache_bytes'])})")
 
 
 def register(app: typer.Typer) -> None:

@@ -71,6 +71,38 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dict | None = None,
+                    timeout: float = 300) -> tuple[int, str]:
+    """Run the real CLI with stderr (and stdout, unless `stdout` is off) on a pseudo-terminal
+    `columns` wide, COLUMNS set to match, as in a user's terminal: (exit code, what the terminal
+    received, its \\r\\n line ends as \\n and colour codes dropped)."""
+    import fcntl
+    import pty
+    import re
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))  # a new pty is 0 wide
+    full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": str(columns), **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=full_env,
+                            stdout=slave if stdout else subprocess.DEVNULL, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    code = proc.wait(timeout=timeout)
+    text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import compose, run_ablate
+from tests.conftest import compose, run_ablate, run_on_terminal
 
 GPT2_SMALL = ["model=small", "tokenizer=gpt2", "model.vocab_size=50257"]
 
@@ -33,12 +33,38 @@ def test_gpt2_small_exact_counts_through_the_cli(tmp_path):
 def test_human_output_states_formulas_padding_and_ffn_sizes():
     r = run_ablate("inspect", "act=swiglu", "--dtype", "fp32")
     assert r.returncode == 0, r.stderr
-    text = " ".join(r.stdout.split())  # rich wraps lines
+    text = r.stdout
     assert "6*N + 12*L*d_attn*T" in text
     assert "257 ids, padded to 320" in text
     assert "act=swiglu is gated" in text and "d_ff 336" in text and "512" in text
     assert "KV cache (fp32): 4,096 bytes/token" in text  # 2 * 4 layers * 4 heads * 32 * 4 bytes
     assert "total" in text and "non-embedding" in text
+
+
+def _report_lines(stdout: str) -> list[str]:
+    """The report's sentences (the table's rows left out)."""
+    return [line for line in stdout.splitlines() if line.strip() and line[0] not in "┏┃┡│└ "]
+
+
+def test_piped_the_report_is_full_lines_and_on_a_terminal_it_breaks_between_words():
+    report = json.loads(run_ablate("inspect", "act=swiglu", "--json").stdout)
+    piped = run_ablate("inspect", "act=swiglu", env={"COLUMNS": "80"})
+    assert piped.returncode == 0, piped.stderr
+    lines = _report_lines(piped.stdout)
+    for sentence in (f"FFN: {report['ffn']['why']}", f"vocab: {report['vocab']['note']}"):
+        assert sentence in lines and len(sentence) > 80  # one line each, though COLUMNS=80
+    assert all(line == line.rstrip() for line in piped.stdout.splitlines())  # no trailing spaces
+    code, seen = run_on_terminal("inspect", "act=swiglu", columns=80)
+    assert code == 0, seen
+    rows = [row for row in seen.splitlines() if row.strip() not in ("", "parameters") and row[0] not in "┏┃┡│└"]
+    assert all(len(row) <= 80 for row in rows), rows
+    rejoined: list[str] = []  # continuation lines are indented by two spaces under their line
+    for row in rows:
+        if row.startswith("  "):
+            rejoined[-1] += " " + row.strip()
+        else:
+            rejoined.append(row)
+    assert len(rows) > len(rejoined) and rejoined == lines  # broken only between words
 
 
 def test_gqa_kv_cache_and_dtype():

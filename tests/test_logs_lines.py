@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from conftest import ROOT, TINY, run_ablate
+from conftest import ROOT, TINY, run_ablate, run_on_terminal
 
 from ablate.tracking.sinks import ConsoleSink
 
@@ -128,38 +128,54 @@ def test_off_a_terminal_tokenizing_is_plain_lines_with_the_corpus_bytes(tmp_path
 
 def test_on_a_terminal_the_bar_ends_at_the_corpus_bytes(tmp_path):
     _corpus(tmp_path / "corpus", sizes=(30_000, 10_000))  # 40.0kB
-    master, slave = _terminal(columns=80)
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *_tokenize_args(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=slave, close_fds=True,
-                            env={**os.environ, "ABLATE_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""})
-    os.close(slave)
-    seen = _read_all(master)
-    assert proc.wait(timeout=300) == 0, seen
+    code, seen = run_on_terminal(*_tokenize_args(tmp_path), stdout=False,
+                                 env={"ABLATE_CACHE": str(tmp_path / "cache")})
+    assert code == 0, seen
     frames = [f for f in re.split(r"[\r\n]", seen) if f.startswith("tokenizing text_files with byte:")]
     assert frames and frames[-1].startswith("tokenizing text_files with byte: 40.0kB "), repr(seen)
 
 
-def _terminal(columns: int):
-    """A pseudo-terminal `columns` wide (a fresh pty is 0 x 0): (master, slave) descriptors."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    return master, slave
+def _banner_args(tmp_path) -> list[str]:
+    """A run whose banner has a line of fields longer than 80 columns."""
+    return ["run", *TINY, "model.d_model=128", "train.batch_size=64", "train.steps=1",
+            f"hydra.run.dir={tmp_path / 'run'}"]
 
 
-def _read_all(fd: int) -> str:
-    chunks = []
-    while True:
-        try:
-            data = os.read(fd, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(fd)
-    return b"".join(chunks).decode(errors="replace")
+def _banner(text: str) -> list[str]:
+    lines = text.splitlines()
+    return lines[:next(i for i, line in enumerate(lines) if "run dir" in line) + 1]
+
+
+def test_the_banner_breaks_between_fields_on_a_terminal_and_not_when_piped(tmp_path):
+    piped = run_ablate(*_banner_args(tmp_path / "piped"), env={"COLUMNS": "80"})
+    assert piped.returncode == 0, piped.stderr
+    full = _banner(piped.stdout)
+    (params,) = [line for line in full if line.startswith("  params ")]
+    assert len(params) > 80 and params.endswith(" | tokens/step 2,048")  # whole, though COLUMNS=80
+    code, seen = run_on_terminal(*_banner_args(tmp_path / "tty"), columns=80)
+    assert code == 0, seen
+    shown = _banner(seen)
+    for line in [line for line in full if " | " in line]:  # every field whole on one terminal line
+        for field in line.strip().split(" | "):
+            assert any(field in row for row in shown), (field, shown)
+    rows = shown[shown.index(next(r for r in shown if r.startswith("  params "))):]
+    assert rows[1] == "    tokens/step 2,048" and all(len(r) <= 80 for r in rows[:3]), shown
+
+
+def test_wrapped_lines_keep_every_word_and_fit_unless_a_word_cannot():
+    from ablate.report import wrap_line
+    from ablate.tracking.sinks import banner
+
+    path = "/runs/2026-11-26/17-19-28_" + "data.paths=h74dba236,model.d_model=32," * 3
+    lines = banner({**INFO, "variant": "norm=rmsnorm", "seed": 0, "steps": 1200, "run_dir": path,
+                    "grad_accum_steps": 4, "micro_batch": 8})
+    lines.append(("FFN: act=swiglu is gated (three matrices: gate, up, down), so d_ff is 336; " * 3).rstrip())
+    for line in lines:
+        for width in range(20, 130, 7):
+            rows = wrap_line(line, width)
+            assert " ".join(" ".join(rows).replace(" | ", " ").split()) == " ".join(line.replace(" | ", " ").split())
+            assert all(not row.endswith(" ") for row in rows)
+            longest = max(len(w) for w in line.split())
+            for row in rows:  # too wide only when it holds a word wider than a line
+                assert len(row) <= width or longest > width - 4, (width, rows)
+            assert all(row.startswith(" " * (len(line) - len(line.lstrip()) + 2)) for row in rows[1:])

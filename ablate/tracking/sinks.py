@@ -119,8 +119,10 @@ class ConsoleSink(Sink):
         self.rate_from = None  # (step, time) of the first logged row: the ETA's origin
 
     def start(self, info):
+        from ablate.report import print_wrapped  # on a terminal: broken at fields, not mid-number
+
         for line in banner({**self.about, **info, "start_step": self.start_step, "steps": self.total}):
-            say(line, console=not self.quiet)
+            say(line, console=not self.quiet, write=print_wrapped if self.tty else None)
         if not self.enabled or self.quiet or not self.tty:
             return
         from tqdm import tqdm
