@@ -51,7 +51,19 @@ def summary_table(summary: dict, run_dir: Path):
         t.add_row("first step after", f"{summary['time_to_first_step_s']:.2f} s")
     t.add_row("wall time", f"{summary.get('wall_time_s', 0):.1f} s")
     t.add_row("run dir", escape(str(run_dir)))
+    wandb = _wandb_row(summary.get("wandb"))
+    if wandb:  # said at the start too, but that has scrolled away
+        t.add_row("W&B", escape(wandb))
     return t
+
+
+def _wandb_row(where) -> str:
+    """Where the W&B run went: its URL, or the command that uploads its offline folder."""
+    if not isinstance(where, dict):
+        return ""
+    if where.get("mode") == "offline" and where.get("dir"):
+        return f"offline; upload with: wandb sync {where['dir']}"
+    return where.get("url") or ""
 
 
 def table_console():

@@ -179,3 +179,13 @@ def test_wrapped_lines_keep_every_word_and_fit_unless_a_word_cannot():
             for row in rows:  # too wide only when it holds a word wider than a line
                 assert len(row) <= width or longest > width - 4, (width, rows)
             assert all(row.startswith(" " * (len(line) - len(line.lstrip()) + 2)) for row in rows[1:])
+
+
+def test_the_final_table_says_where_the_offline_wandb_run_is_and_how_to_upload_it(tmp_path):
+    run = tmp_path / "run"
+    args = [o for o in TINY if o != "logger=none"] + ["logger=wandb", f"hydra.run.dir={run}"]
+    res = run_ablate("run", *args, env={"WANDB_MODE": "offline"})
+    assert res.returncode == 0, res.stderr
+    (offline,) = (run / "wandb").glob("offline-run-*")  # what `wandb sync` uploads
+    rows = [line.split("│")[1:3] for line in res.stdout.splitlines() if line.startswith("│ ")]
+    assert [cell.strip() for cell in rows[-1]] == ["W&B", f"offline; upload with: wandb sync {offline}"]
