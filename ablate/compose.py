@@ -101,13 +101,15 @@ def check_quoted(overrides: list[str]) -> None:
     """Hydra reads a value holding '=' only quoted, and says just "mismatched input '='" when it
     is not: a run directory's name holds its overrides (`..._norm=rmsnorm`), so a directory pasted
     from a run's banner fails so. Say how to quote it, and that `ablate resume` takes it as it is."""
+    from ablate.rundir import resume_command
+
     for o in overrides:
         key, _, value = o.partition("=")
         if "=" not in value or value[:1] in ("'", '"') or "${" in value:
             continue
         key = key.lstrip("+~")
         again = {"hydra.run.dir": "run", "hydra.sweep.dir": "sweep"}.get(key)
-        resume = f"; to continue that {again}, `ablate resume {value}` takes it as it is" if again else ""
+        resume = f"; to continue that {again}, `{resume_command(value)}` takes it as it is" if again else ""
         raise ConfigError(f"{o}: Hydra reads a value with '=' only in quotes: write "
                           f"'{key}=\"{value}\"' (the outer quotes for the shell){resume}")
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ablate.rundir import resume_command
 from ablate.sweep.planning import Job
 from ablate.vocab import FINISHED, STOPPED, STOPPED_EXIT
 
@@ -224,7 +225,7 @@ def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False, logg
             print(f"{label}: #{i} {r.job.name} ({r.status}{': ' + r.error if r.error else ''})",
                   file=sys.stderr)
     if any(r.status in STOPPED for r in results):
-        print(f"sweep stopped; resume with: ablate resume {sweep_dir} "
+        print(f"sweep stopped; resume with: {resume_command(sweep_dir)} "
               "(finished jobs return at once, stopped ones resume from their checkpoints)",
               file=sys.stderr)
         if not done or results[-1].status == "not run":
