@@ -71,7 +71,12 @@ class TrainConfig:
     seq_len: int = 128
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
+    # null: warmup_fraction of the steps, rounded down, at most warmup_max_steps (schedule.py:
+    # auto_warmup), so a short run still decays; a count set by hand is kept. Fixed when the run
+    # starts: a resumed or extended run keeps the warmup it started with (its checkpoints hold it).
+    warmup_steps: Optional[int] = None
+    warmup_fraction: float = 0.1
+    warmup_max_steps: int = 100
     schedule: str = "cosine"  # cosine | linear | constant
     grad_clip: float = 1.0
     weight_decay: float = 0.1
@@ -221,12 +226,11 @@ def _check_train(t: Any) -> None:
     for key in ("batch_size", "seq_len", "grad_accum", "log_every", "nproc", "ce_chunk"):
         if t[key] <= 0:
             raise ConfigError(f"train.{key} must be a positive integer, got {t[key]}")
-    if t.steps < 0:
-        raise ConfigError(f"train.steps must be >= 0, got {t.steps}")
+    _check_steps(t)
     if t.lr <= 0:
         raise ConfigError(f"train.lr must be positive, got {t.lr}")
-    if t.warmup_steps < 0 or t.eval_every < 0 or (t.ckpt_every or 0) < 0:
-        raise ConfigError("train.warmup_steps, train.eval_every and train.ckpt_every must be >= 0")
+    if t.eval_every < 0 or (t.ckpt_every or 0) < 0:
+        raise ConfigError("train.eval_every and train.ckpt_every must be >= 0")
     for key, choices in (("schedule", ("cosine", "linear", "constant")), ("precision", ("auto", "fp32", "bf16")),
                          ("strategy", ("ddp", "fsdp")), ("compile_backend", COMPILE_BACKENDS),
                          ("compile_mode", COMPILE_MODES), ("sdpa_backend", SDPA_BACKENDS),
@@ -246,6 +250,40 @@ def _check_train(t: Any) -> None:
                           "train.deterministic=true use auto, flash, efficient or math")
     if t.diagnostics_every < 0:
         raise ConfigError(f"train.diagnostics_every must be >= 0 (0 = off), got {t.diagnostics_every}")
+
+
+def _check_steps(t: Any) -> None:
+    """train.steps and the warmup inside them."""
+    from ablate.errors import ConfigError
+    from ablate.train.schedule import resolved_warmup
+
+    # 0 steps trains nothing: allowed only for the gradient profile at initialization (diagnostics.md)
+    if t.steps < 1 and not (t.steps == 0 and t.diagnostics_every > 0):
+        raise ConfigError(f"train.steps must be a positive integer, got {t.steps}")
+    for key in ("warmup_steps", "warmup_max_steps"):
+        if t[key] is not None and t[key] < 0:
+            raise ConfigError(f"train.{key} must be >= 0, got {t[key]}")
+    if not 0.0 <= t.warmup_fraction < 1.0:
+        raise ConfigError(f"train.warmup_fraction must be in [0, 1), got {t.warmup_fraction}")
+    if t.steps > 0 and resolved_warmup(t) >= t.steps:
+        raise ConfigError(
+            f"train.warmup_steps={t.warmup_steps} is not below train.steps={t.steps}: the run would end "
+            f"before its learning rate decays; lower it, or leave it null ({warmup_rule(t)})")
+
+
+def warmup_rule(t: Any) -> str:
+    """The automatic warmup in words, for messages."""
+    return f"{t.warmup_fraction:.0%} of the steps, at most {t.warmup_max_steps}"
+
+
+def warmup_warning(t: Any, warmup: int) -> Optional[str]:
+    """One line when the warmup takes half the steps or more (the run decays over the rest only)."""
+    if t.steps < 1 or 2 * warmup < t.steps:
+        return None
+    fix = ("lower train.warmup_fraction" if t.warmup_steps is None else
+           f"lower train.warmup_steps, or leave it null ({warmup_rule(t)})")
+    return (f"warning: the warmup ({warmup} steps) covers {warmup / t.steps:.0%} of train.steps={t.steps}: "
+            f"the learning rate decays over the last {t.steps - warmup} steps only; {fix}")
 
 
 def _check_model(cfg: Any) -> None:

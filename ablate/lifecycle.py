@@ -120,9 +120,29 @@ def _resolved(cfg: Any) -> dict:
     return out
 
 
+WARMUP, WARMUP_RULE = "train.warmup_steps", ("train.warmup_fraction", "train.warmup_max_steps")
+
+
+def _same_warmup_terms(old: dict, new: dict) -> None:
+    """Puts two flat configs' warmups in the same terms. Two automatic ones (null) compare as
+    their rule, so a run extended to more steps keeps its identity (and its warmup: the
+    checkpoint holds it). Against a count (set by hand, or recorded before the rule existed) the
+    rule counts as the warmup it gives at the recorded run's steps; the rule's keys then change nothing."""
+    if old.get(WARMUP) is None and new.get(WARMUP) is None:
+        return
+    from ablate.train.schedule import auto_warmup
+
+    for flat in (old, new):
+        if flat.get(WARMUP) is None:
+            flat[WARMUP] = auto_warmup(old["train.steps"], *(flat[k] for k in WARMUP_RULE))
+        for k in WARMUP_RULE:
+            flat.pop(k, None)
+
+
 def differences(stored: dict, cfg: Any) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, new value) for every key in which `cfg` is another experiment."""
     old, new = _experiment(stored), _resolved(cfg)
+    _same_warmup_terms(old, new)
     return [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
@@ -169,7 +189,8 @@ def check_reentry(run_dir: Path, cfg: Any, extend_dir: Optional[Path] = None) ->
                 return Plan(EXTEND, record, extended_from=old,
                             notice=f"extending {run_dir} from step {old} to {new} (train.extend=true); "
                                    "the extra steps keep the learning rate the schedule ended with")
-        raise _refusal(record, *diff[0], extend_dir)
+        # an extension refused: name the key that is not train.steps
+        raise _refusal(record, *next((d for d in diff if extending and d[0] != "train.steps"), diff[0]), extend_dir)
     if not record.checkpoints:
         return Plan(START, record, notice=_no_checkpoint_line(record))
     if diff:
@@ -181,6 +202,7 @@ def plan(run_dir: Path, cfg: Any, world: int, warn: Callable[[str], None]) -> Pl
     """What entering `run_dir` with `cfg` does (the table in this module's docstring); raises
     RunDirError or CheckpointError (one line) before anything in the directory is written."""
     from ablate.train import checkpoint
+    from ablate.train.schedule import resolved_warmup
 
     decision = check_reentry(run_dir, cfg) or Plan(START, read(run_dir))
     if decision.action in (RESUME, EXTEND):
@@ -188,8 +210,9 @@ def plan(run_dir: Path, cfg: Any, world: int, warn: Callable[[str], None]) -> Pl
         if decision.state is None:  # every checkpoint vanished in between
             return Plan(START, decision.record, notice=_no_checkpoint_line(decision.record))
         checkpoint.check_continues(decision.state, Path(run_dir), world, cfg.train.strategy, cfg.train.steps)
-        if decision.action == EXTEND:  # a checkpoint older than the key: its run's own steps
+        if decision.action == EXTEND:  # a checkpoint older than the keys: its run's own schedule
             decision.state.setdefault("schedule_steps", decision.extended_from)
+            decision.state.setdefault("warmup_steps", resolved_warmup(decision.record.config["train"]))
     return decision
 
 

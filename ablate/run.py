@@ -176,6 +176,8 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, decision, s
     job_started = started if _runs_in_process else None
     _runs_in_process += 1
     summary, previous = _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, started)
+    if rank == 0 and decision.action == lifecycle.START:
+        _warn_warmup(cfg.train, console=not multirun)
     built: dict[str, Any] = {}  # what train() built, so sinks are finished even on failure
     exit_code = _train(cfg, run_dir, summary, built, multirun, rank, decision.state, job_started, stop)
     state = decision.state
@@ -195,6 +197,19 @@ def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, decision, s
     if rank == 0:
         _record(summary, run_dir, built, multirun, sweep_name)
     return summary, exit_code
+
+
+def _warn_warmup(train: Any, console: bool) -> None:
+    """One line when the warmup takes half the steps or more (config.warmup_warning), in
+    ablate.log and, but for a sweep's job, on the console."""
+    from ablate.config import warmup_warning
+    from ablate.train.schedule import resolved_warmup
+
+    line = warmup_warning(train, resolved_warmup(train))
+    if line:
+        log.info(line)
+        if console:
+            print(line, file=sys.stderr)
 
 
 def _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, started) -> tuple[dict, dict]:

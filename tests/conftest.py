@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # where a GPU exists: these tests check CPU semantics (bit-exact resume, gloo for nproc=2).
 TINY = [
     "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=64",
-    "train.batch_size=4", "train.seq_len=32", "train.steps=6", "train.warmup_steps=2",
+    "train.batch_size=4", "train.seq_len=32", "train.steps=6",
+    # the automatic warmup (train.warmup_steps=null): 2 steps from 5 steps on, fewer below
+    "train.warmup_fraction=0.4", "train.warmup_max_steps=2",
     "train.eval_every=0", "train.eval_tokens=512", "train.log_every=1", "logger=none",
     "train.progress=false", "train.device=cpu",
 ]

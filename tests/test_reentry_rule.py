@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import TINY, find_run_dirs, read_jsonl, run_ablate
+from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate
 
 BASE = [o for o in TINY if not o.startswith("train.steps")] + ["train.threads=1", "train.steps=10"]
 
@@ -144,3 +144,27 @@ def test_a_killed_run_without_a_checkpoint_says_it_starts_over(tmp_path):
     assert (f"{run} (killed) has no checkpoint: starting from step 0 (it had logged up to step {last})"
             in res.stderr.splitlines()[0])
     assert json.loads((run / "summary.json").read_text())["resumed_from"] is None
+
+
+def test_an_automatic_warmup_is_the_same_experiment_as_the_count_it_gives():
+    """A run recorded with a warmup count (set by hand, or before the automatic warmup existed,
+    without its keys) is re-entered with the automatic one where that gives the same count; two
+    automatic warmups differ only where their rule does, so an extended run stays the same run."""
+    from omegaconf import OmegaConf
+
+    from ablate.lifecycle import differences
+
+    auto = compose(BASE)  # TINY: 40% of the steps, at most 2: 2 of 10
+    recorded = OmegaConf.to_container(auto, resolve=True)
+    for key in ("warmup_fraction", "warmup_max_steps"):
+        del recorded["train"][key]
+    recorded["train"]["warmup_steps"] = 2
+    assert differences(recorded, auto) == []
+    recorded["train"]["warmup_steps"] = 3
+    assert differences(recorded, auto) == [("train.warmup_steps", 3, 2)]
+    uncapped = [*BASE, "train.warmup_max_steps=100"]  # 4 of 10 steps, 16 of 40
+    shorter, longer = compose(uncapped), compose([*uncapped, "train.steps=40"])
+    assert differences(OmegaConf.to_container(shorter, resolve=True), longer) == [("train.steps", 10, 40)]
+    faster = compose([*BASE, "train.warmup_fraction=0.1"])
+    assert differences(OmegaConf.to_container(auto, resolve=True), faster) == [
+        ("train.warmup_fraction", 0.4, 0.1)]

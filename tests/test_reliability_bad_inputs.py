@@ -27,6 +27,10 @@ CASES = [
     ("wrong-type-int", ["model.d_model=1.5"], ["model.d_model", "1.5"]),
     ("malformed-override", ["train.steps"], ["train.steps"]),
     ("negative-steps", ["train.steps=-1"], ["train.steps", "-1"]),
+    ("zero-steps", ["train.steps=0"], ["train.steps must be a positive integer, got 0"]),
+    ("warmup-as-long-as-the-run", ["train.warmup_steps=6"],  # TINY: 6 steps
+     ["train.warmup_steps=6 is not below train.steps=6", "null"]),
+    ("warmup-fraction-of-one", ["train.warmup_fraction=1"], ["train.warmup_fraction", "[0, 1)"]),
     ("zero-batch-size", ["train.batch_size=0"], ["train.batch_size", "0"]),
     ("zero-lr", ["train.lr=0"], ["train.lr"]),
     ("heads-not-dividing-d_model", ["model.d_model=30", "model.n_heads=4"],

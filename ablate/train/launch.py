@@ -159,6 +159,7 @@ def run_info(cfg: Any, spec, tok, data, trainer) -> dict:
         "provenance": provenance(trainer.device), "compile": bool(trainer.compiled),
         "compile_optimizer": bool(cfg.train.compile_optimizer), "tokens_per_step": trainer.tokens_per_step,
         "micro_batch": trainer.micro_batch, "grad_accum_steps": trainer.grad_accum,
+        "warmup_steps": trainer.state.warmup_steps,  # resolved when the run started (a resume keeps it)
     }
 
 

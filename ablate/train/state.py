@@ -17,6 +17,9 @@ class RunState:
     # The steps the learning-rate schedule spans: train.steps, except in a run extended past
     # them (ablate/lifecycle.py), whose extra steps keep the rate the schedule ended with.
     schedule_steps: int
+    # The warmup the run started with (train.warmup_steps, resolved): an automatic one is a
+    # fraction of train.steps, which an extended run changes; the schedule must not.
+    warmup_steps: int
     step: int = 0  # finished optimizer steps
     # Tokens are counted from the checkpoint resumed (it stores them), not recomputed from the
     # step: a run may have changed its batch layout since (tokens_at).
@@ -29,10 +32,12 @@ class RunState:
 
     def state_dict(self) -> dict:
         return {"step": self.step, "tokens": self.tokens_at(self.step),
-                "schedule_steps": self.schedule_steps, "last": dict(self.last)}
+                "schedule_steps": self.schedule_steps, "warmup_steps": self.warmup_steps,
+                "last": dict(self.last)}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = self.resumed_step = int(state["step"])
         self.resumed_tokens = int(state.get("tokens", self.step * self.tokens_per_step))
         self.schedule_steps = int(state.get("schedule_steps", self.schedule_steps))
+        self.warmup_steps = int(state.get("warmup_steps", self.warmup_steps))
         self.last.update(state.get("last", {}))

@@ -31,7 +31,7 @@ from ablate.train.microbatch import resolve_micro_batch
 from ablate.train.optimizer import build_optimizer, optimizer_step, restore_implementation, set_lr
 from ablate.train.peak import Peak, device_peak, mfu
 from ablate.train.policy import Cadence, Guard, Verdict
-from ablate.train.schedule import lr_at
+from ablate.train.schedule import lr_at, resolved_warmup
 from ablate.train.state import RunState
 from ablate.train.throughput import Throughput
 
@@ -144,7 +144,7 @@ class Trainer:
         self._optimizer_step = optimizer_step(self.optimizer, cfg)  # after the reset above
         self.params = [p for p in unique_parameters(self.model) if p.requires_grad]
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * world_size
-        self.state = RunState(self.tokens_per_step, schedule_steps=cfg.steps)
+        self.state = RunState(self.tokens_per_step, schedule_steps=cfg.steps, warmup_steps=resolved_warmup(cfg))
         self.cadence = Cadence.from_config(cfg)
         self.guard = Guard(cfg.diverge_threshold, cfg.skip_spikes)
         self.stop = StopRequest()  # the run passes its own, installed since the run's start
@@ -237,7 +237,7 @@ class Trainer:
         """Forward, backward and clipping for step `step` (0-based); apply_update steps the
         optimizer. Returns (next-token loss, grad norm) tensors and the learning rate."""
         cfg = self.cfg
-        lr = lr_at(step, cfg.lr, cfg.warmup_steps, self.state.schedule_steps, cfg.schedule, cfg.min_lr_ratio)
+        lr = lr_at(step, cfg.lr, self.state.warmup_steps, self.state.schedule_steps, cfg.schedule, cfg.min_lr_ratio)
         set_lr(self.optimizer, lr)
         lm_loss = torch.zeros((), device=self.device)
         for micro in range(self.grad_accum):
