@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +26,7 @@ from ablate.axes import CONF_DIR
 from ablate.config import axis_values, register_configs, validate
 from ablate.errors import AblateError
 from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, write_atomic, write_json
+from ablate.tracking.sinks import Sink
 from ablate.vocab import STOPPED, STOPPED_EXIT, variant_name, variant_overrides
 
 log = logging.getLogger("ablate")
@@ -169,28 +171,60 @@ def _run_ranks(cfg, run_dir, overrides, sweep_name, stop) -> tuple[dict, int]:
 _runs_in_process = 0  # the basic launcher runs a sweep's jobs one after another in one process
 
 
+@dataclass
+class WallClock:
+    """A run's wall time: this segment's so far, plus its earlier segments' when it continues
+    (resumed or extended), as the record it continues holds it."""
+
+    started: float  # time.time() at this segment's start
+    earlier: float = 0.0
+
+    def total(self) -> float:
+        return round(self.earlier + time.time() - self.started, 3)
+
+
+class RunningRecord(Sink):
+    """The "running" summary.json, rewritten with the wall time so far at each evaluation's row
+    and at a training row once EVERY_S seconds have passed since it was last written (an
+    fsync'ed write every row would cost a tiny run a quarter of its speed): a segment killed
+    without warning (SIGKILL, OOM, a lost node) still counts, up to that write, in the wall time
+    of the run that resumes it."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, path: Path, summary: dict, clock: WallClock):
+        self.path, self.summary, self.clock = path, summary, clock
+        self.written = clock.started  # _open_record wrote it
+
+    def log(self, row: dict) -> None:
+        if "val_loss" in row or time.time() - self.written >= self.EVERY_S:
+            self.summary["wall_time_s"] = self.clock.total()
+            write_json(self.path, self.summary)
+            self.written = time.time()
+
+
 def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, decision, stop) -> tuple[dict, int]:
     global _runs_in_process
-    started = time.time()
+    state, previous = decision.state, decision.record.summary
+    clock = WallClock(time.time(), float(previous.get("wall_time_s") or 0) if state is not None else 0.0)
     # Time to first step: a process's first run counts its imports; a later one, from its start.
-    job_started = started if _runs_in_process else None
+    job_started = clock.started if _runs_in_process else None
     _runs_in_process += 1
-    summary, previous = _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, started)
+    summary = _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, clock)
     if rank == 0 and decision.action == lifecycle.START:
         _warn_warmup(cfg.train, console=not multirun)
     built: dict[str, Any] = {}  # what train() built, so sinks are finished even on failure
-    exit_code = _train(cfg, run_dir, summary, built, multirun, rank, decision.state, job_started, stop)
-    state = decision.state
-    wall = time.time() - started
+    exit_code = _train(cfg, run_dir, summary, built, multirun, rank, state, job_started, stop,
+                       RunningRecord(run_dir / SUMMARY, summary, clock))
+    wall = clock.total()
     if state is not None:  # the same run continued: its wall time is the sum of its segments
         if state["step"] >= cfg.train.steps:  # its last checkpoint was final: this segment did nothing
-            wall = 0.0
+            wall = clock.earlier
             summary["tokens_per_s"] = previous.get("tokens_per_s", summary.get("tokens_per_s"))
             summary["mfu"] = previous.get("mfu", summary.get("mfu"))
-        wall += float(previous.get("wall_time_s") or 0)
         if previous.get("time_to_first_step_s") is not None:
             summary["time_to_first_step_s"] = previous["time_to_first_step_s"]
-    summary["wall_time_s"] = round(wall, 3)
+    summary["wall_time_s"] = wall
     summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     summary.pop("pid", None)
     summary.pop("job", None)
@@ -212,16 +246,17 @@ def _warn_warmup(train: Any, console: bool) -> None:
             print(line, file=sys.stderr)
 
 
-def _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, started) -> tuple[dict, dict]:
-    """summary.json's "running" record (rank 0 writes it with the resolved config); returns
-    (the summary, the directory's previous summary)."""
+def _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, clock: WallClock) -> dict:
+    """summary.json's "running" record (rank 0 writes it with the resolved config), with the
+    wall time of the segments it continues."""
     # A sweep job is named by its sweeper (what differs from the sweep's baseline).
     variant = os.environ.get("ABLATE_VARIANT") or variant_name(overrides)
     summary: dict[str, Any] = {
         "status": "running", "variant": variant, "axes": axis_values(cfg), "seed": cfg.seed,
         "data_seed": cfg.data_seed, "overrides": variant_overrides(overrides),
         "sweep": sweep_name, **owner(),  # pid/host: a reader can tell a killed run (rundir.live_status)
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(clock.started)),
+        "wall_time_s": clock.earlier,
     }
     previous = decision.record.summary
     if previous:
@@ -233,11 +268,12 @@ def _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, started) -
         resolved = OmegaConf.to_container(cfg, resolve=True)
         write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(resolved)))
         write_json(run_dir / SUMMARY, summary)
-    return summary, previous
+    return summary
 
 
-def _train(cfg, run_dir, summary, built, multirun, rank, state, job_started, stop) -> int:
-    """Train, with the outcome written into `summary`; returns the exit code."""
+def _train(cfg, run_dir, summary, built, multirun, rank, state, job_started, stop, record) -> int:
+    """Train, with the outcome written into `summary`; returns the exit code. record: the
+    sink that keeps the running record's wall time (RunningRecord)."""
     from ablate.train.distributed import Stopped
     from ablate.train.launch import train
 
@@ -245,7 +281,7 @@ def _train(cfg, run_dir, summary, built, multirun, rank, state, job_started, sto
         stop.phase = "startup"  # no step to finish yet: a stop signal ends the run where it is
         stop.raise_if_stopped()
         outcome, info = train(cfg, run_dir, summary["variant"], summary["sweep"], rank, built, job_started,
-                              state, stop, quiet=multirun)
+                              state, stop, quiet=multirun, record=record)
         summary.update(info)
         summary.update(outcome.record(cfg.train.steps))
         return STOPPED_EXIT if outcome.status in STOPPED else 0

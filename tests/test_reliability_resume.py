@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,21 @@ from ablate.train import checkpoint
 STEPS = 150
 BASE = [o for o in TINY if not o.startswith("train.steps")] + [
     f"train.steps={STEPS}", "train.ckpt_every=10", "train.threads=1"]
+
+
+def read_rows(path) -> list[dict]:
+    """metrics.jsonl's rows so far (none before it exists; a half-written last line skipped)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
 
 
 def weights_hash(run_dir) -> str:
@@ -135,3 +151,51 @@ def test_a_killed_run_reads_as_killed_and_a_second_process_is_refused_while_one_
         proc.kill()
         proc.wait()
     assert live_status(run) == "killed"
+
+
+def step_lines(log) -> list[tuple[float, bool]]:
+    """(time, whether an evaluation's) of each step line of a run's ablate.log, e.g.
+    `[2026-11-26 17:19:08,654] step 20/60 | val_loss 3.7353 | val_bpb 5.3889`."""
+    from datetime import datetime
+
+    out = []
+    for line in log.read_text().splitlines():
+        m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] step +\d+/\d+ \| (.*)", line)
+        if m:
+            out.append((datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(), "val_loss" in m[2]))
+    return out
+
+
+def test_wall_time_sums_a_segment_killed_without_warning_and_its_resume(tmp_path):
+    """The killed segment counts up to its last record (rewritten at each evaluation), so the
+    resumed run's wall time holds both segments' step lines, timed by ablate.log's stamps."""
+    run = tmp_path / "run"
+    args = ["run", *[o for o in BASE if not o.startswith(("train.steps", "train.ckpt_every"))],
+            "train.steps=300", "train.eval_every=20", "train.log_every=5", f"hydra.run.dir={run}"]
+    began = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=dict(os.environ),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    end = time.time() + 240
+    while time.time() < end and proc.poll() is None and not any(
+            "val_loss" in r and r["step"] >= 200 for r in read_rows(run / "metrics.jsonl")):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read()
+    proc.kill()
+    proc.wait()
+    killed_at = time.time()
+    killed = summary(run)
+    assert killed["status"] == "running"
+    first = step_lines(run / "ablate.log")
+    evals = [t for t, is_eval in first if is_eval]
+    # written at the evaluation before the last one logged, at the latest (at each one, and after
+    # its line); at most the segment's life
+    assert evals[-2] - first[0][0] - 0.01 <= killed["wall_time_s"] <= killed_at - began
+
+    res = run_ablate("resume", str(run))
+    assert res.returncode == 0, res.stderr
+    resumed_for = time.time() - killed_at
+    final = summary(run)
+    assert final["status"] == "completed" and final["resumed_from"] >= 200
+    second = [t for t, _ in step_lines(run / "ablate.log") if t > killed_at]
+    assert killed["wall_time_s"] + (second[-1] - second[0]) - 0.01 <= final["wall_time_s"]
+    assert final["wall_time_s"] <= killed["wall_time_s"] + resumed_for

@@ -87,14 +87,15 @@ def run_tags(cfg: Any) -> list[str]:
 
 
 def build_sinks(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], start_step: int,
-                info: dict, quiet: bool = False):
-    """quiet: a sweep job; its lines go to its ablate.log only (the sweep reports each job)."""
+                info: dict, quiet: bool = False, record=None):
+    """quiet: a sweep job; its lines go to its ablate.log only (the sweep reports each job).
+    record: the run's own sink of its running record (ablate/run.py), if any."""
     from ablate.tracking.sinks import ConsoleSink, JsonlSink, Sinks
 
     about = {"variant": variant, "seed": cfg.seed, "run_dir": str(run_dir)}
     sinks = [JsonlSink(run_dir / "metrics.jsonl", append=start_step > 0),
              ConsoleSink(cfg.train.steps, enabled=cfg.train.progress, start_step=start_step,
-                         quiet=quiet, about=about)]
+                         quiet=quiet, about=about), *([record] if record is not None else [])]
     if cfg.logger.name == "wandb" and cfg.logger.mode != "disabled":
         from ablate.tracking.wandb_sink import WandbSink, run_name, wandb_config
 
@@ -165,10 +166,10 @@ def run_info(cfg: Any, spec, tok, data, trainer) -> dict:
 
 def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict,
           job_started: Optional[float] = None, resume_state: Optional[dict] = None, stop=None,
-          quiet: bool = False):
+          quiet: bool = False, record=None):
     """Build and train. resume_state: the checkpoint the run already loaded and checked (None:
     look for one). stop: the run's StopRequest, installed since its start. quiet: a sweep job
-    (nothing on the console but errors)."""
+    (nothing on the console but errors). record: a sink of the run's own (build_sinks)."""
     import torch
     import torch.distributed
 
@@ -190,7 +191,7 @@ def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank
 
         truncate_metrics(Path(run_dir) / METRICS, start)
     info = run_info(cfg, spec, tok, data, trainer)
-    sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info, quiet) if dist.rank == 0 else None
+    sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info, quiet, record) if dist.rank == 0 else None
     if sinks is not None:
         built["sinks"] = sinks
         sinks.start(info)
