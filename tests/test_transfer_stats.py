@@ -7,6 +7,7 @@ scipy's paired t and Holm by hand."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from ablate.analysis.transfer import (PowerLaw, best_lr, compute_multiplier, fit
                                       grid_curve, log_grid, lr_sensitivity, multiplier_ci,
                                       parse_lr_grid, rank_agreement, tuned_comparison,
                                       wins_every_rung)
-from ablate.analysis.transfer_report import Point, ladder_report
+from ablate.analysis.transfer_report import Point, ladder_report, plain_table
 from ablate.errors import ConfigError
 
 GRID = [1e-4, 1e-3, 1e-2, 1e-1]
@@ -160,13 +161,12 @@ def test_a_variant_on_the_baselines_curve_at_twice_the_compute_has_multiplier_tw
     assert [compute_multiplier(fits["base"], v, c) for v, c in zip(twice, rungs)] == pytest.approx([2, 2, 2], rel=1e-3)
     assert compute_multiplier(TRUE, TRUE.loss(2e13), 1e13) == pytest.approx(2, rel=1e-9)
     assert compute_multiplier(TRUE, TRUE.l_inf - 0.1, 1e9) is None  # below L_inf: never reached
-    # no seed noise: the point estimate is 2 per rung and at the target, and so is every resample
-    exact = multiplier_ci({"base": [[x] * 3 for x in base], "v": [[x] * 3 for x in twice]}, rungs,
-                          "base", "v", n_boot=50)
+    # no seed noise: the point estimate is 2 per rung and at the target, and so is each interval
+    exact = multiplier_ci({"base": [[x] * 3 for x in base], "v": [[x] * 3 for x in twice]}, rungs, "base", "v")
     assert exact.target == 10 * rungs[-1] and exact.at_target == pytest.approx(2, rel=1e-3)
     assert exact.per_rung == pytest.approx([2, 2, 2], rel=1e-3)
-    assert exact.ci == pytest.approx((2, 2), rel=1e-3) and exact.n_boot == 50
-    assert exact.method == "paired bootstrap over seeds, shared L_inf"
+    assert exact.ci == pytest.approx((2, 2), rel=1e-3) and exact.seeds == 3
+    assert all(ci == pytest.approx((2, 2), rel=1e-3) for ci in exact.per_rung_ci)
 
 
 def test_the_multiplier_ci_holds_two_and_narrows_with_more_seeds():
@@ -176,45 +176,45 @@ def test_the_multiplier_ci_holds_two_and_narrows_with_more_seeds():
     rng = np.random.default_rng(1)
     seeds = lambda losses, k: [[x + 0.003 * rng.standard_normal() for _ in range(k)] for x in losses]
     few_seeds = {"base": seeds(base, 3), "v": seeds(twice, 3)}
-    few = multiplier_ci(few_seeds, rungs, "base", "v", n_boot=300)
-    many = multiplier_ci({"base": seeds(base, 12), "v": seeds(twice, 12)}, rungs, "base", "v", n_boot=300)
+    few = multiplier_ci(few_seeds, rungs, "base", "v")
+    many = multiplier_ci({"base": seeds(base, 12), "v": seeds(twice, 12)}, rungs, "base", "v")
     for m in (few, many):
         assert m.ci[0] <= 2 <= m.ci[1]
         assert all(lo <= 2 <= hi for lo, hi in m.per_rung_ci)
     assert many.ci[1] - many.ci[0] < few.ci[1] - few.ci[0]  # more seeds, a narrower interval
-    assert multiplier_ci(few_seeds, rungs, "base", "v", n_boot=300) == few  # a fixed RNG seed
+    assert multiplier_ci(few_seeds, rungs, "base", "v") == few  # no randomness: the same numbers
     # each rung's interval is that rung's (around its own estimate, not all alike)
     assert all(lo <= x <= hi for x, (lo, hi) in zip(few.per_rung, few.per_rung_ci))
     assert len(set(few.per_rung_ci)) == 3
-    # percentiles: a 99.9% interval holds the 95% one, a 50% one lies inside it
-    wide = multiplier_ci(few_seeds, rungs, "base", "v", n_boot=300, alpha=0.001)
-    narrow = multiplier_ci(few_seeds, rungs, "base", "v", n_boot=300, alpha=0.5)
+    # a 99.9% interval holds the 95% one, a 50% one lies inside it
+    wide = multiplier_ci(few_seeds, rungs, "base", "v", alpha=0.001)
+    narrow = multiplier_ci(few_seeds, rungs, "base", "v", alpha=0.5)
     assert wide.ci[0] < few.ci[0] < narrow.ci[0] < narrow.ci[1] < few.ci[1] < wide.ci[1]
 
 
 def test_the_multiplier_ci_is_paired():
-    """A variant equal to the baseline seed by seed: every paired resample picks the same seeds
-    for both, so every multiplier is exactly 1; unpaired resampling would spread it."""
+    """A variant equal to the baseline seed by seed: every paired difference is 0, so each
+    interval is exactly 1; an unpaired interval would spread it."""
     rungs = COMPUTE[:3]
     rng = np.random.default_rng(2)
     same = [[TRUE.loss(c) + 0.004 * rng.standard_normal() for _ in range(6)] for c in rungs]
-    m = multiplier_ci({"base": same, "v": same}, rungs, "base", "v", n_boot=200)
+    m = multiplier_ci({"base": same, "v": same}, rungs, "base", "v")
     assert m.per_rung == pytest.approx([1, 1, 1], rel=1e-6) and m.at_target == pytest.approx(1, rel=1e-6)
     assert all(ci == pytest.approx((1, 1), rel=1e-6) for ci in m.per_rung_ci + [m.ci])
 
 
 def test_one_seed_pair_gives_a_multiplier_but_no_interval():
-    """With one seed per rung every resample is that seed: an interval of zero width would claim
-    a certainty the sweep does not have. A rung with two seeds keeps its own interval; the target's
-    needs two everywhere."""
+    """With one seed per rung there is no seed noise to measure: an interval of zero width would
+    claim a certainty the sweep does not have. A rung with two seeds keeps its own interval; the
+    target's needs two seeds with a loss on every rung."""
     rungs = COMPUTE[:3]
     base = [TRUE.loss(c) for c in rungs]
     twice = [TRUE.loss(2 * c) for c in rungs]
-    one = multiplier_ci({"base": [[x] for x in base], "v": [[x] for x in twice]}, rungs, "base", "v", n_boot=50)
+    one = multiplier_ci({"base": [[x] for x in base], "v": [[x] for x in twice]}, rungs, "base", "v")
     assert one.per_rung == pytest.approx([2, 2, 2], rel=1e-3) and one.at_target == pytest.approx(2, rel=1e-3)
     assert one.per_rung_ci == [(None, None)] * 3 and one.ci == (None, None)
     mixed = multiplier_ci({"base": [[x, x + 0.01] for x in base[:2]] + [[base[2]]],
-                           "v": [[x, x - 0.01] for x in twice[:2]] + [[twice[2]]]}, rungs, "base", "v", n_boot=50)
+                           "v": [[x, x - 0.01] for x in twice[:2]] + [[twice[2]]]}, rungs, "base", "v")
     assert all(lo < hi for lo, hi in mixed.per_rung_ci[:2])
     assert mixed.per_rung_ci[2] == (None, None) and mixed.ci == (None, None)
 
@@ -223,9 +223,10 @@ def test_a_variant_of_the_tokens_alone_reads_as_the_twice_the_tokens_check():
     """compare names the check for a variant that only changes the ladder's tokens per parameter:
     k x the baseline's tokens should come out at x = k on every rung, and each rung is said to hold
     k, lie above it (too few tokens per parameter) or below it (too many)."""
-    rungs, noise = COMPUTE[:3], (0.002, -0.002)  # two seeds, the same offsets for every variant (paired)
+    rungs = COMPUTE[:3]  # two seeds; a seed's offset nearly the same for every variant (paired)
 
     def points(variant, losses):
+        noise = (0.002, -0.002) if variant == "baseline" else (0.0021, -0.0021)
         return [Point(variant, seed, 0.01, f"r{i}", loss + e, None, c, None, "")
                 for i, (c, loss) in enumerate(zip(rungs, losses)) for seed, e in enumerate(noise)]
     record = {"ladder": {"name": "t", "tokens_per_param": 20},
@@ -383,3 +384,143 @@ def test_the_grid_curve_compares_the_same_seeds_at_every_lr():
     assert grid_curve({1e-3: {0: 3.0}, 1e-2: {1: 2.5, 2: 2.7}}) == {1e-3: 3.0, 1e-2: pytest.approx(2.6)}
     out = tuned_comparison({"baseline": runs, "x": runs}, "baseline", 5.0)
     assert out["x"].best_lr == 1e-2 and out["x"].n == 3 and out["x"].tuned_delta.test_delta == 0
+
+
+# ---- the multiplier's intervals are its Δ's -------------------------------------------------------
+def _ladder_points(variant, losses):
+    """Points of one variant: losses[rung][seed] on the rungs COMPUTE[:3]."""
+    return [Point(variant, seed, 0.01, f"r{i}", loss, None, c, None, "")
+            for i, (c, by_seed) in enumerate(zip(COMPUTE[:3], losses)) for seed, loss in enumerate(by_seed)]
+
+
+LADDER = {"ladder": {"name": "t", "tokens_per_param": 20}, "rungs": [{"name": f"r{i}"} for i in range(3)]}
+
+
+def _null_draw(rng, seeds):
+    """A variant that is the baseline: the same curve plus seed noise (part shared by a seed's
+    two runs, part each run's own)."""
+    shared = 0.01 * rng.standard_normal((3, seeds))
+    return [[[TRUE.loss(c) + shared[i, s] + 0.005 * rng.standard_normal() for s in range(seeds)]
+             for i, c in enumerate(COMPUTE[:3])] for _ in range(2)]
+
+
+@pytest.mark.parametrize("seeds", [2, 3])
+def test_a_null_variants_multiplier_interval_holds_one_whenever_its_delta_interval_holds_zero(seeds):
+    """No real difference, many draws: at every rung the multiplier's interval holds 1 exactly when
+    the Δ's interval beside it (scipy's paired t) holds 0, so the multiplier is never surer than
+    its Δ; and the projection's interval, a t over the seeds' own fits, holds 1 about 95% of the
+    time (a percentile bootstrap over two seeds held it two times in three)."""
+    rng = np.random.default_rng(seeds)
+    for _ in range(25):
+        base, var = _null_draw(rng, seeds)
+        report = ladder_report(_ladder_points("baseline", base) + _ladder_points("v", var), LADDER)
+        # a baseline whose seed noise outgrows its rungs' gaps has a curve that turns back: its
+        # multiplier interval may then hold 1 where the Δ's excludes 0, never the reverse
+        falls = bool(np.all(np.diff(np.mean(base, axis=1)) < 0))
+        for i, rung in enumerate(report.rows[1]["rungs"]):
+            ref = stats.ttest_rel(var[i], base[i]).confidence_interval(0.95)
+            assert rung["delta_ci"] == pytest.approx([ref.low, ref.high], rel=1e-9)
+            assert rung["beyond_noise"] == (not ref.low <= 0 <= ref.high)
+            lo, hi = rung["compute_multiplier_ci"]
+            assert lo <= 1 <= hi if ref.low <= 0 <= ref.high else (not lo <= 1 <= hi) or not falls
+            assert lo <= rung["compute_multiplier"] <= hi
+    held = []
+    for _ in range(80):
+        base, var = _null_draw(rng, seeds)
+        m = multiplier_ci({"base": base, "v": var}, COMPUTE[:3], "base", "v")
+        assert m.seeds == seeds and (m.ci[0] <= 1 <= m.ci[1]) == (m.delta_at_target_ci[0] <= 0 <= m.delta_at_target_ci[1])
+        held.append(m.ci[0] <= 1 <= m.ci[1])
+    assert np.mean(held) >= 0.85
+
+
+def test_a_delta_of_zero_is_a_multiplier_of_exactly_one_at_every_rung():
+    """Through the baseline's curve corrected to pass through its measured rungs, even where the
+    fit misses them (a kinked baseline): the baseline's own loss at a rung needs that rung's compute."""
+    from ablate.analysis.transfer import rung_multiplier, target_multiplier
+
+    computes = [1e9, 1e10, 1e11, 1e12]
+    base = [3.0, 2.40, 2.25, 1.95]
+    fit = fit_power_laws({"base": (computes, base)})["base"]
+    assert any(abs(fit.loss(c) - b) > 1e-3 for c, b in zip(computes, base))
+    for i in range(4):
+        assert rung_multiplier(computes, base, fit, i, 0.0) == 1.0
+        assert rung_multiplier(computes, base, fit, i, -0.01) > 1 > rung_multiplier(computes, base, fit, i, 0.01)
+    assert target_multiplier(fit, 1e13, 0.0) == 1.0
+    # a variant equal to the baseline seed by seed: 1 and [1, 1] on every rung, and projected
+    same = [[x, x + 0.01, x - 0.02] for x in base[:3]]
+    report = ladder_report(_ladder_points("baseline", same) + _ladder_points("v", same), LADDER)
+    row = report.rows[1]
+    assert [r["compute_multiplier"] for r in row["rungs"]] == [1.0, 1.0, 1.0]
+    assert [r["compute_multiplier_ci"] for r in row["rungs"]] == [[1.0, 1.0]] * 3
+    assert row["compute_multiplier"] == 1.0 and row["compute_multiplier_ci"] == [1.0, 1.0]
+
+
+def test_wins_every_rung_says_on_how_many_the_win_is_beyond_noise():
+    """Three seeds: a clear win at r0 (every seed 0.05 lower), small noisy wins at r1 and r2. The
+    cell says yes, beyond noise on 1 of 3 (the rungs whose paired-t interval lies below 0); one
+    seed says there is no interval."""
+    base = [[TRUE.loss(c) + e for e in (0.01, -0.01, 0.0)] for c in COMPUTE[:3]]
+    var = [[b - 0.05 + e for b, e in zip(base[0], (0.001, -0.001, 0.0))],
+           [b - 0.004 + e for b, e in zip(base[1], (0.01, -0.012, 0.0))],
+           [b - 0.002 + e for b, e in zip(base[2], (-0.008, 0.009, 0.0))]]
+    report = ladder_report(_ladder_points("baseline", base) + _ladder_points("v", var), LADDER)
+    row = report.rows[1]
+    below = [stats.ttest_rel(v, b).confidence_interval(0.95).high < 0 for v, b in zip(var, base)]
+    assert below == [True, False, False] and row["wins_every_rung"] and row["wins_beyond_noise"] == 1
+    heads, cells = plain_table(report)
+    assert cells[1][heads.index("wins every rung")] == "yes (beyond noise on 1 of 3)"
+    assert cells[0][heads.index("wins every rung")] == "-"
+    one = ladder_report([p for p in report.points if p.seed == 2], LADDER)
+    assert one.rows[1]["wins_beyond_noise"] is None and one.rows[1]["compute_multiplier_ci"] is None
+    assert plain_table(one)[1][1][heads.index("wins every rung")] == "yes (no interval: one seed)"
+
+
+# ---- the LR grid's report and figure ----------------------------------------------------------------
+def _grid_points(seeds):
+    """Seeds 0..seeds-1 of two variants over the grid 1e-3, 3e-3, 1e-2, 3e-2, 1e-1."""
+    grid = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+    curve = {"baseline": [3.0, 2.6, 2.5, 2.7, 3.2], "v": [2.9, 2.55, 2.45, 2.5, 2.8]}
+    return grid, [Point(v, s, lr, None, loss + 0.01 * s, 5.0, None, 10.0 * (1 + i), f"{v}/{lr}/{s}")
+                  for v, losses in curve.items() for i, (lr, loss) in enumerate(zip(grid, losses))
+                  for s in range(seeds)]
+
+
+def test_one_seed_says_why_the_tuned_delta_is_missing_beside_the_shared_one():
+    """One seed: the tuned Δ is a seed test at each variant's own best LR, which needs two seeds
+    a side, so it is '-'; the Δ at the shared LR is one seed's difference, shown. A note says so."""
+    from ablate.analysis.transfer_report import lr_grid_report
+
+    grid, points = _grid_points(1)
+    report = lr_grid_report(points, {"kind": "lr_grid", "grid": grid, "shared_lr": 1e-2})
+    v = report.rows[1]
+    assert v["tuned_delta"] is None and v["shared_delta"] == pytest.approx(-0.05)
+    note = [n for n in report.notes if n.startswith("tuned Δ -")]
+    assert note == ["tuned Δ - for v: the tuned test pairs each variant's seeds at its own best LR "
+                    "with the baseline's at its own and needs at least 2 seeds a side (here v 1, "
+                    "baseline 1); the Δ at LR 0.01 is the paired difference of the seeds there, "
+                    "untested: run the grid with --seeds 2 or more"]
+    grid, points = _grid_points(2)
+    two = lr_grid_report(points, {"kind": "lr_grid", "grid": grid, "shared_lr": 1e-2})
+    assert two.rows[1]["tuned_delta"] is not None and not any(n.startswith("tuned Δ -") for n in two.notes)
+
+
+def test_the_lr_axis_reads_in_decimals():
+    """The LR axes (loss and attention logit) label their ticks 0.001, 0.01, ... as the grid is
+    printed, not 10^-3; the ladder's compute axis keeps its powers of ten."""
+    from ablate.analysis.transfer_report import lr_grid_report
+    from ablate.tracking.transfer_plots import transfer_figure
+
+    grid, points = _grid_points(1)
+    fig = transfer_figure(lr_grid_report(points, {"kind": "lr_grid", "grid": grid, "shared_lr": 1e-2}))
+    fig.canvas.draw()
+    assert len(fig.axes) == 2  # the loss and, with diagnostics, the attention logit
+    for ax in fig.axes:
+        lo, hi = ax.get_xlim()
+        labels = {t.get_text(): t.get_position()[0] for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True)
+                  if t.get_text() and lo <= t.get_position()[0] <= hi}
+        assert {"0.001", "0.01", "0.1"} <= set(labels), labels
+        for text, x in labels.items():
+            assert re.fullmatch(r"\d*\.?\d+", text) and float(text) == pytest.approx(x, rel=1e-9), labels
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -15,8 +15,9 @@ where used).
 - The effective-compute multiplier: the compute the baseline needs to reach the variant's loss,
   divided by the compute the variant was given (the baseline's, at that rung). At a rung, the
   baseline's fitted curve corrected to pass through its measured rungs; at the projected
-  compute, both fitted curves. Its CI is a paired percentile bootstrap over seeds (Efron &
-  Tibshirani 1993).
+  compute, both fitted curves. Its CI is the Δ's own, mapped through the same curve, so it
+  holds 1 whenever the Δ's holds 0: at a rung the Δ's t interval over seeds (paired); at the
+  projection a t interval (df = seeds - 1) over the projected Δs of per-seed fits.
 - The tuned comparison: each variant at its own best LR against the baseline at its own (paired
   t over seeds, ablate.analysis.stats; Holm 1979 over the variants), next to the comparison at
   one shared LR, which can tell another story.
@@ -200,13 +201,21 @@ def compute_multiplier(base: PowerLaw, variant_loss: float, compute: float) -> O
 
 @dataclass(frozen=True)
 class Multiplier:
-    per_rung: list  # at each rung: the variant's mean loss against the baseline's curve
-    per_rung_ci: list  # (lo, hi) per rung; (None, None) where no resample had one
+    """The compute multiplier of a variant against the baseline. Each interval is its Δ's,
+    mapped through the same curve as the point estimate, so it holds 1 whenever the Δ's interval
+    holds 0; (None, None) where the seeds give no interval; an upper end of inf where the
+    baseline's curve never reaches that loss."""
+
+    per_rung: list  # at each rung: the variant's mean loss against the baseline's corrected curve
+    per_rung_ci: list  # (lo, hi) per rung: its Δ's t interval (stats.seed_test) mapped
+    delta_ci: list  # (lo, hi) per rung: that Δ interval; (None, None) without a test
     target: float  # the projected compute
     at_target: Optional[float]  # the variant's fitted loss at `target` against the baseline's curve
-    ci: tuple  # (lo, hi) at the target
-    n_boot: int
-    method: str = "paired bootstrap over seeds, shared L_inf"
+    ci: tuple  # (lo, hi) at the target: delta_at_target_ci mapped
+    delta_at_target: Optional[float]  # fitted variant minus fitted baseline loss at `target`
+    delta_at_target_ci: tuple  # its t interval over the per-seed fits (df = seeds - 1)
+    seeds: int  # the seeds with a loss on every rung for both: their per-seed fits give that spread
+    method: str = "Δ t-intervals mapped through the baseline's curve; projection: t over per-seed fits"
 
 
 def baseline_compute(computes: Sequence[float], losses: Sequence[float], fit: PowerLaw,
@@ -229,57 +238,87 @@ def baseline_compute(computes: Sequence[float], losses: Sequence[float], fit: Po
     return math.exp(x + pts[-1][1])
 
 
-def _multipliers(means: Mapping[str, Sequence[float]], computes: Sequence[float], base: str,
-                 variant: str, target: float) -> tuple[list, Optional[float]]:
-    """Per rung: the compute the baseline needs for the variant's measured loss / the rung's
-    compute; at `target`: the fitted curves (both projected, neither measured)."""
-    fits = fit_power_laws({n: (computes, means[n]) for n in (base, variant)})
-    per_rung = [None if (need := baseline_compute(computes, means[base], fits[base], v)) is None
-                else need / c for v, c in zip(means[variant], computes)]
-    return per_rung, compute_multiplier(fits[base], fits[variant].loss(target), target)
+def _ratio(need, ref) -> Optional[float]:
+    return None if need is None or ref is None else need / ref
 
 
-def _percentile_ci(values: Sequence[float], alpha: float) -> tuple:
-    import numpy as np
+def rung_multiplier(computes: Sequence[float], base_means: Sequence[float], fit: PowerLaw, rung: int,
+                    delta: float) -> Optional[float]:
+    """The multiplier at `rung` of a loss `delta` from the baseline's mean there: the baseline's
+    (corrected) compute for that loss over its compute for its own (the rung's compute, so a Δ
+    of 0 is exactly 1). None: the curve never gets there (or has no shape to read)."""
+    ref = baseline_compute(computes, base_means, fit, base_means[rung])
+    return _ratio(baseline_compute(computes, base_means, fit, base_means[rung] + delta), ref)
 
-    vals = np.asarray(values, float)
-    vals = vals[np.isfinite(vals)]  # resamples with no multiplier (unreachable) drop out
-    if not len(vals):
+
+def target_multiplier(fit: PowerLaw, target: float, delta: float) -> Optional[float]:
+    """The multiplier at `target` of a loss `delta` from the baseline's fitted loss there."""
+    return _ratio(fit.compute_for(fit.loss(target) + delta), fit.compute_for(fit.loss(target)))
+
+
+def _mapped(to_mult, ci: tuple, kinks: Sequence[float] = ()) -> tuple:
+    """A Δ interval (lo, hi) as the multipliers it spans: the range of to_mult over it, read at its
+    ends and at the `kinks` inside it (where to_mult, linear in log compute between them, turns:
+    a baseline whose measured losses do not fall along its rungs); unbounded where the curve never
+    reaches a loss. It holds to_mult(0) = 1 whenever the Δ interval holds 0."""
+    if ci[0] is None:
         return None, None
-    return tuple(float(x) for x in np.percentile(vals, (100 * alpha / 2, 100 * (1 - alpha / 2))))
+    values = [to_mult(d) for d in (ci[0], ci[1], *(k for k in kinks if ci[0] < k < ci[1]))]
+    reached = [v for v in values if v is not None]
+    if not reached:
+        return None, None
+    return min(reached), math.inf if len(reached) < len(values) else max(reached)
 
 
-def multiplier_ci(seed_losses: Mapping[str, Sequence[Sequence[float]]], computes: Sequence[float],
-                  base: str, variant: str, target: Optional[float] = None, n_boot: int = 1000,
-                  seed: int = 0, alpha: float = ALPHA) -> Multiplier:
-    """seed_losses[name][rung]: the final losses of the seeds at that rung, index i the same seed
-    for both names (paired). The point estimate fits the per-rung means; the CI refits on
-    `n_boot` resamples of the seed indices (the same indices for both: paired, so seed noise
-    shared by the two variants cancels). `target`: 10x the largest rung unless given."""
-    import numpy as np
+def _seed_dict(losses) -> dict:
+    return dict(losses) if isinstance(losses, Mapping) else dict(enumerate(losses))
 
-    target = target if target is not None else 10 * max(computes)
-    data = {n: [np.asarray(v, float) for v in seed_losses[n]] for n in (base, variant)}
-    means = {n: [float(v.mean()) for v in data[n]] for n in data}
-    per_rung, at_target = _multipliers(means, computes, base, variant, target)
-    # one seed pair at a rung: every resample is the same, so no interval there (nor at the target)
-    pairs = [min(len(b), len(v)) for b, v in zip(data[base], data[variant])]
-    rng = np.random.default_rng(seed)
-    boots_rung, boots_target = [], []
-    for _ in range(n_boot if max(pairs) > 1 else 0):
-        # per rung, seeds past the shorter side have no partner and stay out of the pairing
-        picks = [rng.integers(0, k, k) for k in pairs]
-        m = {n: [float(x[p].mean()) for x, p in zip(data[n], picks)] for n in data}
+
+def _projected_delta_ci(by_seed: Mapping[str, list], computes: Sequence[float], base: str, variant: str,
+                        target: float, centre: float, alpha: float) -> tuple[tuple, int]:
+    """The t interval of the projected Δ at `target`: each seed's own two-curve fit gives one Δ;
+    centred on `centre` (the fit of the means), half-width t(1 - alpha/2, k - 1) x sd / sqrt(k)
+    over the k seeds with a loss on every rung for both. ((None, None), k) when k < 2."""
+    from scipy import stats
+
+    seeds = set.intersection(*(set(r) for n in (base, variant) for r in by_seed[n]))
+    deltas = []
+    for s in sorted(seeds, key=str):
         try:
-            r, t = _multipliers(m, computes, base, variant, target)
+            fits = fit_power_laws({n: (computes, [r[s] for r in by_seed[n]]) for n in (base, variant)})
         except (ValueError, FloatingPointError):
-            continue
-        boots_rung.append([math.nan if x is None else x for x in r])
-        boots_target.append(math.nan if t is None else t)
-    rung_ci = [_percentile_ci([b[i] for b in boots_rung], alpha) if k > 1 else (None, None)
-               for i, k in enumerate(pairs)]
-    return Multiplier(per_rung, rung_ci, float(target), at_target,
-                      _percentile_ci(boots_target, alpha) if min(pairs) > 1 else (None, None), n_boot)
+            continue  # a seed whose losses have no curve: it adds no spread
+        deltas.append(fits[variant].loss(target) - fits[base].loss(target))
+    sd = mean_std(deltas)[1]
+    if sd is None:
+        return (None, None), len(deltas)
+    half = float(stats.t.ppf(1 - alpha / 2, len(deltas) - 1)) * sd / math.sqrt(len(deltas))
+    return (centre - half, centre + half), len(deltas)
+
+
+def multiplier_ci(seed_losses: Mapping[str, Sequence[Any]], computes: Sequence[float], base: str,
+                  variant: str, target: Optional[float] = None, alpha: float = ALPHA) -> Multiplier:
+    """seed_losses[name][rung]: {seed: final loss} at that rung (a list: index = seed). The point
+    estimates fit the per-rung means (one L_inf shared). At a rung the interval is the Δ's own
+    (stats.seed_test: paired t over the common seeds, else Welch; none with one seed a side)
+    mapped through the baseline's corrected curve; at `target` (10x the largest rung unless
+    given), the projected Δ's t interval over per-seed fits mapped through its fitted curve."""
+    target = target if target is not None else 10 * max(computes)
+    by_seed = {n: [_seed_dict(r) for r in seed_losses[n]] for n in (base, variant)}
+    means = {n: [mean_std(list(r.values()))[0] for r in by_seed[n]] for n in by_seed}
+    fits = fit_power_laws({n: (computes, means[n]) for n in (base, variant)})
+    per_rung, rung_ci, delta_ci = [], [], []
+    for i, (b, v) in enumerate(zip(by_seed[base], by_seed[variant])):
+        to_mult = lambda d, i=i: rung_multiplier(computes, means[base], fits[base], i, d)
+        test = seed_test(b, v, alpha)
+        delta_ci.append((test.ci_low, test.ci_high))
+        per_rung.append(to_mult(means[variant][i] - means[base][i]))
+        rung_ci.append(_mapped(to_mult, delta_ci[-1], [m - means[base][i] for m in means[base]]))
+    centre = fits[variant].loss(target) - fits[base].loss(target)
+    at_ci, k = _projected_delta_ci(by_seed, computes, base, variant, target, centre, alpha)
+    to_mult = lambda d: target_multiplier(fits[base], target, d)
+    return Multiplier(per_rung, rung_ci, delta_ci, float(target), to_mult(centre), _mapped(to_mult, at_ci),
+                      centre, at_ci, k)
 
 
 # ---- rankings across rungs ----------------------------------------------------------------------

@@ -7,8 +7,9 @@ config's LR, verdict_differs, lr_sensitivity (Wortsman et al. 2023), max_attn_lo
 highest LR (runs with train.diagnostics_every).
 Ladder: per rung the loss, the delta vs the baseline and the compute multiplier; fitted
 L(C) = L_inf + A * C^-alpha with one shared L_inf; compute_multiplier and
-compute_multiplier_ci at a projected compute; wins_every_rung; rank_agreement between the
-smallest and the largest rung. Compute is FLOPs/token (as `inspect` counts) x tokens trained.
+compute_multiplier_ci at a projected compute, each interval its delta's (transfer.multiplier_ci);
+wins_every_rung and on how many rungs beyond noise (wins_beyond_noise); rank_agreement between
+the smallest and the largest rung. Compute is FLOPs/token (as `inspect` counts) x tokens trained.
 A ladder with an LR grid: each variant on each rung at its own best LR there (best_lr per rung).
 The statistics are ablate/analysis/transfer.py's.
 """
@@ -196,7 +197,7 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
             inits[p.variant].append(p.loss_init)
     loss_init = {n: sum(v) / len(v) if v else None for n, v in inits.items()}
     tuned = T.tuned_comparison(runs, base, loss_init, shared, alpha)
-    rows, notes = [], []
+    rows = []
     for n in names:
         t, test = tuned[n], tuned[n].tuned_delta
         top = max((p for p in points if p.variant == n), key=lambda p: p.lr)
@@ -214,18 +215,7 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
             "max_attn_logit": top.max_attn_logit, "max_attn_logit_lr": top.lr,
             "curve": {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()},
         })
-    for row in rows:
-        if row["best_lr_on_edge"]:
-            notes.append(f"{row['variant']}: the best LR {row['best_lr']:g} is on the grid's edge; "
-                         "widen the grid")
-        if row["verdict_differs"]:
-            notes.append(f"{row['variant']}: the verdict at the shared LR {shared:g} differs from the "
-                         "tuned one (each variant at its own best LR)")
-    if any(r["lr_sensitivity"] is None for r in rows):
-        notes.append("no evaluation at step 0 in some runs (train.eval_every=0): LR sensitivity needs "
-                     "the loss at initialisation")
-    notes.append(f"tuned Δ: each variant at its own best LR vs the baseline at its own; shared Δ: "
-                 f"both at LR {shared:g} (seed 0 of the grid unless more seeds ran there)")
+    notes = _grid_notes(rows, shared)
     pct = f"{100 * (1 - alpha):g}% CI"
     columns = [("variant", "variant", str), ("best LR", "best_lr", _lr_cell),
                (f"loss at best LR [{pct}]", ("loss", "loss_ci"), _mean_ci_cell), ("tuned Δ", "tuned_delta", "+.4f"),
@@ -236,6 +226,32 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
     title = (f"ablate compare: LR grid {', '.join(f'{x:g}' for x in grid)}; each variant at its "
              f"own best LR (baseline: {base})")
     return Report("lr_grid", title, rows, columns, notes, list(points))
+
+
+def _grid_notes(rows: list[dict], shared: float) -> list[str]:
+    """What to read beside an LR grid's table: best LRs on the edge, a shared LR that tells
+    another story, a tuned Δ that one seed cannot give, no loss at initialisation."""
+    notes = []
+    for row in rows:
+        if row["best_lr_on_edge"]:
+            notes.append(f"{row['variant']}: the best LR {row['best_lr']:g} is on the grid's edge; "
+                         "widen the grid")
+        if row["verdict_differs"]:
+            notes.append(f"{row['variant']}: the verdict at the shared LR {shared:g} differs from the "
+                         "tuned one (each variant at its own best LR)")
+    untested = [r for r in rows[1:] if r["tuned_delta"] is None and r["best_lr"] is not None]
+    if untested and rows[0]["best_lr"] is not None:
+        counts = ", ".join(f"{r['variant']} {r['n']}" for r in untested + rows[:1])
+        notes.append(f"tuned Δ - for {', '.join(r['variant'] for r in untested)}: the tuned test pairs each "
+                     "variant's seeds at its own best LR with the baseline's at its own and needs at least "
+                     f"2 seeds a side (here {counts}); the Δ at LR {shared:g} is the paired difference of "
+                     "the seeds there, untested: run the grid with --seeds 2 or more")
+    if any(r["lr_sensitivity"] is None for r in rows):
+        notes.append("no evaluation at step 0 in some runs (train.eval_every=0): LR sensitivity needs "
+                     "the loss at initialisation")
+    notes.append(f"tuned Δ: each variant at its own best LR vs the baseline at its own; shared Δ: "
+                 f"both at LR {shared:g} (seed 0 of the grid unless more seeds ran there)")
+    return notes
 
 
 def _mean_ci_cell(v: tuple) -> str:
@@ -267,7 +283,6 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
         at = {cell: b.lr for cell, b in best.items() if b.lr is not None}
         points = [p for p in points if (p.variant, p.rung) in at
                   and math.isclose(p.lr, at[p.variant, p.rung], rel_tol=1e-6)]
-    seeds = sorted({p.seed for p in points}, key=str)
     # per variant and rung: the losses by seed, and the baseline's compute at each rung
     losses = {n: [{p.seed: p.loss for p in points if p.variant == n and p.rung == r and p.loss is not None}
                   for r in rungs] for n in names}
@@ -281,11 +296,13 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
         fits = T.fit_power_laws({n: (computes, [_mean(list(v.values())) for v in losses[n]]) for n in names})
         notes.append(f"L(C) = L_inf + A*C^-alpha fitted per variant with one L_inf shared by all "
                      f"(L_inf={fits[base].l_inf:.3f}): {len(rungs)} rungs cannot pin a free L_inf each; "
-                     f"projection at {target:.3g} FLOPs (10x the largest rung); CIs: paired bootstrap over seeds")
+                     f"projection at {target:.3g} FLOPs (10x the largest rung); CIs: each rung's Δ t-interval "
+                     f"mapped through the baseline's curve, the projection's a t-interval over the "
+                     f"seeds' own fits (df = seeds - 1)")
     else:
         notes.append(f"fewer than {MIN_RUNGS} rungs with a finished run of every variant: the rung table "
                      "only, no fit and no projection")
-    rows = [_ladder_row(n, base, rungs, seeds, losses, computes, fits, target, alpha) for n in names]
+    rows = [_ladder_row(n, base, rungs, losses, computes, fits, target, alpha) for n in names]
     lr_columns = _add_best_lrs(rows, best, rungs, notes) if best else []
     for row in rows:
         beyond = [r["rung"] for r in row["rungs"] if r["compute_multiplier_extrapolated"]]
@@ -307,32 +324,32 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
                + [(f"Δ {r}", f"delta_{r}", "+.4f") for r in rungs]
                + [(f"x {r}", f"mult_{r}", ".2f") for r in rungs]
                + [("x projected", "compute_multiplier", ".2f"), ("95% CI", "compute_multiplier_ci", _mult_ci),
-                  ("wins every rung", "wins_every_rung", _yes)])
+                  ("wins every rung", ("wins_every_rung", "wins_beyond_noise"), _wins(len(rungs)))])
     title = (f"ablate compare: ladder {record['ladder']['name']} ({', '.join(rungs)}); "
              f"x = compute multiplier vs the baseline (baseline: {base})")
     return Report("ladder", title, rows, columns, notes, list(points),
                   {"fits": fits, "target": target, "computes": computes, "rungs": rungs})
 
 
-def _ladder_row(n: str, base: str, rungs: list, seeds: list, losses: dict, computes: list, fits: dict,
-                target: Optional[float], alpha: float) -> dict:
-    """One variant's ladder row: per rung its loss, its delta and multiplier vs the baseline."""
+def _ladder_row(n: str, base: str, rungs: list, losses: dict, computes: list, fits: dict, target: Optional[float], alpha: float) -> dict:
+    """One variant's ladder row: per rung its loss, its delta and multiplier vs the baseline,
+    each multiplier's interval its delta's (transfer.multiplier_ci)."""
     from ablate.analysis import transfer as T
 
     per_rung, mult = [], None
     if fits and n != base:
-        mult = T.multiplier_ci({k: [[v[s] for s in seeds if s in v] for v in losses[k]] for k in (base, n)},
-                               computes, base, n, target=target)
+        mult = T.multiplier_ci({k: losses[k] for k in (base, n)}, computes, base, n, target=target, alpha=alpha)
     base_means = [_mean(list(v.values())) for v in losses[base]]
     for i, r in enumerate(rungs):
         vals = losses[n][i]
         mean, std = mean_std(list(vals.values()))
         test = seed_test(losses[base][i], vals, alpha) if n != base else None
+        ci = [test.ci_low, test.ci_high] if test and test.ci_low is not None else None
         per_rung.append({
             "rung": r, "compute": computes[i], "n": len(vals), "mean": mean, "std": std,
             "delta": (mean - _mean(list(losses[base][i].values()))) if n != base and mean is not None
             and losses[base][i] else None,
-            "delta_ci": [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
+            "delta_ci": ci, "beyond_noise": None if ci is None else not ci[0] <= 0 <= ci[1],
             "compute_multiplier": mult.per_rung[i] if mult else None,
             "compute_multiplier_ci": _interval(mult.per_rung_ci[i]) if mult else None,
             "compute_multiplier_extrapolated": _outside(mean, base_means) if mult else None})
@@ -340,13 +357,23 @@ def _ladder_row(n: str, base: str, rungs: list, seeds: list, losses: dict, compu
     row = {"variant": n, "baseline": n == base, "rungs": per_rung,
            "compute_multiplier": mult.at_target if mult else None,
            "compute_multiplier_ci": _interval(mult.ci) if mult else None, "target_compute": target,
+           "delta_at_target": mult.delta_at_target if mult else None,
+           "delta_at_target_ci": _interval(mult.delta_at_target_ci) if mult else None,
+           "projection_seeds": mult.seeds if mult else None,
            "wins_every_rung": (T.wins_every_rung(base_means, means)
                                if n != base and None not in means + base_means else None),
+           "wins_beyond_noise": _wins_beyond_noise(per_rung) if n != base else None,
            "fit": ({"l_inf": fits[n].l_inf, "a": fits[n].a, "alpha": fits[n].alpha} if n in fits else None)}
     for r in per_rung:
         row[f"loss_{r['rung']}"], row[f"delta_{r['rung']}"] = r["mean"], r["delta"]
         row[f"mult_{r['rung']}"] = r["compute_multiplier"]
     return row
+
+
+def _wins_beyond_noise(per_rung: list) -> Optional[int]:
+    """The rungs where the variant's Δ interval lies below 0 (None: no rung has an interval)."""
+    cis = [r["delta_ci"] for r in per_rung if r["delta_ci"] is not None]
+    return sum(hi < 0 for _, hi in cis) if cis else None
 
 
 def _tokens_check(row: dict, base_tokens: float) -> Optional[str]:
@@ -367,7 +394,7 @@ def _tokens_check(row: dict, base_tokens: float) -> Optional[str]:
             cells.append(f"{r['rung']} -")
             continue
         lo, hi = ci or (x, x)
-        cells.append(f"{r['rung']} {x:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if ci else "")
+        cells.append(f"{r['rung']} {x:.2f}" + (f" {_mult_ci(ci)}" if ci else "")
                      + (f" holds {k:g}" if lo <= k <= hi else " above" if lo > k else " below"))
     return (f"{row['variant']} is the baseline on {k:g}x its tokens: on a compute-optimal ladder x is {k:g} "
             f"on every rung; here {', '.join(cells)}" + ("" if any(r["compute_multiplier_ci"] for r in row["rungs"])
@@ -419,11 +446,18 @@ def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def _mult_ci(v: Sequence[float]) -> str:
-    return f"[{v[0]:.2f}, {v[1]:.2f}]"
+    """A multiplier interval; an upper end the baseline's curve never reaches: ∞."""
+    return f"[{v[0]:.2f}, " + ("∞]" if math.isinf(v[1]) else f"{v[1]:.2f}]")
 
 
-def _yes(v: bool) -> str:
-    return "yes" if v else "no"
+def _wins(rungs: int):
+    """The wins-every-rung cell: yes/no, and on how many rungs the win is beyond seed noise."""
+    def cell(v: tuple) -> str:
+        wins, beyond = v
+        if not wins:
+            return "no"
+        return "yes (no interval: one seed)" if beyond is None else f"yes (beyond noise on {beyond} of {rungs})"
+    return cell
 
 
 def _rank_agreement(losses: dict, names: list[str]) -> Optional[float]:

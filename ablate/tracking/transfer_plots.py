@@ -9,6 +9,16 @@ from pathlib import Path
 
 
 def plot_transfer(report, path: Path) -> Path:
+    fig = transfer_figure(report)
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def transfer_figure(report):
+    """The report's figure (a matplotlib Figure, for a file or a test to read)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only
@@ -22,9 +32,7 @@ def plot_transfer(report, path: Path) -> Path:
     if logits:
         _draw_logits(axes[0][1], report, colors)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _draw_lr(ax, report, colors) -> None:
@@ -39,7 +47,7 @@ def _draw_lr(ax, report, colors) -> None:
         if bad and row["loss_init"] is not None:  # a diverged run counts as no progress
             ax.plot(bad, [row["loss_init"]] * len(bad), "x", color=c, markersize=9,
                     label=f"{row['variant']} diverged")
-    _decorate(ax, "learning rate", "final val_loss", "final loss vs learning rate (x: diverged)")
+    _decorate(ax, "learning rate", "final val_loss", "final loss vs learning rate (x: diverged)", x="plain log")
 
 
 def _draw_logits(ax, report, colors) -> None:
@@ -48,7 +56,8 @@ def _draw_logits(ax, report, colors) -> None:
                      if p.variant == name and p.max_attn_logit is not None)
         if pts:
             ax.plot(*zip(*pts), "o-", color=colors[i % len(colors)], label=name)
-    _decorate(ax, "learning rate", "max attention logit (over the run)", "attention logit growth", "log")
+    _decorate(ax, "learning rate", "max attention logit (over the run)", "attention logit growth", "log",
+              x="plain log")
 
 
 def _draw_ladder(ax, report, colors) -> None:
@@ -74,11 +83,14 @@ def _draw_ladder(ax, report, colors) -> None:
               "plain log")
 
 
-def _decorate(ax, xlabel: str, ylabel: str, title: str, y: str = "linear") -> None:
-    """Log x; y linear, log, or log with plain numbers (losses: 1.8, not 1.8 x 10^0)."""
+def _decorate(ax, xlabel: str, ylabel: str, title: str, y: str = "linear", x: str = "log") -> None:
+    """x log, or log with plain decimals (learning rates: 0.003, not 3 x 10^-3; compute keeps
+    its powers of ten); y linear, log, or log with plain numbers (losses: 1.8, not 1.8 x 10^0)."""
     from ablate.tracking.plots import plain_ticks
 
     ax.set_xscale("log")
+    if x == "plain log":
+        plain_ticks(ax, "x")
     if y != "linear":
         ax.set_yscale("log")
     if y == "plain log":
