@@ -75,15 +75,19 @@ class Metric:
     log_scale: bool = False  # spans decades: drawn on a log axis
 
 
+# The metric names, each written once: code elsewhere uses these constants, never the string.
+TRAIN_LOSS, VAL_LOSS, VAL_BPB, GRAD_NORM = "train_loss", "val_loss", "val_bpb", "grad_norm"
+LR, TOKENS_PER_S, MFU, TOKENS = "lr", "tokens_per_s", "mfu", "tokens"
+
 METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("train_loss", "train/loss", "train loss"),
-    Metric("val_loss", "val/loss", "validation loss"),
-    Metric("val_bpb", "val/bpb", "validation bits per byte"),
-    Metric("grad_norm", "train/grad_norm", "grad norm (before clipping)", log_scale=True),
-    Metric("lr", "train/lr", "learning rate"),
-    Metric("tokens_per_s", "train/tokens_per_s", "tokens/s", higher_is_better=True),
-    Metric("mfu", "train/mfu", "MFU", higher_is_better=True),
-    Metric("tokens", "tokens", "tokens"),
+    Metric(TRAIN_LOSS, "train/loss", "train loss"),
+    Metric(VAL_LOSS, "val/loss", "validation loss"),
+    Metric(VAL_BPB, "val/bpb", "validation bits per byte"),
+    Metric(GRAD_NORM, "train/grad_norm", "grad norm (before clipping)", log_scale=True),
+    Metric(LR, "train/lr", "learning rate"),
+    Metric(TOKENS_PER_S, "train/tokens_per_s", "tokens/s", higher_is_better=True),
+    Metric(MFU, "train/mfu", "MFU", higher_is_better=True),
+    Metric(TOKENS, "tokens", "tokens"),
 )}
 BY_WANDB_NAME: dict[str, str] = {m.wandb: m.name for m in METRICS.values()}
 
@@ -114,9 +118,20 @@ class Status(str, Enum):
     INTERRUPTED = "interrupted"  # SIGINT (Ctrl-C), with a checkpoint: resumable
     PREEMPTED = "preempted"  # SIGTERM/SIGUSR1/SIGUSR2, with a checkpoint: resumable (requeued)
     KILLED = "killed"  # never written: a "running" record whose process is gone (rundir.live_status)
+    NOT_RUN = "not run"  # never written: a sweep job that did not start (the sweep stopped first)
 
     __str__ = str.__str__
     __format__ = str.__format__
+
+    @property
+    def color(self) -> str:
+        """The colour every report shows this status in (rich markup)."""
+        return _STATUS_COLORS[self]
+
+
+_STATUS_COLORS = {Status.RUNNING: "cyan", Status.COMPLETED: "green", Status.DIVERGED: "yellow",
+                  Status.FAILED: "red", Status.KILLED: "red", Status.INTERRUPTED: "magenta",
+                  Status.PREEMPTED: "magenta", Status.NOT_RUN: "dim"}
 
 
 FINISHED = (Status.COMPLETED, Status.DIVERGED)  # training it again would give the same result
