@@ -15,8 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.test_compare_stats import BASE, NOISY, PAIRED, WELCH, write_run  # noqa: E402
-from tests.test_compare_study import write_study  # noqa: E402
+from tests.compare_fixtures import make_fixture  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "compare"
 ROOT = "<root>"
@@ -41,27 +40,6 @@ CASES = {  # name -> (directories under the fixture root, compare arguments)
     "mixed_allowed": (["mixed"], ["--allow-mixed", "--format", "markdown"]),
     "two_trees": (["ab", "mixed/a"], ["--allow-mixed"]),
 }
-
-
-def make_fixture(root: Path) -> Path:
-    ab = root / "ab"
-    for s, v in BASE.items():
-        write_run(ab, f"base_s{s}", {}, s, v)
-    for s, v in PAIRED.items():
-        write_run(ab, f"rms_s{s}", {"norm": "rmsnorm"}, s, v)
-    write_run(ab, "rms_s9", {"norm": "rmsnorm"}, 9, None, status="diverged")
-    for s, v in WELCH.items():
-        write_run(ab, f"swiglu_s{s}", {"act": "swiglu"}, s, v, params=1100)
-    for s, v in NOISY.items():
-        write_run(ab, f"rope_s{s}", {"pos": "rope"}, s, v)
-    write_run(ab, "rope_s7", {"pos": "rope"}, 7, None, status="failed")
-    write_study(root / "study")
-    for name, steps in (("a", 6), ("b", 8)):
-        d = write_run(root / "mixed", name, {}, 0, 3.0 + steps / 100)
-        for record in ("config.yaml", "summary.json"):  # its config and its override, as `ablate run` writes them
-            text = (d / record).read_text().replace("steps: 6", f"steps: {steps}")
-            (d / record).write_text(text.replace("train.steps=6", f"train.steps={steps}"))
-    return root
 
 
 def run_case(root: Path, name: str) -> str:

@@ -22,31 +22,10 @@ from ablate.analysis import CompareError, compare_dirs
 from ablate.analysis.render import print_comparison
 from ablate.analysis.stats import holm, seed_test, seeds_needed
 from tests.conftest import run_ablate
-from tests.test_compare_stats import BASE, PAIRED, WELCH, write_run
+from tests.compare_fixtures import BASE, PAIRED, WELCH, cli, set_config, write_run, write_study  # noqa: F401
 
 LONG = {"pos": "rope", "attn": "gqa", "qk_norm": "on", "act": "swiglu"}  # a long variant name
 LONG_NAME = "act=swiglu,attn=gqa,pos=rope,qk_norm=on"
-
-
-def cli(*args: str, columns: str = ""):
-    """`ablate ...` in this process (a subprocess costs seconds of imports on a loaded machine);
-    the subprocess tests below check what only a real process shows (exit code, stderr, COLUMNS)."""
-    from typer.testing import CliRunner
-
-    from cli.main import app
-
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": columns} if columns else {})
-
-
-def set_config(run_dir, key: str, value) -> None:
-    """Change one config.yaml key (dotted) of a written run."""
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    *parents, last = key.split(".")
-    node = cfg
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[last] = value
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
 @pytest.fixture
@@ -124,7 +103,6 @@ def test_the_baseline_is_named_with_its_reason(runs, tmp_path):
     assert res.stdout.splitlines()[0] == "baseline: norm=rmsnorm (--baseline)"
     data = json.loads(cli("compare", str(runs), "--json").stdout)
     assert data[0]["baseline_reason"] == "no axis changed" and data[1]["baseline_reason"] is None
-    from tests.test_compare_study import write_study
 
     cmp = compare_dirs([write_study(tmp_path / "study")])
     assert (cmp.baseline, cmp.baseline_reason) == ("gpt2", "the study's first rung")

@@ -14,39 +14,8 @@ from scipy import stats
 from ablate.analysis import CompareError, compare_dirs
 from ablate.analysis.render import print_comparison, to_json
 from ablate.analysis.stats import seed_test
+from tests.compare_fixtures import BASE, NOISY, PAIRED, WELCH, by_name, write_run  # noqa: F401
 from tests.conftest import run_ablate
-
-DEFAULT_AXES = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
-                "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off"}
-COMMON = ["model.d_model=32", "train.steps=6"]  # shared by every run: not part of the names
-
-
-def write_run(root: Path, name: str, change: dict, seed: int, val_loss, status="completed",
-              params=1000, sweep=None, variant=None, rows=None, tokens_per_s=100.0):
-    """A run directory as `ablate run` leaves it (the fields compare reads)."""
-    d = root / name
-    d.mkdir(parents=True)
-    axes = {**DEFAULT_AXES, **change}
-    overrides = sorted(COMMON + [f"{k}={v}" for k, v in change.items()])
-    config = {axis: {"name": v} for axis, v in axes.items()}
-    config.update(model={"d_model": 32}, train={"steps": 6, "progress": False}, seed=seed, data_seed=0,
-                  logger={"name": "none"})
-    (d / "config.yaml").write_text(yaml.safe_dump(config))
-    summary = {"status": status, "variant": variant or ",".join(overrides), "axes": axes, "seed": seed,
-               "data_seed": 0, "overrides": overrides, "sweep": sweep, "params": params,
-               "flops_per_token": 6 * params, "tokens_per_s": tokens_per_s, "val_loss": val_loss}
-    (d / "summary.json").write_text(json.dumps(summary))
-    rows = rows if rows is not None else [
-        {"step": s, "tokens": 128 * s, "train_loss": 5.0 - 0.1 * s, "grad_norm": 1.0 + 0.1 * s,
-         "lr": 1e-3, "tokens_per_s": tokens_per_s} for s in range(1, 4)]
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return d
-
-
-BASE = {0: 3.00, 1: 3.10, 2: 3.05}
-PAIRED = {0: 2.90, 1: 3.01, 2: 2.94}  # same seeds: paired
-WELCH = {3: 3.20, 4: 3.26, 5: 3.17}  # other seeds: Welch
-NOISY = {0: 3.02, 1: 3.07, 2: 3.08}  # within seed noise
 
 
 @pytest.fixture
@@ -62,12 +31,6 @@ def runs(tmp_path):
         write_run(tmp_path, f"rope_s{s}", {"pos": "rope"}, s, v)
     write_run(tmp_path, "gqa_s0", {"attn": "gqa"}, 0, 2.5)
     return tmp_path
-
-
-def by_name(rows):
-    """Rows (compare_dirs' or --json's) by variant, as the JSON keys."""
-    rows = [r.as_dict() if hasattr(r, "as_dict") else r for r in rows]
-    return {r["variant"]: r for r in rows}
 
 
 def test_means_deltas_and_the_paired_test(runs):

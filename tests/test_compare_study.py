@@ -16,38 +16,7 @@ from scipy import stats
 from ablate.analysis import compare_dirs
 from ablate.analysis.render import print_comparison
 from tests.conftest import run_ablate
-from tests.test_compare_stats import write_run
-
-SWEEP = "2026-01-02_03-04-05_gpt2_to_llama"
-LADDER = [("gpt2", {}), ("+rmsnorm", {"norm": "rmsnorm"}),
-          ("+swiglu", {"norm": "rmsnorm", "act": "swiglu"}),
-          ("+rope", {"norm": "rmsnorm", "act": "swiglu", "pos": "rope"})]
-VALUES = {  # rung -> seed -> final val_loss
-    "gpt2": {0: 3.00, 1: 3.10, 2: 3.05},
-    "+rmsnorm": {0: 2.90, 1: 3.01, 2: 2.94},  # steps -0.10, -0.09, -0.11 vs gpt2
-    "+swiglu": {0: 2.88, 1: 3.03, 2: 2.91},  # steps -0.02, +0.02, -0.03: noise
-    "+rope": {0: 2.78, 1: 2.92, 2: 2.82},  # steps -0.10, -0.11, -0.09
-}
-
-
-def write_study(root, ladder=LADDER, values=VALUES, skip=()):
-    """A study's sweep dir as the sweeper leaves it. Job numbers run against the ladder so
-    that directory order cannot be what puts the rows in ladder order."""
-    sweep = root / SWEEP
-    sweep.mkdir(parents=True)
-    jobs = [{"name": name, "overrides": [f"{k}={v}" for k, v in change.items()]} for name, change in ladder]
-    (sweep / "multirun.yaml").write_text(yaml.safe_dump(
-        {"hydra": {"sweeper": {"mode": "ofat", "seeds": 3, "jobs": jobs}}, "seed": 0}))
-    job = 0
-    for name, change in reversed(ladder):
-        for seed, v in values[name].items():
-            if name not in skip:
-                status = "completed" if v is not None else "diverged"
-                write_run(sweep, f"{job}_{name}_seed{seed}", change, seed, v, status=status,
-                          sweep=SWEEP, variant=name)
-            job += 1
-    return sweep
-
+from tests.compare_fixtures import LADDER, SWEEP, VALUES, write_run, write_study  # noqa: F401
 
 def paired_by_hand(after: dict, before: dict) -> tuple[float, float]:
     d = [after[s] - before[s] for s in sorted(set(after) & set(before))]

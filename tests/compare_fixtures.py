@@ -1,0 +1,172 @@
+"""Run directories with known numbers, as `ablate run` and `ablate sweep` leave them (the
+fields compare reads), for the tests of `ablate compare`: single runs, a study sweep, the
+golden outputs' tree, and LR-grid and ladder sweeps (transfer.json beside their jobs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from ablate.vocab import Status
+
+DEFAULT_AXES = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
+                "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off"}
+COMMON = ["model.d_model=32", "train.steps=6"]  # shared by every run: not part of the names
+
+BASE = {0: 3.00, 1: 3.10, 2: 3.05}
+PAIRED = {0: 2.90, 1: 3.01, 2: 2.94}  # same seeds: paired
+WELCH = {3: 3.20, 4: 3.26, 5: 3.17}  # other seeds: Welch
+NOISY = {0: 3.02, 1: 3.07, 2: 3.08}  # within seed noise
+
+
+def write_run(root: Path, name: str, change: dict, seed: int, val_loss, status=Status.COMPLETED.value,
+              params=1000, sweep=None, variant=None, rows=None, tokens_per_s=100.0):
+    """A run directory as `ablate run` leaves it (the fields compare reads)."""
+    d = root / name
+    d.mkdir(parents=True)
+    axes = {**DEFAULT_AXES, **change}
+    overrides = sorted(COMMON + [f"{k}={v}" for k, v in change.items()])
+    config = {axis: {"name": v} for axis, v in axes.items()}
+    config.update(model={"d_model": 32}, train={"steps": 6, "progress": False}, seed=seed, data_seed=0,
+                  logger={"name": "none"})
+    (d / "config.yaml").write_text(yaml.safe_dump(config))
+    summary = {"status": status, "variant": variant or ",".join(overrides), "axes": axes, "seed": seed,
+               "data_seed": 0, "overrides": overrides, "sweep": sweep, "params": params,
+               "flops_per_token": 6 * params, "tokens_per_s": tokens_per_s, "val_loss": val_loss}
+    (d / "summary.json").write_text(json.dumps(summary))
+    rows = rows if rows is not None else [
+        {"step": s, "tokens": 128 * s, "train_loss": 5.0 - 0.1 * s, "grad_norm": 1.0 + 0.1 * s,
+         "lr": 1e-3, "tokens_per_s": tokens_per_s} for s in range(1, 4)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def set_config(run_dir, key: str, value) -> None:
+    """Change one config.yaml key (dotted) of a written run."""
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    *parents, last = key.split(".")
+    node = cfg
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+
+def by_name(rows):
+    """Rows (compare_dirs' or --json's) by variant, as the JSON keys."""
+    rows = [r.as_dict() if hasattr(r, "as_dict") else r for r in rows]
+    return {r["variant"]: r for r in rows}
+
+
+def cli(*args: str, columns: str = ""):
+    """`ablate ...` in this process (a subprocess costs seconds of imports on a loaded machine);
+    the subprocess tests check what only a real process shows (exit code, stderr, COLUMNS)."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": columns} if columns else {})
+
+
+# ---- a study sweep ------------------------------------------------------------------------------
+SWEEP = "2026-01-02_03-04-05_gpt2_to_llama"
+LADDER = [("gpt2", {}), ("+rmsnorm", {"norm": "rmsnorm"}),
+          ("+swiglu", {"norm": "rmsnorm", "act": "swiglu"}),
+          ("+rope", {"norm": "rmsnorm", "act": "swiglu", "pos": "rope"})]
+VALUES = {  # rung -> seed -> final val_loss
+    "gpt2": {0: 3.00, 1: 3.10, 2: 3.05},
+    "+rmsnorm": {0: 2.90, 1: 3.01, 2: 2.94},  # steps -0.10, -0.09, -0.11 vs gpt2
+    "+swiglu": {0: 2.88, 1: 3.03, 2: 2.91},  # steps -0.02, +0.02, -0.03: noise
+    "+rope": {0: 2.78, 1: 2.92, 2: 2.82},  # steps -0.10, -0.11, -0.09
+}
+
+
+def write_study(root, ladder=LADDER, values=VALUES, skip=()):
+    """A study's sweep dir as the sweeper leaves it. Job numbers run against the ladder so
+    that directory order cannot be what puts the rows in ladder order."""
+    sweep = root / SWEEP
+    sweep.mkdir(parents=True)
+    jobs = [{"name": name, "overrides": [f"{k}={v}" for k, v in change.items()]} for name, change in ladder]
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(
+        {"hydra": {"sweeper": {"mode": "ofat", "seeds": 3, "jobs": jobs}}, "seed": 0}))
+    job = 0
+    for name, change in reversed(ladder):
+        for seed, v in values[name].items():
+            if name not in skip:
+                status = Status.COMPLETED.value if v is not None else Status.DIVERGED.value
+                write_run(sweep, f"{job}_{name}_seed{seed}", change, seed, v, status=status,
+                          sweep=SWEEP, variant=name)
+            job += 1
+    return sweep
+
+
+# ---- the golden outputs' tree -------------------------------------------------------------------
+def make_fixture(root: Path) -> Path:
+    """Variants x seeds with a diverged and a failed run (ab), a study ladder (study), a pair
+    that differs in train.steps (mixed)."""
+    ab = root / "ab"
+    for s, v in BASE.items():
+        write_run(ab, f"base_s{s}", {}, s, v)
+    for s, v in PAIRED.items():
+        write_run(ab, f"rms_s{s}", {"norm": "rmsnorm"}, s, v)
+    write_run(ab, "rms_s9", {"norm": "rmsnorm"}, 9, None, status=Status.DIVERGED.value)
+    for s, v in WELCH.items():
+        write_run(ab, f"swiglu_s{s}", {"act": "swiglu"}, s, v, params=1100)
+    for s, v in NOISY.items():
+        write_run(ab, f"rope_s{s}", {"pos": "rope"}, s, v)
+    write_run(ab, "rope_s7", {"pos": "rope"}, 7, None, status=Status.FAILED.value)
+    write_study(root / "study")
+    for name, steps in (("a", 6), ("b", 8)):
+        d = write_run(root / "mixed", name, {}, 0, 3.0 + steps / 100)
+        for record in ("config.yaml", "summary.json"):  # its config and its override, as `ablate run` writes them
+            text = (d / record).read_text().replace("steps: 6", f"steps: {steps}")
+            (d / record).write_text(text.replace("train.steps=6", f"train.steps={steps}"))
+    return root
+
+
+# ---- --lr-grid and --ladder sweeps --------------------------------------------------------------
+GRID = [1e-3, 1e-2, 1e-1]
+GRID_LOSS = {"baseline": [2.9, 2.5, 2.8], "qk_norm=on": [2.85, 2.45, 2.5]}  # seed 0; seed s adds 0.01 s
+RUNGS = [("r0", 16, 1, 1e9), ("r1", 24, 2, 1e10), ("r2", 32, 2, 1e11)]  # name, d_model, n_layers, compute
+RUNG_LOSS = {"baseline": [3.0, 2.6, 2.4], "pos=rope": [2.9, 2.55, 2.38]}
+
+
+def _sweep_job(sweep: Path, name: str, variant: str, seed: int, loss: float, config: dict) -> None:
+    change = {"qk_norm": "on"} if variant == "qk_norm=on" else {"pos": "rope"} if variant == "pos=rope" else {}
+    d = write_run(sweep, name, change, seed, loss, sweep=sweep.name, variant=variant,
+                  rows=[{"step": 0, "val_loss": 5.0}, {"step": 6, "val_loss": loss}])
+    for key, value in config.items():
+        set_config(d, key, value)
+
+
+def write_grid_sweep(root: Path, seeds: int = 2) -> Path:
+    """An --lr-grid sweep: two variants, every grid LR, `seeds` seeds each."""
+    sweep = root / "grid"
+    sweep.mkdir(parents=True)
+    (sweep / "transfer.json").write_text(json.dumps({"kind": "lr_grid", "grid": GRID, "shared_lr": 1e-2}))
+    for variant, losses in GRID_LOSS.items():
+        for lr, loss in zip(GRID, losses):
+            for s in range(seeds):
+                _sweep_job(sweep, f"{variant}_lr{lr:g}_s{s}", variant, s, loss + 0.01 * s, {"train.lr": lr})
+    return sweep
+
+
+def write_ladder_sweep(root: Path, seeds: int = 2) -> Path:
+    """A --ladder sweep: two variants on three rungs, `seeds` seeds each."""
+    sweep = root / "ladder"
+    sweep.mkdir(parents=True)
+    rungs = [{"name": n, "d_model": d, "n_layers": layers} for n, d, layers, _ in RUNGS]
+    (sweep / "transfer.json").write_text(json.dumps({"kind": "ladder", "rungs": rungs,
+                                                     "ladder": {"name": "t", "tokens_per_param": 20}}))
+    for variant, losses in RUNG_LOSS.items():
+        for (rung, d_model, layers, compute), loss in zip(RUNGS, losses):
+            for s in range(seeds):
+                name = f"{variant}_{rung}_s{s}"
+                _sweep_job(sweep, name, variant, s, loss + 0.01 * s * (1 if variant == "baseline" else 1.2),
+                           {"model.d_model": d_model, "model.n_layers": layers})
+                summary = json.loads((sweep / name / "summary.json").read_text())
+                summary.update(flops_per_token=compute / 1e6, tokens=1e6)
+                (sweep / name / "summary.json").write_text(json.dumps(summary))
+    return sweep
