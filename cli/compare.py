@@ -7,13 +7,15 @@ from typing import List, Optional
 
 import typer
 
+from ablate.vocab import VAL_LOSS
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def compare(
         paths: Optional[List[Path]] = typer.Argument(
             None, help="Run or sweep directories, searched recursively (default: ./runs)."),
-        metric: str = typer.Option("val_loss", "--metric", help="Final value compared: val_loss, "
+        metric: str = typer.Option(VAL_LOSS, "--metric", help="Final value compared: val_loss, "
                                    "val_bpb, train_loss, tokens_per_s or any metrics.jsonl key."),
         baseline: Optional[str] = typer.Option(
             None, "--baseline", help="The baseline: a run directory or a variant name "
@@ -27,6 +29,9 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("table", "--format", help="table (rich), csv, markdown or latex "
                                 "(plain text on stdout, to paste into a paper or an issue)."),
         per_seed: bool = typer.Option(False, "--per-seed", help="One row per run instead of per variant."),
+        wide: bool = typer.Option(
+            False, "--wide", help="On a terminal too narrow for the table, keep every column (one field "
+            "per line where they do not fit) instead of leaving the least needed out."),
         plot: Optional[Path] = typer.Option(
             None, "--plot", help="Write curves vs tokens and each variant's difference from the "
             "baseline to this .png file (and FILE_diag.png with the diagnostics, when runs logged them)."),
@@ -46,93 +51,65 @@ def register(app: typer.Typer) -> None:
         A study sweep (ablate sweep study=...) is shown in ladder order, each
         rung also against the previous rung."""
         from cli.common import fail
+        from ablate.analysis.report import CompareOptions
         from ablate.errors import AblateError
 
+        options = CompareOptions(metric=metric, baseline=baseline, where=tuple(where or ()),
+                                 allow_mixed=allow_mixed, fmt=fmt, per_seed=per_seed, wide=wide,
+                                 json=json_out, plot=plot, plot_keys=tuple(plot_keys or ()), alpha=alpha)
         try:
-            _compare(paths, metric, baseline, where or (), allow_mixed, fmt, per_seed, plot,
-                     plot_keys or None, json_out, alpha)
+            _compare(paths or [], options)
         except AblateError as e:
             fail(str(e), e.exit_code)
 
 
-def _compare(paths, metric, baseline, where, allow_mixed, fmt, per_seed, plot, plot_keys, json_out,
-             alpha) -> None:
-    from ablate.analysis import compare_dirs, per_seed_rows
-    from ablate.analysis import render as R
+def _compare(paths: List[Path], options) -> None:
+    from ablate.analysis.report import build_report
     from ablate.errors import AblateError
-    from ablate.tracking.plots import DEFAULT_KEYS, check_plot_path, plot_comparison
+    from ablate.tracking.plots import check_plot_path
 
-    if not 0 < alpha < 1:
-        raise AblateError(f"--alpha must be between 0 and 1, got {alpha}")
-    if fmt not in R.FORMATS:
-        raise AblateError(f"--format {fmt}: choose one of {', '.join(R.FORMATS)}")
-    if plot is not None:
-        check_plot_path(plot)
+    options.check()
+    if options.plot is not None:
+        check_plot_path(options.plot)
     if not paths and not Path("runs").is_dir():
         raise AblateError("give run or sweep directories (there is no ./runs here)")
-    if _compare_transfer(paths or [Path("runs")], baseline, alpha, where, fmt, plot, json_out,
-                         metric, per_seed, plot_keys):
-        return
-    rows = compare_dirs(paths or [Path("runs")], metric=metric, baseline=baseline, alpha=alpha,
-                        where=where, allow_mixed=allow_mixed)
-    if json_out:
-        typer.echo(R.to_json(per_seed_rows(rows) if per_seed else rows))
-    elif fmt == "table":
-        R.print_comparison(rows, per_seed=per_seed)
+    report = build_report(paths or [Path("runs")], options)
+    _print(report, options)
+    if options.plot is not None:
+        _plot(report, options)
+
+
+def _print(report, options) -> None:
+    from ablate.analysis import render as R
+
+    if options.json:
+        typer.echo(R.to_json(report.rows))
+    elif options.fmt == "table":
+        R.print_table(report.table, wide=options.wide)
     else:
-        if fmt == "csv":  # stdout stays pure CSV: what to read beside it goes to stderr
-            for line in R.header_lines(rows) + [f"note: {n}" for n in rows.notes]:
+        if options.fmt == "csv":  # stdout stays pure CSV: what to read beside it goes to stderr
+            for line in report.table.head_lines() + [f"note: {n}" for n in report.notes]:
                 typer.echo(line, err=True)
-        typer.echo(R.render(rows, fmt, per_seed), nl=False)
-    quiet = json_out or fmt != "table"  # machine-readable stdout: messages to stderr
-    if plot is not None:
-        plot_comparison(rows, plot, keys=plot_keys or DEFAULT_KEYS)
-        typer.echo(f"plot: {plot}", err=quiet)
-        from ablate.diagnostics import plot_comparison_diagnostics
-
-        diag_plot = plot_comparison_diagnostics(rows, plot)  # runs with train.diagnostics_every
-        if diag_plot:
-            typer.echo(f"plot: {diag_plot}", err=quiet)
+        typer.echo(R.render(report.table, options.fmt), nl=False)
 
 
-def _compare_transfer(paths, baseline, alpha, where, fmt, plot, json_out, metric, per_seed,
-                      plot_keys) -> bool:
-    """An --lr-grid or --ladder sweep's report (ablate/analysis/transfer_report.py); False for
-    other runs."""
-    from ablate.errors import AblateError
+def _plot(report, options) -> None:
+    """The report's figure: an LR grid's or a ladder's, or curves vs tokens (and the
+    diagnostics, when runs logged them)."""
+    from ablate.analysis.report import ReportKind
 
-    from ablate.analysis.checks import filter_runs
-    from ablate.analysis.load import find_runs
-    from ablate.analysis.transfer_report import find_transfer, render, transfer_compare, transfer_record
-
-    if not find_transfer(paths):
-        return False
-    runs = find_runs(paths)
-    runs = filter_runs(runs, where) if where else runs
-    record = transfer_record(runs)
-    if record is None or (where and _one_point(runs)):
-        return False  # one LR or one rung of such a sweep: an ordinary comparison
-    given = [flag for flag, on in (("--metric", metric != "val_loss"), ("--per-seed", per_seed),
-                                   ("--plot-key", bool(plot_keys))) if on]
-    if given:
-        raise AblateError(f"{', '.join(given)}: not available for an --lr-grid or --ladder sweep, whose "
-                          "report is on the final val_loss (compare one of its LRs or rungs with "
-                          "--where train.lr=X or --where model.d_model=X instead)")
-    report = transfer_compare(runs, record, baseline, alpha)
-    if json_out:
-        from ablate.analysis.render import to_json
-
-        typer.echo(to_json(report.rows))
-    else:
-        typer.echo(render(report, fmt), nl=False)
-    if plot is not None:
+    quiet = options.machine_readable  # machine-readable stdout: messages to stderr
+    if report.kind in (ReportKind.LR_GRID, ReportKind.LADDER):
         from ablate.tracking.transfer_plots import plot_transfer
 
-        typer.echo(f"plot: {plot_transfer(report, plot)}", err=json_out or fmt != "table")
-    return True
+        typer.echo(f"plot: {plot_transfer(report, options.plot)}", err=quiet)
+        return
+    from ablate.tracking.plots import DEFAULT_KEYS, plot_comparison
 
+    plot_comparison(report.comparison, options.plot, keys=options.plot_keys or DEFAULT_KEYS)
+    typer.echo(f"plot: {options.plot}", err=quiet)
+    from ablate.diagnostics import plot_comparison_diagnostics
 
-def _one_point(runs) -> bool:
-    """The runs (after --where) share one learning rate and one model size."""
-    keys = ("train.lr", "model.d_model", "model.n_layers")
-    return len({tuple(r.config.get(k) for k in keys) for r in runs}) == 1
+    diag_plot = plot_comparison_diagnostics(report.comparison, options.plot)  # runs with train.diagnostics_every
+    if diag_plot:
+        typer.echo(f"plot: {diag_plot}", err=quiet)

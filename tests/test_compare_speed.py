@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from ablate.analysis import compare_dirs
+from ablate.analysis.columns import comparison_table
 from ablate.analysis.render import print_comparison, to_csv, to_latex, to_markdown
-from tests.test_compare_honest import cli
-from tests.test_compare_stats import BASE, PAIRED, by_name, write_run
+from tests.compare_fixtures import BASE, PAIRED, by_name, cli, write_run
 
 # Measured on a loaded host: the baseline's three seeds, and act=swiglu's (steady) figure. Their
 # means read 3,168 against 6,336: "SwiGLU is 2x faster".
@@ -46,17 +46,18 @@ def test_the_mark_and_the_note_in_every_format(loaded):
     note = next(n for n in cmp.notes if n.startswith("~ tokens/s"))
     assert "more than 1.5x" in note and "in baseline," in note and "act=swiglu" not in note
     assert "median" in note and "ablate bench" in note and "alternating rounds" in note
-    for width in (250, 80):  # the table, and one block per variant on a narrow terminal
+    for width in (250, 80):  # the table; a narrow terminal with every column (--wide)
         console = Console(width=width, record=True)
-        print_comparison(cmp, console)
+        print_comparison(cmp, console, wide=True)
         text = console.export_text()
         assert "~1,882" in text and "~6,336" not in text and "6,336" in text, text
         assert "note: ~ tokens/s" in text
-    md = to_markdown(cmp)
+    table = comparison_table(cmp)
+    md = to_markdown(table)
     assert "| ~1,882 | ok |" in md and "| 6,336 | ok |" in md and "- note: ~ tokens/s" in md
-    tex = to_latex(cmp)
+    tex = to_latex(table)
     assert r"\textasciitilde{}1,882 & ok \\" in tex and "% note: ~ tokens/s" in tex
-    got = {r["variant"]: r for r in csv.DictReader(io.StringIO(to_csv(cmp)))}
+    got = {r["variant"]: r for r in csv.DictReader(io.StringIO(to_csv(table)))}
     assert float(got["baseline"]["tokens_per_s"]) == 1882 and got["baseline"]["tokens_per_s_unsteady"] == "True"
     assert got["act=swiglu"]["tokens_per_s_unsteady"] == "False"
     res = cli("compare", str(loaded), "--json")
@@ -71,7 +72,7 @@ def test_steady_seeds_have_no_mark_and_no_note(tmp_path):
         write_run(tmp_path, f"base_s{s}", {}, s, v, tokens_per_s=t)
     cmp = compare_dirs([tmp_path])
     assert not cmp[0]["tokens_per_s_unsteady"] and not any("tokens/s" in n for n in cmp.notes)
-    assert "~" not in to_markdown(cmp)
+    assert "~" not in to_markdown(comparison_table(cmp))
 
 
 @pytest.mark.parametrize("figures, unsteady", [

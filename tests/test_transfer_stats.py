@@ -19,7 +19,7 @@ from ablate.analysis.transfer import (PowerLaw, best_lr, compute_multiplier, fit
                                       grid_curve, log_grid, lr_sensitivity, multiplier_ci,
                                       parse_lr_grid, rank_agreement, tuned_comparison,
                                       wins_every_rung)
-from ablate.analysis.transfer_report import Point, ladder_report, plain_table
+from ablate.analysis.transfer_report import Point, ladder_report
 from ablate.errors import ConfigError
 
 GRID = [1e-4, 1e-3, 1e-2, 1e-1]
@@ -467,12 +467,12 @@ def test_wins_every_rung_says_on_how_many_the_win_is_beyond_noise():
     row = report.rows[1]
     below = [stats.ttest_rel(v, b).confidence_interval(0.95).high < 0 for v, b in zip(var, base)]
     assert below == [True, False, False] and row["wins_every_rung"] and row["wins_beyond_noise"] == 1
-    heads, cells = plain_table(report)
+    heads, cells = report.table.text_cells()
     assert cells[1][heads.index("wins every rung")] == "yes (beyond noise on 1 of 3)"
     assert cells[0][heads.index("wins every rung")] == "-"
     one = ladder_report([p for p in report.points if p.seed == 2], LADDER)
     assert one.rows[1]["wins_beyond_noise"] is None and one.rows[1]["compute_multiplier_ci"] is None
-    assert plain_table(one)[1][1][heads.index("wins every rung")] == "yes (no interval: one seed)"
+    assert one.table.text_cells()[1][1][heads.index("wins every rung")] == "yes (no interval: one seed)"
 
 
 # ---- the LR grid's report and figure ----------------------------------------------------------------

@@ -1,59 +1,41 @@
-"""The comparison's columns, written once: every output format renders this list (the rich
-table, markdown, LaTeX and the narrow-terminal blocks show `head`/`cell`; csv writes `fields`,
-the raw values of Row.as_dict(); --json writes every key).
+"""The comparison's columns, written once on the one table model (ablate/analysis/table.py):
+every format renders them (render.py). Markdown, LaTeX and the one-field-per-line blocks show
+`head`/`cell`; the terminal table `term_head`/`markup`, a narrow terminal `short`/`compact`;
+csv writes `fields`, --json every key of Row.as_dict().
 
 Adding a statistic: compute it where the rows are built (ablate/analysis/compare.py: a field
 of Row, or of Versus for a per-reference test, and its key in as_dict), then add one Column
-here: its header, how its cell reads, the raw fields csv carries, and in which formats it shows
-(`formats`; `study=True`: only when a study's rungs are compared).
+here: its header, how its cell reads, the raw fields csv carries, where it shows and how early a
+narrow terminal leaves it out (`priority`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Optional
 
-from ablate.analysis.stats import ALPHA, SEEDS_NEEDED_LIMIT
+from ablate.analysis.stats import SEEDS_NEEDED_LIMIT
+from ablate.analysis.table import ONLY_TEXT, Align, Column, Field, Table, lines, num
+from ablate.vocab import TOKENS_PER_S, Status
 
-PLAIN, RICH = "plain", "rich"  # markdown/LaTeX/blocks; the rich table
+VERDICT_WORDS = {"better": "yes, better", "worse": "yes, worse", "noise": "no"}
+VERDICT_COLORS = {"better": "green", "worse": "red"}
 
 
 @dataclass(frozen=True)
 class Ctx:
     metric: str
-    alpha: float = ALPHA
+    alpha: float
 
     @property
     def ci(self) -> str:
         return f"{100 * (1 - self.alpha):g}% CI"
 
 
-@dataclass(frozen=True)
-class Column:
-    head: Callable[[Ctx], str]
-    cell: Callable[[Any], str]  # plain text of a row's cell
-    fields: tuple = ()  # the csv fields this column stands for
-    formats: frozenset = frozenset({PLAIN, RICH})
-    rich_head: Optional[Callable[[Ctx], str]] = None  # the rich table's header, if another
-    rich_cell: Optional[Callable[[Any], str]] = None  # rich markup, if more than the plain text
-    rich: dict = field(default_factory=dict)  # rich column options
-    text: bool = False  # left-aligned (words), else right-aligned (numbers)
-    study: bool = False  # only with a study's rungs
-
-
-def num(v: Optional[float], spec: str, default: str = "-") -> str:
-    return default if v is None else format(v, spec)
-
-
 def pct(v: Optional[float]) -> str:
     return "" if v is None else f" ({v:+.2f}%)"
-
-
-VERDICT_WORDS = {"better": "yes, better", "worse": "yes, worse", "noise": "no"}
-VERDICT_COLORS = {"better": "green", "worse": "red"}
-STATUS_COLORS = {"completed": "green", "diverged": "yellow", "failed": "red", "killed": "red",
-                 "interrupted": "magenta", "preempted": "magenta", "running": "cyan"}
 
 
 def variant_name(r) -> str:
@@ -64,8 +46,12 @@ def seeds(r) -> str:
     return f"{r.n}" + (f" of {r.runs}" if r.runs != r.n else "")
 
 
-def mean_std(r) -> str:
-    return "-" if r.mean is None else f"{r.mean:.4f}" + (f" ± {r.std:.4f}" if r.std is not None else "")
+def mean_std(r, sep: str = " ") -> str:
+    return "-" if r.mean is None else f"{r.mean:.4f}" + (f"{sep}± {r.std:.4f}" if r.std is not None else "")
+
+
+def params(r) -> str:
+    return num(r.params, ",") + (f" ({r.params_delta_pct:+.2f}%)" if r.params_delta else "")
 
 
 def speed(r) -> str:
@@ -73,8 +59,12 @@ def speed(r) -> str:
     return ("~" if r.tokens_per_s_unsteady else "") + num(r.tokens_per_s, ",.0f")
 
 
+def _ok(r) -> bool:
+    return list(r.status) == [Status.COMPLETED]
+
+
 def status(r) -> str:
-    return "ok" if list(r.status) == ["completed"] else ", ".join(f"{n} {st}" for st, n in r.status.items())
+    return "ok" if _ok(r) else ", ".join(f"{n} {st}" for st, n in r.status.items())
 
 
 # ---- a test against a reference: the baseline (vs) or the previous rung (vs_prev) -------------
@@ -141,19 +131,20 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
-def rich_variant(r) -> str:
-    return _escape(r.variant) + (" [dim](baseline)[/dim]" if r.baseline and r.variant != "baseline" else "")
+def rich_variant(r, sep: str = " ") -> str:
+    return _escape(r.variant) + (f"{sep}[dim](baseline)[/dim]" if r.baseline and r.variant != "baseline" else "")
 
 
-def rich_params(r) -> str:
-    cell = "-" if r.params is None else f"{r.params:,}"
+def rich_params(r, sep: str = " ") -> str:
+    cell = num(r.params, ",")
     if r.params_delta:
         color = "yellow" if r.size_differs else "dim"
-        cell += f" [{color}]({r.params_delta_pct:+.2f}%)[/{color}]"
+        cell += f"{sep}[{color}]({r.params_delta_pct:+.2f}%)[/{color}]"
     return cell
 
 
 def rich_delta(r, prev: bool = False) -> str:
+    """The Δ, its CI on the line below."""
     v = _vs(r, prev)
     if _skip(r, prev):
         return ""
@@ -162,78 +153,117 @@ def rich_delta(r, prev: bool = False) -> str:
     return f"{v.delta:+.4f}" + pct(v.delta_pct) + (f"\n[dim]{ci(r, prev)}[/dim]" if v.test.ci_low is not None else "")
 
 
-def rich_test(r, prev: bool = False) -> str:
-    v = _vs(r, prev)
+def rich_test(r, prev: bool = False, compact: bool = False) -> str:
+    """The verdict, the test, its p and Holm p: on one line, or (compact) one a line."""
+    v, sep = _vs(r, prev), "\n" if compact else " "
     if _skip(r, prev):
         return ""
     t = v.test
     if t.test is None:
-        return "[dim]no test (needs ≥2 seeds each)[/dim]" if v.delta is not None else "-"
+        return f"[dim]no test{sep}(needs ≥2 seeds each)[/dim]" if v.delta is not None else "-"
     color = VERDICT_COLORS.get(v.verdict, "dim")
+    said = f"[{color}]{VERDICT_WORDS[v.verdict]}[/{color}]"
     name = t.test + (" on seeds " + ",".join(map(str, t.test_seeds))
                      if t.test == "paired t" and len(t.test_seeds) < r.n else "")  # a seed missing on the other side
-    few = f" [yellow]only {len(t.test_seeds)} seeds[/yellow]" if v.few_seeds else ""
-    return (f"[{color}]{VERDICT_WORDS[v.verdict]}[/{color}] ({name}, p={t.p_value:.3g}, "
-            f"Holm p={v.p_holm:.3g})" + few)
+    details = [name, f"p={t.p_value:.3g}", f"Holm p={v.p_holm:.3g}"]
+    few = f"[yellow]only {len(t.test_seeds)} seeds[/yellow]" if v.few_seeds else None
+    if compact:
+        return lines(said, *details, few)
+    return f"{said} ({', '.join(details)})" + (f" {few}" if few else "")
 
 
 def rich_speed(r) -> str:
     return "[yellow]~[/yellow]" + speed(r)[1:] if r.tokens_per_s_unsteady else speed(r)
 
 
-def rich_status(r) -> str:
-    if list(r.status) == ["completed"]:
-        return "[green]ok[/green]"
-    return ", ".join(f"[{STATUS_COLORS.get(st, 'yellow')}]{n} {_escape(st)}[/{STATUS_COLORS.get(st, 'yellow')}]"
-                     for st, n in r.status.items())
+def _status_color(status: str) -> str:
+    try:
+        return Status(status).color
+    except ValueError:  # "no val_loss", a status this version does not know
+        return "yellow"
 
 
-RIGHT = {"justify": "right", "overflow": "fold"}
-FOLD = {"overflow": "fold"}
-ONLY_PLAIN, ONLY_RICH = frozenset({PLAIN}), frozenset({RICH})
-
-COLUMNS: list[Column] = [
-    Column(lambda c: "variant", variant_name, ("variant", "baseline", "metric"), text=True,
-           rich_cell=rich_variant, rich={"style": "bold", "no_wrap": True}),
-    Column(lambda c: "seeds", seeds, ("n", "runs"), rich=RIGHT),
-    Column(lambda c: "params", lambda r: num(r.params, ",") + (f" ({r.params_delta_pct:+.2f}%)" if r.params_delta else ""),
-           rich_cell=rich_params, rich=RIGHT),  # its raw fields: the csv-only column below
-    Column(lambda c: f"{c.metric} (mean ± std)", mean_std, ("mean", "std"), rich_head=lambda c: c.metric, rich=RIGHT),
-    Column(lambda c: "Δ vs baseline", delta, ("delta", "delta_pct"), rich_head=lambda c: f"Δ vs baseline [{c.ci}]",
-           rich_cell=rich_delta, rich=RIGHT),
-    Column(lambda c: f"{c.ci} of Δ", ci, ("test", "test_delta", "ci_low", "ci_high"), formats=ONLY_PLAIN),
-    Column(lambda c: "p (Holm)", p_holm, ("t", "df", "p_value", "p_holm"), formats=ONLY_PLAIN),
-    Column(lambda c: "beyond seed noise?", word, ("verdict",), text=True,
-           rich_head=lambda c: f"beyond seed noise? (Holm p<{c.alpha:g})", rich_cell=rich_test, rich=FOLD),
-    Column(lambda c: "effect (Δ/σ)", effect, ("effect",), rich=RIGHT),
-    Column(lambda c: "seeds needed", needed, ("seeds_needed", "seeds_needed_alpha", "few_seeds"),
-           rich_head=lambda c: f"seeds needed (80% power, Holm p<{c.alpha:g})", rich=RIGHT),
-    Column(lambda c: "", lambda r: "", ("params", "params_delta", "params_delta_pct", "size_differs",
-                                        "flops_per_token"), formats=frozenset()),  # csv only
-    Column(lambda c: "Δ vs previous rung", lambda r: delta(r, True), ("prev", "delta_prev"), study=True,
-           rich_head=lambda c: f"Δ vs previous rung [{c.ci}]", rich_cell=lambda r: rich_delta(r, True), rich=RIGHT),
-    Column(lambda c: c.ci, lambda r: ci(r, True), ("ci_low_prev", "ci_high_prev"), formats=ONLY_PLAIN, study=True),
-    Column(lambda c: "p (Holm)", lambda r: p_holm(r, True), ("p_prev", "p_holm_prev"), formats=ONLY_PLAIN, study=True),
-    Column(lambda c: "step beyond seed noise?", lambda r: word(r, True), ("verdict_prev", "seeds_needed_prev"),
-           text=True, study=True, rich_cell=lambda r: rich_test(r, True), rich=FOLD),
-    Column(lambda c: "tokens/s", speed, ("tokens_per_s", "tokens_per_s_unsteady"), rich_cell=rich_speed, rich=RIGHT),
-    Column(lambda c: "status", status, ("status",), text=True, rich_cell=rich_status, rich=FOLD),
-]
-
-# --per-seed: one row per run (a dict of compare.per_seed_rows).
-PER_SEED: list[Column] = [
-    Column(lambda c: "variant", lambda r: r["variant"] + (" (baseline)" if r["baseline"] and r["variant"] != "baseline" else ""),
-           ("variant", "baseline"), text=True, rich={"style": "bold", "no_wrap": True}),
-    Column(lambda c: "seed", lambda r: str(r["seed"]), ("seed",), rich=RIGHT),
-    Column(lambda c: "status", lambda r: r["status"], ("status",), text=True, rich=RIGHT),
-    Column(lambda c: c.metric, lambda r: num(r["value"], ".4f"), ("metric", "value"), rich=RIGHT),
-    Column(lambda c: "Δ vs baseline (same seed)", lambda r: "" if r["baseline"] else num(r["delta"], "+.4f"),
-           ("delta",), rich=RIGHT),
-    Column(lambda c: "params", lambda r: num(r["params"], ",.0f"), ("params",), rich=RIGHT),
-    Column(lambda c: "tokens/s", lambda r: num(r["tokens_per_s"], ",.0f"), ("tokens_per_s",), rich=RIGHT),
-    Column(lambda c: "run dir", lambda r: r["dir"], ("dir",), text=True, rich=FOLD),
-]
+def rich_status(r, sep: str = ", ") -> str:
+    if _ok(r):
+        return f"[{Status.COMPLETED.color}]ok[/{Status.COMPLETED.color}]"
+    return sep.join(f"[{_status_color(st)}]{n} {_escape(st)}[/{_status_color(st)}]" for st, n in r.status.items())
 
 
-def shown(columns: list[Column], fmt: str, study: bool) -> list[Column]:
-    return [c for c in columns if fmt in c.formats and (study or not c.study)]
+# ---- the tables ---------------------------------------------------------------------------------
+def _versus_columns(ctx: Ctx, prev: bool) -> list[Column]:
+    """The Δ against a reference, its CI and p (Holm), and whether it is beyond seed noise:
+    against the baseline, or (`prev`) a study's step from the rung before."""
+    suffix, rank = ("_prev", 1) if prev else ("", 0)
+    versus, priority = ("previous rung", 1) if prev else ("baseline", 0)
+    cols = [
+        Column(f"Δ vs {versus}", partial(delta, prev=prev), ("prev", "delta_prev") if prev else ("delta", "delta_pct"),
+               term_head=f"Δ vs {versus} [{ctx.ci}]", short=f"Δ vs {versus}\n[{ctx.ci}]",
+               markup=partial(rich_delta, prev=prev), priority=priority, csv_rank=rank),
+        Column(ctx.ci if prev else f"{ctx.ci} of Δ", partial(ci, prev=prev),
+               ("ci_low_prev", "ci_high_prev") if prev else ("test", "test_delta", "ci_low", "ci_high"),
+               targets=ONLY_TEXT, csv_rank=rank),
+        Column("p (Holm)", partial(p_holm, prev=prev), ("p_prev", "p_holm_prev") if prev else ("t", "df", "p_value", "p_holm"),
+               targets=ONLY_TEXT, csv_rank=rank)]
+    step = "step beyond seed noise?" if prev else "beyond seed noise?"
+    cols.append(Column(step, partial(word, prev=prev), ("verdict_prev", "seeds_needed_prev") if prev else ("verdict",),
+                       term_head=step if prev else f"{step} (Holm p<{ctx.alpha:g})",
+                       short=("step beyond\nnoise?" if prev else "beyond noise?") + f"\nHolm p<{ctx.alpha:g}",
+                       markup=partial(rich_test, prev=prev), compact=partial(rich_test, prev=prev, compact=True),
+                       align=Align.LEFT, priority=priority, csv_rank=rank))
+    return cols
+
+
+def variant_columns(ctx: Ctx, study: bool) -> list[Column]:
+    """One row per variant: the baseline first (a study: its rungs in ladder order)."""
+    head = [
+        Column("variant", variant_name, ("variant", "baseline", "metric"), markup=rich_variant,
+               compact=partial(rich_variant, sep="\n"), align=Align.LEFT),
+        Column("seeds", seeds, ("n", "runs"), priority=2),
+        Column("params", params, markup=rich_params, compact=partial(rich_params, sep="\n"), priority=3),
+        Column(f"{ctx.metric} (mean ± std)", mean_std, ("mean", "std"), term_head=ctx.metric,
+               compact=partial(mean_std, sep="\n"))]
+    tail = [
+        Column("effect (Δ/σ)", effect, ("effect",), short="Δ/σ", priority=4),
+        Column("seeds needed", needed, ("seeds_needed", "seeds_needed_alpha", "few_seeds"),
+               term_head=f"seeds needed (80% power, Holm p<{ctx.alpha:g})", short="seeds\nneeded", priority=4),
+        Column("", lambda r: "", ("params", "params_delta", "params_delta_pct", "size_differs", "flops_per_token"),
+               targets=frozenset())]  # csv only: the params column's raw fields
+    tail += _versus_columns(ctx, prev=True) if study else []
+    tail += [
+        Column("tokens/s", speed, (TOKENS_PER_S, "tokens_per_s_unsteady"), short="tok/s", markup=rich_speed, priority=5),
+        Column("status", status, (Field("status", lambda r: ";".join(f"{n} {st}" for st, n in r.status.items())),),
+               markup=rich_status, compact=partial(rich_status, sep="\n"), align=Align.LEFT, priority=2)]
+    return head + _versus_columns(ctx, prev=False) + tail
+
+
+def seed_columns(ctx: Ctx) -> list[Column]:
+    """--per-seed: one row per run (compare.SeedRow)."""
+    return [
+        Column("variant", variant_name, ("variant", "baseline"), align=Align.LEFT),
+        Column("seed", lambda r: str(r.seed), ("seed",)),
+        Column("status", lambda r: r.status, ("status",), align=Align.LEFT, priority=1),
+        Column(ctx.metric, lambda r: num(r.value, ".4f"), ("metric", "value")),
+        Column("Δ vs baseline (same seed)", lambda r: "" if r.baseline else num(r.delta, "+.4f"), ("delta",),
+               short="Δ vs baseline\n(same seed)"),
+        Column("params", lambda r: num(r.params, ",.0f"), ("params",), priority=3),
+        Column("tokens/s", lambda r: num(r.tokens_per_s, ",.0f"), (TOKENS_PER_S,), short="tok/s", priority=4),
+        Column("run dir", lambda r: r.dir, ("dir",), align=Align.LEFT, priority=2),
+    ]
+
+
+def comparison_table(cmp: Any, per_seed: bool = False) -> Table:
+    """A Comparison (ablate/analysis/compare.py) as a Table: one row per variant, or per run."""
+    from ablate.analysis.checks import describe_mixed
+    from ablate.analysis.compare import per_seed_rows
+
+    ctx = Ctx(cmp.metric, cmp.alpha)
+    if per_seed:
+        title, columns, rows = f"ablate compare: final {cmp.metric}, one row per run", seed_columns(ctx), per_seed_rows(cmp)
+    else:
+        title = f"ablate compare: final {cmp.metric} (mean ± std over seeds)" + (
+            "; study: rungs in ladder order, each step vs the previous rung" if cmp.study else "")
+        columns, rows = variant_columns(ctx, cmp.study), list(cmp)
+    warning = (f"MIXED (--allow-mixed): the runs also differ in {describe_mixed(cmp.mixed)}; "
+               "a delta here is not the effect of the variant alone") if cmp.mixed else None
+    head = [f"baseline: {cmp.baseline} ({cmp.baseline_reason})"] if cmp.baseline else []
+    return Table(title, columns, rows, head, warning, list(cmp.notes))

@@ -28,7 +28,9 @@ from ablate.analysis.groups import Group, label_groups, pick_baseline, study_lad
 from ablate.analysis.load import CompareError, Run, find_runs, number, print_warning
 from ablate.analysis.stats import (ALPHA, MIN_SEEDS, NO_TEST, SeedTest, for_family, holm, mean_std, seed_test,
                                    verdict)
+from ablate.analysis.table import JsonRow
 from ablate.rundir import CONFIG
+from ablate.vocab import TOKENS_PER_S, VAL_LOSS, Status
 
 SIZE_NOTE_PCT = 0.5  # a variant whose parameter count differs by more than this (%) is noted
 SPEED_SPREAD = 1.5  # seeds' tokens/s whose max/min exceeds this are marked: they measured the machine
@@ -57,8 +59,8 @@ class Versus:
 
 
 @dataclass
-class Row:
-    """One variant of a comparison."""
+class Row(JsonRow):
+    """One variant of a comparison (read by its --json key too: row["p_holm"])."""
 
     variant: str
     baseline: bool
@@ -93,7 +95,7 @@ class Row:
                                            "seeds", "mean", "std", "values")}
         d.update(self.vs.as_dict())
         d.update({k: getattr(self, k) for k in ("status", "params", "params_delta", "params_delta_pct",
-                                                "size_differs", "flops_per_token", "tokens_per_s",
+                                                "size_differs", "flops_per_token", TOKENS_PER_S,
                                                 "tokens_per_s_unsteady", "axes", "dirs")})
         if self.rung:
             d["prev"] = self.prev
@@ -101,11 +103,22 @@ class Row:
         d.update(mixed=self.mixed, baseline_reason=self.baseline_reason)
         return d
 
-    def __getitem__(self, key: str) -> Any:  # read by its JSON key, as a script reading --json would
-        return self.as_dict()[key]
 
-    def __contains__(self, key: str) -> bool:
-        return key in self.as_dict()
+@dataclass
+class SeedRow(JsonRow):
+    """One run of a comparison (--per-seed): its final value and its difference from the
+    baseline's run with the same seed (what the paired test averages)."""
+
+    variant: str
+    baseline: bool
+    seed: Any
+    status: str
+    metric: str
+    value: Optional[float]
+    delta: Optional[float]
+    params: Optional[float]
+    tokens_per_s: Optional[float]
+    dir: str
 
 
 class Comparison(list):
@@ -123,17 +136,26 @@ class Comparison(list):
         return any(r.rung for r in self)
 
 
-def compare_dirs(paths: Sequence[Path | str], metric: str = "val_loss",
+def load_runs(paths: Sequence[Path | str], where: Sequence[str] = (),
+              warn: Callable[[str], None] = print_warning) -> list[Run]:
+    """The runs under `paths` that match every --where filter (checks.filter_runs)."""
+    runs = find_runs(paths, warn)
+    return filter_runs(runs, where) if where else runs
+
+
+def compare_dirs(paths: Sequence[Path | str], metric: str = VAL_LOSS,
                  baseline: Optional[str] = None, alpha: float = ALPHA,
                  warn: Callable[[str], None] = print_warning, where: Sequence[str] = (),
                  allow_mixed: bool = False) -> Comparison:
-    """Compare every run under `paths`: one Row per variant, the baseline first (a study's rungs
-    in ladder order). Runs that differ in more than variant keys and seed are refused
-    (CompareError naming the keys) unless `allow_mixed`; `where` keeps only the runs that match
-    (checks.filter_runs)."""
-    runs = find_runs(paths, warn)
-    if where:
-        runs = filter_runs(runs, where)
+    """Compare every run under `paths` (compare_runs); `where` keeps only the runs that match."""
+    return compare_runs(load_runs(paths, where, warn), metric, baseline, alpha, allow_mixed)
+
+
+def compare_runs(runs: list[Run], metric: str = VAL_LOSS, baseline: Optional[str] = None,
+                 alpha: float = ALPHA, allow_mixed: bool = False) -> Comparison:
+    """One Row per variant, the baseline first (a study's rungs in ladder order). Runs that
+    differ in more than variant keys and seed are refused (CompareError naming the keys) unless
+    `allow_mixed`."""
     mixed = mixed_settings(runs)
     if mixed and not allow_mixed:
         raise CompareError(
@@ -181,8 +203,8 @@ def _collect(groups: list[Group], metric: str, notes: list[str]) -> None:
     missing = 0
     for g in groups:
         for r in g.runs:
-            v = r.value(metric) if r.status == "completed" else None
-            if r.status == "completed" and (v is None or not math.isfinite(v)):
+            v = r.value(metric) if r.status == Status.COMPLETED else None
+            if r.status == Status.COMPLETED and (v is None or not math.isfinite(v)):
                 missing += 1
                 continue
             if v is not None:
@@ -208,7 +230,7 @@ def _versus(ref: Optional[Group], g: Group, alpha: float) -> Versus:
 def _status_counts(g: Group, metric: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in g.runs:
-        st = r.status if not (r.status == "completed" and r.seed not in g.values) else f"no {metric}"
+        st = r.status if not (r.status == Status.COMPLETED and r.seed not in g.values) else f"no {metric}"
         counts[st] = counts.get(st, 0) + 1
     return counts
 
@@ -218,7 +240,7 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
     counts = _status_counts(g, metric)
     coverage = None  # the mean reflects the survivors only: say so when some seeds did not enter it
     if len(g.values) != len(g.runs):
-        left = [f"{c} {st}" for st, c in counts.items() if st != "completed"]
+        left = [f"{c} {st}" for st, c in counts.items() if st != Status.COMPLETED]
         coverage = f"{len(g.values)} of {len(g.runs)} seeds" + ("; " + ", ".join(left) if left else "")
         notes.append(f"{g.label}: {coverage}; its mean is over the completed seeds only")
     params, base_params = g.first("params"), base.first("params") if base else None
@@ -240,7 +262,7 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
 def _speed(g: Group) -> tuple[Optional[float], bool]:
     """The median of the completed seeds' tokens/s (a seed timed on a busy host drags a mean, not
     a median), and whether the seeds' figures differ by more than SPEED_SPREAD x (max/min)."""
-    tps = [t for t in (number(r.summary.get("tokens_per_s")) for r in g.runs if r.status == "completed") if t]
+    tps = [t for t in (number(r.summary.get(TOKENS_PER_S)) for r in g.runs if r.status == Status.COMPLETED) if t]
     if not tps:
         return None, False
     return statistics.median(tps), max(tps) > SPEED_SPREAD * min(tps)
@@ -274,19 +296,16 @@ def _summary_notes(rows: list[Row], notes: list[str]) -> None:
                      "speed with `ablate bench --vs OVERRIDE` (alternating rounds), not here")
 
 
-def per_seed_rows(cmp: Comparison) -> list[dict]:
-    """One dict per run (--per-seed): its variant, seed, status, final value, and its difference
-    from the baseline's run with the same seed (what the paired test averages)."""
+def per_seed_rows(cmp: Comparison) -> list[SeedRow]:
+    """One row per run (--per-seed), each variant's runs in seed order."""
     base = next((g for g, r in zip(cmp.groups, cmp) if r.baseline), None)
     out = []
     for g, row in zip(cmp.groups, cmp):
         for r in sorted(g.runs, key=lambda r: str(r.seed)):
-            v = g.values.get(r.seed) if r.status == "completed" else None
+            v = g.values.get(r.seed) if r.status == Status.COMPLETED else None
             ref = base.values.get(r.seed) if base is not None and g is not base else None
-            out.append({"variant": row.variant, "baseline": row.baseline, "seed": r.seed[0],
-                        "status": r.status if r.status != "completed" or v is not None else f"no {cmp.metric}",
-                        "metric": cmp.metric, "value": v,
-                        "delta": (v - ref) if v is not None and ref is not None else None,
-                        "params": number(r.summary.get("params")),
-                        "tokens_per_s": number(r.summary.get("tokens_per_s")), "dir": str(r.dir)})
+            out.append(SeedRow(row.variant, row.baseline, r.seed[0],
+                               str(r.status) if r.status != Status.COMPLETED or v is not None else f"no {cmp.metric}",
+                               cmp.metric, v, (v - ref) if v is not None and ref is not None else None,
+                               number(r.summary.get("params")), number(r.summary.get(TOKENS_PER_S)), str(r.dir)))
     return out

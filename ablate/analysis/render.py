@@ -1,6 +1,14 @@
-"""A comparison in every format, all from the one column list (ablate/analysis/columns.py): the
-rich table (or one block per variant on a terminal too narrow for it), markdown, LaTeX, csv and
-JSON; the baseline line and the mixed-settings warning above, the notes below."""
+"""The one renderer of every report's Table (ablate/analysis/table.py): the terminal's rich table,
+markdown, LaTeX, csv and JSON. The lines to read first (the baseline, a MIXED warning) go
+above the table, the notes below it.
+
+The terminal: piped (or on a terminal wide enough) the full table, every column, whatever
+COLUMNS says. A terminal too narrow for it gets the compact table: short headers, each cell one
+whole phrase a line (a CI on its own line), and the columns of the highest `priority` left out,
+the rightmost first, until every line fits (a note names them; `wide` keeps them all); when
+even that does not fit, one block per row with one field a line. Nothing is cut or wrapped
+inside a name or a label, and no line ends in spaces.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +16,8 @@ import json
 import math
 from typing import Any, Sequence
 
-from ablate.analysis.columns import COLUMNS, PER_SEED, PLAIN, RICH, Column, Ctx, shown
-from ablate.analysis.compare import Comparison, per_seed_rows
 from ablate.analysis.load import CompareError
-from ablate.analysis.checks import describe_mixed
+from ablate.analysis.table import Align, Column, Table, Target, column_names
 
 FORMATS = ("table", "csv", "markdown", "latex")
 
@@ -27,67 +33,33 @@ def _clean(v: Any) -> Any:
 
 
 def to_json(rows: Sequence[Any]) -> str:
-    """Rows (compare's, or per_seed_rows' dicts) as JSON; non-finite numbers as null."""
-    return json.dumps([_clean(r.as_dict() if hasattr(r, "as_dict") else dict(r)) for r in rows], indent=2)
+    """The rows' --json objects; non-finite numbers as null."""
+    return json.dumps([_clean(r.as_dict()) for r in rows], indent=2)
 
 
-def header_lines(cmp: Comparison) -> list[str]:
-    """What to read before the table: the baseline and why; the settings the runs do not share."""
-    lines = []
-    if cmp.mixed:
-        lines.append(f"MIXED (--allow-mixed): the runs also differ in {describe_mixed(cmp.mixed)}; "
-                     "a delta here is not the effect of the variant alone")
-    if cmp.baseline:
-        lines.append(f"baseline: {cmp.baseline} ({cmp.baseline_reason})")
-    return lines
-
-
-def _table(cmp: Comparison, per_seed: bool, fmt: str) -> tuple[list[Column], list, Ctx]:
-    """The columns shown in `fmt` and the rows they read."""
-    rows = per_seed_rows(cmp) if per_seed else list(cmp)
-    return shown(PER_SEED if per_seed else COLUMNS, fmt, cmp.study), rows, Ctx(cmp.metric, cmp.alpha)
-
-
-def plain_table(cmp: Comparison, per_seed: bool = False) -> tuple[list[str], list[list[str]]]:
-    """Headers and cells as plain text (markdown, LaTeX and the blocks are this table)."""
-    columns, rows, ctx = _table(cmp, per_seed, PLAIN)
-    return [c.head(ctx) for c in columns], [[c.cell(r) for c in columns] for r in rows]
-
-
-def _csv_value(key: str, v: Any) -> Any:
-    if key == "status" and isinstance(v, dict):
-        return ";".join(f"{n} {st}" for st, n in v.items())
-    return "" if v is None else repr(v) if isinstance(v, float) else v
-
-
-def to_csv(cmp: Comparison, per_seed: bool = False) -> str:
-    """Machine-readable: raw numbers, one line per variant (or per run)."""
+def to_csv(table: Table) -> str:
+    """Machine-readable: raw numbers, one line per row."""
     import csv
     import io
 
-    columns, rows, _ = _table(cmp, per_seed, PLAIN)
-    # a study's columns after the others: its csv reads as the plain comparison plus the steps
-    cols = PER_SEED if per_seed else COLUMNS
-    fields = [f for c in cols if not c.study for f in c.fields] + \
-             [f for c in cols if c.study and cmp.study for f in c.fields]
+    names, values = table.raw()
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        d = r if isinstance(r, dict) else r.as_dict()
-        w.writerow({k: _csv_value(k, d.get(k)) for k in fields})
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(names)
+    for row in values:
+        w.writerow(["" if v is None else v for v in row])
     return buf.getvalue()
 
 
-def to_markdown(cmp: Comparison, per_seed: bool = False) -> str:
-    columns, _, ctx = _table(cmp, per_seed, PLAIN)
-    heads, cells = plain_table(cmp, per_seed)
+def to_markdown(table: Table) -> str:
+    heads, cells = table.text_cells()
     esc = (lambda c: c.replace("|", "\\|"))
-    lines = [f"{line}  " for line in header_lines(cmp)] + ([""] if header_lines(cmp) else [])
+    head = table.head_lines()
+    lines = [f"{line}  " for line in head] + ([""] if head else [])
     lines += ["| " + " | ".join(map(esc, heads)) + " |",
-              "|" + "|".join("---" if c.text else "--:" for c in columns) + "|"]
+              "|" + "|".join("---" if c.align is Align.LEFT else "--:" for c in table.shown(Target.TEXT)) + "|"]
     lines += ["| " + " | ".join(map(esc, row)) + " |" for row in cells]
-    return "\n".join(lines + ([""] + [f"- note: {n}" for n in cmp.notes] if cmp.notes else [])) + "\n"
+    return "\n".join(lines + ([""] + [f"- note: {n}" for n in table.notes] if table.notes else [])) + "\n"
 
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
@@ -99,79 +71,133 @@ def _tex(text: str) -> str:
     return "".join(_TEX.get(c, c) for c in text)
 
 
-def to_latex(cmp: Comparison, per_seed: bool = False) -> str:
-    """A booktabs tabular (\\usepackage{booktabs}); the baseline line and notes as comments."""
-    columns, _, _ = _table(cmp, per_seed, PLAIN)
-    heads, cells = plain_table(cmp, per_seed)
-    lines = [f"% {line}" for line in header_lines(cmp)]
-    lines += [r"\begin{tabular}{" + "".join("l" if c.text else "r" for c in columns) + "}", r"\toprule",
-              " & ".join(map(_tex, heads)) + r" \\", r"\midrule"]
+def to_latex(table: Table) -> str:
+    """A booktabs tabular (\\usepackage{booktabs}); the lines above and the notes as comments."""
+    heads, cells = table.text_cells()
+    lines = [f"% {line}" for line in table.head_lines()]
+    lines += [r"\begin{tabular}{" + "".join("l" if c.align is Align.LEFT else "r" for c in table.shown(Target.TEXT))
+              + "}", r"\toprule", " & ".join(map(_tex, heads)) + r" \\", r"\midrule"]
     lines += [" & ".join(map(_tex, row)) + r" \\" for row in cells]
-    lines += [r"\bottomrule", r"\end{tabular}"] + [f"% note: {n}" for n in cmp.notes]
+    lines += [r"\bottomrule", r"\end{tabular}"] + [f"% note: {n}" for n in table.notes]
     return "\n".join(lines) + "\n"
 
 
-def _rich_table(cmp: Comparison, per_seed: bool) -> Any:
-    from rich.markup import escape
-    from rich.table import Table
+def render(table: Table, fmt: str) -> str:
+    """csv / markdown / latex as text (the table format prints through rich: print_table)."""
+    if fmt not in FORMATS or fmt == "table":
+        raise CompareError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
+    return {"csv": to_csv, "markdown": to_markdown, "latex": to_latex}[fmt](table)
 
-    columns, rows, ctx = _table(cmp, per_seed, RICH)
-    if per_seed:
-        title = f"ablate compare: final {cmp.metric}, one row per run"
+
+# ---- the terminal ---------------------------------------------------------------------------------
+def print_table(table: Table, console: Any = None, wide: bool = False) -> None:
+    """The table on a terminal (or piped: full width), the lines to read first above it and the
+    notes below, each broken between words to a terminal's width."""
+    from rich.markup import escape
+
+    from ablate.report import print_text, table_console
+
+    console = console or table_console()
+    for line in table.head_lines():
+        print_text(console, f"[bold yellow]{escape(line)}[/bold yellow]" if line == table.warning else escape(line))
+    # piped, the title heads the table as it always has; on a terminal it is a line of its own
+    full = _rich(table, table.shown(Target.TERMINAL), compact=False, titled=not console.is_terminal)
+    fits, notes = _fits(console, full), list(table.notes)
+    if console.is_terminal or not fits:
+        print_text(console, escape(table.title))
+    if fits:
+        _emit(console, full)
     else:
-        title = f"ablate compare: final {cmp.metric} (mean ± std over seeds)" + (
-            "; study: rungs in ladder order, each step vs the previous rung" if cmp.study else "")
-    t = Table(title=title, title_justify="left")
+        hidden = _print_narrow(table, console, wide)
+        if hidden:
+            notes.insert(0, f"hidden to fit {console.width} columns: {column_names(hidden)} "
+                            "(ablate compare --wide shows every column)")
+    for note in notes:
+        print_text(console, "note: " + escape(note))
+
+
+def _print_narrow(table: Table, console: Any, wide: bool) -> list[Column]:
+    """The compact table with the fewest columns left out (none with `wide`), else one block
+    per row; returns the columns left out."""
+    columns, hidden = table.shown(Target.TERMINAL), []
+    while True:
+        compact = _rich(table, columns, compact=True, titled=False)
+        if _fits(console, compact):
+            _emit(console, compact)
+            return [c for c in table.shown(Target.TERMINAL) if c in hidden]
+        droppable = [] if wide else [c for c in columns if c.priority > 0]
+        if not droppable:
+            _blocks(table, console)
+            return []
+        drop = max(reversed(droppable), key=lambda c: c.priority)  # the rightmost of the highest
+        columns = [c for c in columns if c is not drop]
+        hidden.append(drop)
+
+
+def _rich(table: Table, columns: list[Column], compact: bool, titled: bool) -> Any:
+    from rich import box
+    from rich.table import Table as RichTable
+
+    cells = [[c.narrow(r) if compact else c.rich(r) for c in columns] for r in table.rows]
+    opts: dict = dict(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+                      show_lines=any("\n" in x for row in cells for x in row)) if compact else {}
+    t = RichTable(title=table.title if titled else None, title_justify="left", **opts)
     for i, c in enumerate(columns):
-        opts = dict(c.rich)
-        if i == 0 and not per_seed:  # the variant is never cut: it keeps its full width
-            opts["min_width"] = max([len(r.variant) for r in rows] + [7])
-        t.add_column((c.rich_head or c.head)(ctx), **opts)
-    for r in rows:
-        t.add_row(*[c.rich_cell(r) if c.rich_cell else escape(c.cell(r)) for c in columns])
+        if i == 0:  # the row's name: never cut
+            t.add_column(c.header(compact), style="bold", no_wrap=True,
+                         min_width=max([len(c.cell(r)) for r in table.rows] + [7]))
+        else:
+            t.add_column(c.header(compact), justify=c.align.value, overflow="fold", no_wrap=compact)
+    for row in cells:
+        t.add_row(*row)
     return t
 
 
-def _blocks(cmp: Comparison, console: Any, per_seed: bool) -> None:
-    """The table as one block per row, for a terminal too narrow for its columns: every number
-    is kept and nothing is cut (lines wrap at spaces)."""
-    from rich.markup import escape
-
-    heads, cells = plain_table(cmp, per_seed)
-    console.print(f"ablate compare: final {escape(cmp.metric)}"
-                  + (", one block per run" if per_seed else ", one block per variant"),
-                  style="italic", highlight=False)
-    for row in cells:
-        console.print(f"[bold]{escape(row[0])}[/bold]", soft_wrap=True, highlight=False)
-        fields = [f"{h}: {c}" for h, c in zip(heads[1:], row[1:]) if c not in ("", "-")]
-        console.print(escape("  " + " · ".join(fields)), highlight=False)
-
-
-def print_comparison(cmp: Comparison, console: Any = None, per_seed: bool = False) -> None:
-    """The rich table: one line per variant, the baseline first (a study: its rungs in ladder
-    order, with each rung's step against the one before it); the baseline and why above it,
-    notes below it. `per_seed`: one line per run. A terminal narrower than the table gets one
-    block per variant instead (a squeezed table would fold every number)."""
-    from rich.markup import escape
+def _fits(console: Any, renderable: Any) -> bool:
     from rich.measure import Measurement
 
-    from ablate.report import table_console
-
-    console = console or table_console()  # on a TTY the variant column is never shrunk
-    for line in header_lines(cmp):
-        console.print(escape(line), soft_wrap=True, highlight=False,
-                      style="bold yellow" if line.startswith("MIXED") else None)
-    table = _rich_table(cmp, per_seed)
-    if Measurement.get(console, console.options.update(max_width=100_000), table).maximum > console.width:
-        _blocks(cmp, console, per_seed)
-    else:
-        console.print(table)
-    for note in cmp.notes:
-        console.print(f"note: {escape(note)}", soft_wrap=True, highlight=False)
+    return Measurement.get(console, console.options.update(max_width=100_000), renderable).maximum <= console.width
 
 
-def render(cmp: Comparison, fmt: str = "table", per_seed: bool = False) -> str:
-    """csv / markdown / latex as text (the table format prints through rich instead)."""
-    if fmt not in FORMATS or fmt == "table":
-        raise CompareError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
-    return {"csv": to_csv, "markdown": to_markdown, "latex": to_latex}[fmt](cmp, per_seed)
+def _emit(console: Any, renderable: Any) -> None:
+    """Piped: as rich renders it. On a terminal: line by line, without the spaces that pad a
+    line's end."""
+    if not console.is_terminal:
+        console.print(renderable)
+        return
+    from rich.text import Text
+
+    for line in console.render_lines(renderable, pad=False, new_lines=False):
+        text = Text.assemble(*[(s.text, s.style) for s in line if not s.control])
+        text.rstrip()
+        console.print(text, soft_wrap=True)
+
+
+def _blocks(table: Table, console: Any) -> None:
+    """One block per row: its name, then one field a line (empty fields left out), values
+    broken between words to the terminal's width, a long word (a path) folded."""
+    import textwrap
+
+    from rich.text import Text
+
+    heads, cells = table.text_cells()
+    label = max(len(h) for h in heads[1:]) if heads[1:] else 0
+    for row in cells:
+        console.print(Text(row[0], style="bold"), soft_wrap=True)
+        for head, cell in zip(heads[1:], row[1:]):
+            if cell in ("", "-"):
+                continue
+            lead = f"  {head.ljust(label)}  "
+            if console.width - len(lead) < 16:  # too narrow beside the label: the value below it
+                lead = f"  {head}\n    "
+            room = console.width - len(lead.rsplit("\n", 1)[-1])
+            pad = "\n" + " " * (console.width - room)
+            value = pad.join(textwrap.wrap(cell, room, break_on_hyphens=False)) or cell
+            console.print(Text(lead + value), soft_wrap=True)
+
+
+def print_comparison(cmp: Any, console: Any = None, per_seed: bool = False, wide: bool = False) -> None:
+    """`ablate compare`'s table of a Comparison (one line per variant, or per run)."""
+    from ablate.analysis.columns import comparison_table
+
+    print_table(comparison_table(cmp, per_seed), console, wide)

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from ablate.analysis.stats import ALPHA, SeedTest, for_family, holm, mean_std, seed_test, verdict
 from ablate.errors import ConfigError
+from ablate.vocab import VAL_LOSS
 
 MIN_GRID = 3
 MIN_RUNGS = 3
@@ -430,7 +431,7 @@ def tuned_comparison(runs: Mapping[str, Runs], baseline: str,
             common = set(b) & set(v)
             shared = sum(v[s] - b[s] for s in common) / len(common) if common else None
         t = tests[n]
-        word = verdict(t.t, adjusted[n], "val_loss", alpha) if t else None
+        word = verdict(t.t, adjusted[n], VAL_LOSS, alpha) if t else None
         vals = list(at[n].values())
         out[n] = Tuned(n, best[n].lr, best[n].on_edge, len(vals), mean_std(vals)[0],
                        _mean_ci(vals, alpha), t, adjusted[n], word, shared_lr, shared,

@@ -1,5 +1,6 @@
 """`ablate compare` of an --lr-grid or a --ladder sweep (its sweep directory holds transfer.json,
-ablate/sweep/transfer.py): one row per variant with the public keys of `compare --json`.
+ablate/sweep/transfer.py): one typed row per variant (GridRow, LadderRow: their as_dict() is the
+public `compare --json` object) and the columns of the one table model (ablate/analysis/table.py).
 
 LR grid: best_lr (and best_lr_on_edge), the loss at the best LR with its CI, tuned_delta vs
 the baseline at *its* best LR (paired t over seeds, Holm over variants), shared_delta at the
@@ -17,13 +18,15 @@ The statistics are ablate/analysis/transfer.py's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, number
+from ablate.analysis.report import Report, ReportKind
 from ablate.analysis.stats import ALPHA, mean_std, seed_test
-from ablate.vocab import LADDER_TOKENS_KEY
+from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Table, lines, num
+from ablate.vocab import LADDER_TOKENS_KEY, LR, TOKENS, VAL_LOSS, Status
 
 MIN_RUNGS = 3  # fewer: the rung table, no fit and no projection
 
@@ -45,8 +48,8 @@ class Point:
 
 def _first_val(run: Run) -> Optional[float]:
     for row in run.rows:
-        if row.get("step") == 0 and "val_loss" in row:
-            return number(row["val_loss"])
+        if row.get("step") == 0 and VAL_LOSS in row:
+            return number(row[VAL_LOSS])
     return None
 
 
@@ -66,10 +69,10 @@ def _rung_of(run: Run, rungs: Sequence[dict]) -> Optional[str]:
 def to_points(runs: Sequence[Run], record: dict) -> list[Point]:
     out = []
     for r in runs:
-        loss = r.value("val_loss") if r.status == "completed" else None
-        fpt, tokens = number(r.summary.get("flops_per_token")), number(r.summary.get("tokens"))
+        loss = r.value(VAL_LOSS) if r.status == Status.COMPLETED else None
+        fpt, tokens = number(r.summary.get("flops_per_token")), number(r.summary.get(TOKENS))
         out.append(Point(str(r.summary.get("variant") or r.dir.name), r.summary.get("seed"),
-                         float(r.config.get("train.lr") or number(r.summary.get("lr")) or 0.0),
+                         float(r.config.get("train.lr") or number(r.summary.get(LR)) or 0.0),
                          _rung_of(r, record.get("rungs") or []),
                          loss if loss is not None and math.isfinite(loss) else None, _first_val(r),
                          fpt * tokens if fpt and tokens else None, _max_logit(r), str(r.dir)))
@@ -110,75 +113,69 @@ def json_key(v: Any) -> str:
 
 
 @dataclass
-class Report:
-    """What compare prints for such a sweep: `rows` are the --json objects; `columns` (header,
-    row key, cell formatter) feed the table, markdown, LaTeX and csv alike."""
+class LadderFit:
+    """What the ladder's figure draws beside the rows: each variant's fitted curve, the projected
+    compute and the baseline's compute at each rung."""
 
-    kind: str
-    title: str
-    rows: list[dict]
-    columns: list[tuple]
-    notes: list[str] = field(default_factory=list)
-    points: list[Point] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)  # the ladder's fits and target, for the plot
+    fits: dict  # variant -> transfer.PowerLaw
+    target: Optional[float]
+    computes: list
+    rungs: list
 
 
-def _keys(key) -> tuple:
-    return key if isinstance(key, tuple) else (key,)
+def _lr(v: Optional[float]) -> str:
+    return num(v, "g")
 
 
-def cell(row: dict, key, fmt) -> str:
-    """A cell: the row's value at `key` (a tuple of keys: their values, for one cell that shows
-    several, e.g. a mean and its CI) through `fmt` (a format spec or a function)."""
-    v = tuple(row.get(k) for k in key) if isinstance(key, tuple) else row.get(key)
-    if v is None or (isinstance(v, tuple) and v[0] is None):
-        return "-"
-    return fmt(v) if callable(fmt) else format(v, fmt)
+def _ci(v: Optional[Sequence[float]]) -> str:
+    return "-" if v is None else f"[{v[0]:+.4f}, {v[1]:+.4f}]"
 
 
-def plain_table(report: Report) -> tuple[list[str], list[list[str]]]:
-    return ([c[0] for c in report.columns],
-            [[cell(r, c[1], c[2]) for c in report.columns] for r in report.rows])
+def _nearest(grid: Sequence[float], lr: float) -> float:
+    return min(grid, key=lambda x: abs(math.log(x / lr)))
 
 
-def render(report: Report, fmt: str) -> str:
-    """table (aligned plain text), markdown, latex or csv of the report's columns."""
-    import csv
-    import io
-
-    from ablate.analysis.render import _tex
-
-    heads, cells = plain_table(report)
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        keys = [k for c in report.columns for k in _keys(c[1])]
-        w.writerow(keys)
-        for r in report.rows:
-            w.writerow(["" if r.get(k) is None else r.get(k) for k in keys])
-        return buf.getvalue()
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(heads) + " |", "|" + "|".join(["---"] + ["--:"] * (len(heads) - 1)) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in cells]
-        return "\n".join(lines + [f"- note: {n}" for n in report.notes]) + "\n"
-    if fmt == "latex":
-        lines = [r"\begin{tabular}{l" + "r" * (len(heads) - 1) + "}", r"\toprule",
-                 " & ".join(map(_tex, heads)) + r" \\", r"\midrule"]
-        lines += [" & ".join(map(_tex, row)) + r" \\" for row in cells]
-        return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"] + [f"% note: {n}" for n in report.notes]) + "\n"
-    widths = [max(len(x) for x in col) for col in zip(heads, *cells)]
-    line = lambda row: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths)))
-    out = [report.title, line(heads)] + [line(row) for row in cells]
-    return "\n".join(out + [f"note: {n}" for n in report.notes]) + "\n"
-
-
-# ---- the LR grid --------------------------------------------------------------------------------
 def _by_variant(points: Sequence[Point], baseline: Optional[str]) -> tuple[list[str], str]:
     names = list(dict.fromkeys(p.variant for p in points))
     base = baseline or ("baseline" if "baseline" in names else names[0])
     if base not in names:
         raise CompareError(f"--baseline {base}: no such variant; variants: {', '.join(names)}")
     return [base] + [n for n in names if n != base], base
+
+
+def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+# ---- the LR grid --------------------------------------------------------------------------------
+@dataclass
+class GridRow(JsonRow):
+    """One variant of an LR grid, each field a public --json key (docs/transfer.md)."""
+
+    variant: str
+    baseline: bool
+    best_lr: Optional[float]
+    best_lr_on_edge: bool
+    n: int
+    loss: Optional[float]
+    loss_ci: Optional[list]
+    tuned_delta: Optional[float]
+    tuned_delta_ci: Optional[list]
+    tuned_p: Optional[float]
+    tuned_t: Optional[float]
+    seeds_needed: Optional[int]
+    seeds_needed_alpha: Optional[float]
+    tuned_p_holm: Optional[float]
+    tuned_verdict: Optional[str]
+    shared_lr: float
+    shared_delta: Optional[float]
+    verdict_differs: bool
+    lr_sensitivity: Optional[float]
+    loss_init: Optional[float]
+    max_attn_logit: Optional[float]
+    max_attn_logit_lr: float
+    curve: dict  # "lr" -> the grid's final loss there (None: diverged)
 
 
 def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str] = None,
@@ -191,62 +188,47 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
     runs: dict = {n: {lr: {} for lr in grid} for n in names}
     inits: dict = {n: [] for n in names}
     for p in points:
-        lr = _nearest(grid, p.lr)
-        runs[p.variant][lr][p.seed] = p.loss
+        runs[p.variant][_nearest(grid, p.lr)][p.seed] = p.loss
         if p.loss_init is not None:
             inits[p.variant].append(p.loss_init)
-    loss_init = {n: sum(v) / len(v) if v else None for n, v in inits.items()}
+    loss_init = {n: _mean(v) for n, v in inits.items()}
     tuned = T.tuned_comparison(runs, base, loss_init, shared, alpha)
     rows = []
     for n in names:
         t, test = tuned[n], tuned[n].tuned_delta
         top = max((p for p in points if p.variant == n), key=lambda p: p.lr)
-        rows.append({
-            "variant": n, "baseline": n == base, "best_lr": t.best_lr, "best_lr_on_edge": t.on_edge,
-            "n": t.n, "loss": t.loss, "loss_ci": list(t.loss_ci) if t.loss_ci[0] is not None else None,
-            "tuned_delta": test.test_delta if test else None,
-            "tuned_delta_ci": [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
-            "tuned_p": test.p_value if test else None, "tuned_t": test.t if test else None,
-            "seeds_needed": test.seeds_needed if test else None,
-            "seeds_needed_alpha": test.seeds_needed_alpha if test else None,
-            "tuned_p_holm": t.p_holm, "tuned_verdict": t.verdict,
-            "shared_lr": shared, "shared_delta": t.shared_delta, "verdict_differs": t.verdict_differs,
-            "lr_sensitivity": t.lr_sensitivity, "loss_init": loss_init[n],
-            "max_attn_logit": top.max_attn_logit, "max_attn_logit_lr": top.lr,
-            "curve": {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()},
-        })
-    notes = _grid_notes(rows, shared)
-    pct = f"{100 * (1 - alpha):g}% CI"
-    columns = [("variant", "variant", str), ("best LR", "best_lr", _lr_cell),
-               (f"loss at best LR [{pct}]", ("loss", "loss_ci"), _mean_ci_cell), ("tuned Δ", "tuned_delta", "+.4f"),
-               (pct, "tuned_delta_ci", _ci), ("Holm p", "tuned_p_holm", ".3g"),
-               ("verdict", "tuned_verdict", str), (f"Δ at LR {shared:g}", "shared_delta", "+.4f"),
-               ("LR sensitivity", "lr_sensitivity", ".4f"),
-               ("max attn logit (top LR)", "max_attn_logit", ".1f")]
+        rows.append(GridRow(
+            n, n == base, t.best_lr, t.on_edge, t.n, t.loss, list(t.loss_ci) if t.loss_ci[0] is not None else None,
+            test.test_delta if test else None,
+            [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
+            test.p_value if test else None, test.t if test else None, test.seeds_needed if test else None,
+            test.seeds_needed_alpha if test else None, t.p_holm, t.verdict, shared, t.shared_delta,
+            t.verdict_differs, t.lr_sensitivity, loss_init[n], top.max_attn_logit, top.lr,
+            {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()}))
     title = (f"ablate compare: LR grid {', '.join(f'{x:g}' for x in grid)}; each variant at its "
              f"own best LR (baseline: {base})")
-    return Report("lr_grid", title, rows, columns, notes, list(points))
+    table = Table(title, grid_columns(shared, alpha), rows, notes=_grid_notes(rows, shared))
+    return Report(ReportKind.LR_GRID, table, points=list(points))
 
 
-def _grid_notes(rows: list[dict], shared: float) -> list[str]:
+def _grid_notes(rows: list[GridRow], shared: float) -> list[str]:
     """What to read beside an LR grid's table: best LRs on the edge, a shared LR that tells
     another story, a tuned Δ that one seed cannot give, no loss at initialisation."""
     notes = []
     for row in rows:
-        if row["best_lr_on_edge"]:
-            notes.append(f"{row['variant']}: the best LR {row['best_lr']:g} is on the grid's edge; "
-                         "widen the grid")
-        if row["verdict_differs"]:
-            notes.append(f"{row['variant']}: the verdict at the shared LR {shared:g} differs from the "
+        if row.best_lr_on_edge:
+            notes.append(f"{row.variant}: the best LR {row.best_lr:g} is on the grid's edge; widen the grid")
+        if row.verdict_differs:
+            notes.append(f"{row.variant}: the verdict at the shared LR {shared:g} differs from the "
                          "tuned one (each variant at its own best LR)")
-    untested = [r for r in rows[1:] if r["tuned_delta"] is None and r["best_lr"] is not None]
-    if untested and rows[0]["best_lr"] is not None:
-        counts = ", ".join(f"{r['variant']} {r['n']}" for r in untested + rows[:1])
-        notes.append(f"tuned Δ - for {', '.join(r['variant'] for r in untested)}: the tuned test pairs each "
+    untested = [r for r in rows[1:] if r.tuned_delta is None and r.best_lr is not None]
+    if untested and rows[0].best_lr is not None:
+        counts = ", ".join(f"{r.variant} {r.n}" for r in untested + rows[:1])
+        notes.append(f"tuned Δ - for {', '.join(r.variant for r in untested)}: the tuned test pairs each "
                      "variant's seeds at its own best LR with the baseline's at its own and needs at least "
                      f"2 seeds a side (here {counts}); the Δ at LR {shared:g} is the paired difference of "
                      "the seeds there, untested: run the grid with --seeds 2 or more")
-    if any(r["lr_sensitivity"] is None for r in rows):
+    if any(r.lr_sensitivity is None for r in rows):
         notes.append("no evaluation at step 0 in some runs (train.eval_every=0): LR sensitivity needs "
                      "the loss at initialisation")
     notes.append(f"tuned Δ: each variant at its own best LR vs the baseline at its own; shared Δ: "
@@ -254,28 +236,91 @@ def _grid_notes(rows: list[dict], shared: float) -> list[str]:
     return notes
 
 
-def _mean_ci_cell(v: tuple) -> str:
-    mean, ci = v
-    return f"{mean:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
+def _loss_ci(r: GridRow, sep: str = " ") -> str:
+    if r.loss is None:
+        return "-"
+    return f"{r.loss:.4f}" + (f"{sep}[{r.loss_ci[0]:.4f}, {r.loss_ci[1]:.4f}]" if r.loss_ci else "")
 
 
-def _lr_cell(v: float) -> str:
-    return f"{v:g}"
+def _tuned(r: GridRow) -> str:
+    """The tuned Δ, its CI on the line below."""
+    return num(r.tuned_delta, "+.4f") + (f"\n{_ci(r.tuned_delta_ci)}" if r.tuned_delta_ci else "")
 
 
-def _ci(v: Sequence[float]) -> str:
-    return f"[{v[0]:+.4f}, {v[1]:+.4f}]"
-
-
-def _nearest(grid: Sequence[float], lr: float) -> float:
-    return min(grid, key=lambda x: abs(math.log(x / lr)))
+def grid_columns(shared: float, alpha: float = ALPHA) -> list[Column]:
+    pct = f"{100 * (1 - alpha):g}% CI"
+    return [
+        Column("variant", lambda r: r.variant, ("variant",), align=Align.LEFT),
+        Column("best LR", lambda r: _lr(r.best_lr), ("best_lr",)),
+        Column(f"loss at best LR [{pct}]", _loss_ci, ("loss", "loss_ci"), short=f"loss at best LR\n[{pct}]",
+               compact=lambda r: _loss_ci(r, "\n")),
+        Column("tuned Δ", lambda r: num(r.tuned_delta, "+.4f"), ("tuned_delta",), targets=ONLY_TEXT),
+        Column(pct, lambda r: _ci(r.tuned_delta_ci), ("tuned_delta_ci",), targets=ONLY_TEXT),
+        Column(f"tuned Δ [{pct}]", _tuned, short=f"tuned Δ\n[{pct}]", targets=ONLY_TERMINAL),
+        Column("Holm p", lambda r: num(r.tuned_p_holm, ".3g"), ("tuned_p_holm",), priority=1),
+        Column("verdict", lambda r: r.tuned_verdict or "-", ("tuned_verdict",)),
+        Column(f"Δ at LR {shared:g}", lambda r: num(r.shared_delta, "+.4f"), ("shared_delta",),
+               short=f"Δ at LR\n{shared:g}", priority=2),
+        Column("LR sensitivity", lambda r: num(r.lr_sensitivity, ".4f"), ("lr_sensitivity",),
+               short="LR\nsensitivity", priority=1),
+        Column("max attn logit (top LR)", lambda r: num(r.max_attn_logit, ".1f"), ("max_attn_logit",),
+               short="max attn logit\n(top LR)", priority=3),
+    ]
 
 
 # ---- the ladder ---------------------------------------------------------------------------------
+@dataclass
+class RungResult(JsonRow):
+    """A variant at one rung (its `rungs` entry in --json)."""
+
+    rung: str
+    compute: Optional[float]
+    n: int
+    mean: Optional[float]
+    std: Optional[float]
+    delta: Optional[float]
+    delta_ci: Optional[list]
+    beyond_noise: Optional[bool]  # the Δ's interval excludes 0
+    compute_multiplier: Optional[float]
+    compute_multiplier_ci: Optional[list]
+    compute_multiplier_extrapolated: Optional[bool]
+    best_lr: Optional[float] = None  # a ladder with an LR scan per rung (--lr-grid) only
+    best_lr_on_edge: Optional[bool] = None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        if self.best_lr_on_edge is None:  # no scan: no such keys
+            del d["best_lr"], d["best_lr_on_edge"]
+        return d
+
+
+@dataclass
+class LadderRow(JsonRow):
+    """One variant of a ladder, each field a public --json key (docs/transfer.md)."""
+
+    variant: str
+    baseline: bool
+    rungs: list[RungResult]
+    compute_multiplier: Optional[float]
+    compute_multiplier_ci: Optional[list]
+    target_compute: Optional[float]
+    delta_at_target: Optional[float]
+    delta_at_target_ci: Optional[list]
+    projection_seeds: Optional[int]
+    wins_every_rung: Optional[bool]
+    wins_beyond_noise: Optional[int]
+    fit: Any  # transfer.PowerLaw (l_inf, a, alpha) of the variant's curve; None without a fit
+    ranks: list = field(default_factory=list)  # by mean loss at each rung, 1: lowest
+    rank_agreement: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["rungs"] = [r.as_dict() for r in self.rungs]
+        return d
+
+
 def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str] = None,
                   alpha: float = ALPHA) -> Report:
-    from ablate.analysis import transfer as T
-
     names, base = _by_variant(points, baseline)
     rungs = [r["name"] for r in record["rungs"]]
     best = _best_per_rung(points, record["grid"], names, rungs) if record.get("grid") else {}
@@ -288,116 +333,102 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
                   for r in rungs] for n in names}
     computes = [_mean([p.compute for p in points if p.variant == base and p.rung == r]) for r in rungs]
     notes: list[str] = []
-    fits, target = {}, None
-    fit_ok = len(rungs) >= MIN_RUNGS and all(c is not None for c in computes) and \
-        all(all(len(v) for v in losses[n]) for n in names)
-    if fit_ok:
-        target = 10 * computes[-1]
-        fits = T.fit_power_laws({n: (computes, [_mean(list(v.values())) for v in losses[n]]) for n in names})
-        notes.append(f"L(C) = L_inf + A*C^-alpha fitted per variant with one L_inf shared by all "
-                     f"(L_inf={fits[base].l_inf:.3f}): {len(rungs)} rungs cannot pin a free L_inf each; "
-                     f"projection at {target:.3g} FLOPs (10x the largest rung); CIs: each rung's Δ t-interval "
-                     f"mapped through the baseline's curve, the projection's a t-interval over the "
-                     f"seeds' own fits (df = seeds - 1)")
-    else:
-        notes.append(f"fewer than {MIN_RUNGS} rungs with a finished run of every variant: the rung table "
-                     "only, no fit and no projection")
+    fits, target = _fit(names, base, losses, computes, notes)
     rows = [_ladder_row(n, base, rungs, losses, computes, fits, target, alpha) for n in names]
-    lr_columns = _add_best_lrs(rows, best, rungs, notes) if best else []
+    if best:
+        _add_best_lrs(rows, best, notes)
     for row in rows:
-        beyond = [r["rung"] for r in row["rungs"] if r["compute_multiplier_extrapolated"]]
+        beyond = [r.rung for r in row.rungs if r.compute_multiplier_extrapolated]
         if beyond:
-            notes.append(f"{row['variant']}: x at {', '.join(beyond)} lies beyond the baseline's measured "
+            notes.append(f"{row.variant}: x at {', '.join(beyond)} lies beyond the baseline's measured "
                          "losses, so it is read off the baseline's fitted curve (an extrapolation)")
     notes += [n for row in rows if (n := _tokens_check(row, record["ladder"]["tokens_per_param"]))]
-    agreement = _rank_agreement(losses, names)
-    if agreement is not None:
-        notes.append(f"rank agreement: {agreement:.0%} of the pairwise orderings at {rungs[0]} hold at {rungs[-1]}")
-    for i, rung in enumerate(rungs):  # 1 = the lowest mean loss at that rung
-        order = sorted((r for r in rows if r[f"loss_{rung}"] is not None), key=lambda r: r[f"loss_{rung}"])
-        for k, r in enumerate(order, 1):
-            r.setdefault("ranks", [None] * len(rungs))[i] = k
-    for r in rows:
-        r.setdefault("ranks", [None] * len(rungs))
-        r["rank_agreement"] = agreement
-    columns = ([("variant", "variant", str)] + lr_columns + [(f"loss {r}", f"loss_{r}", ".4f") for r in rungs]
-               + [(f"Δ {r}", f"delta_{r}", "+.4f") for r in rungs]
-               + [(f"x {r}", f"mult_{r}", ".2f") for r in rungs]
-               + [("x projected", "compute_multiplier", ".2f"), ("95% CI", "compute_multiplier_ci", _mult_ci),
-                  ("wins every rung", ("wins_every_rung", "wins_beyond_noise"), _wins(len(rungs)))])
+    _rank(rows, losses, names, rungs, notes)
     title = (f"ablate compare: ladder {record['ladder']['name']} ({', '.join(rungs)}); "
              f"x = compute multiplier vs the baseline (baseline: {base})")
-    return Report("ladder", title, rows, columns, notes, list(points),
-                  {"fits": fits, "target": target, "computes": computes, "rungs": rungs})
+    table = Table(title, ladder_columns(rungs, bool(best), alpha), rows, notes=notes)
+    return Report(ReportKind.LADDER, table, points=list(points), ladder=LadderFit(fits, target, computes, rungs))
 
 
-def _ladder_row(n: str, base: str, rungs: list, losses: dict, computes: list, fits: dict, target: Optional[float], alpha: float) -> dict:
+def _fit(names: list, base: str, losses: dict, computes: list, notes: list) -> tuple[dict, Optional[float]]:
+    """Each variant's L(C) with one shared L_inf, and the projected compute (10x the largest
+    rung's); none with fewer than MIN_RUNGS rungs finished by every variant."""
+    from ablate.analysis import transfer as T
+
+    rungs = len(computes)
+    if not (rungs >= MIN_RUNGS and all(c is not None for c in computes)
+            and all(all(len(v) for v in losses[n]) for n in names)):
+        notes.append(f"fewer than {MIN_RUNGS} rungs with a finished run of every variant: the rung table "
+                     "only, no fit and no projection")
+        return {}, None
+    target = 10 * computes[-1]
+    fits = T.fit_power_laws({n: (computes, [_mean(list(v.values())) for v in losses[n]]) for n in names})
+    notes.append(f"L(C) = L_inf + A*C^-alpha fitted per variant with one L_inf shared by all "
+                 f"(L_inf={fits[base].l_inf:.3f}): {rungs} rungs cannot pin a free L_inf each; "
+                 f"projection at {target:.3g} FLOPs (10x the largest rung); CIs: each rung's Δ t-interval "
+                 f"mapped through the baseline's curve, the projection's a t-interval over the "
+                 f"seeds' own fits (df = seeds - 1)")
+    return fits, target
+
+
+def _ladder_row(n: str, base: str, rungs: list, losses: dict, computes: list, fits: dict,
+                target: Optional[float], alpha: float) -> LadderRow:
     """One variant's ladder row: per rung its loss, its delta and multiplier vs the baseline,
     each multiplier's interval its delta's (transfer.multiplier_ci)."""
     from ablate.analysis import transfer as T
 
-    per_rung, mult = [], None
+    mult = None
     if fits and n != base:
         mult = T.multiplier_ci({k: losses[k] for k in (base, n)}, computes, base, n, target=target, alpha=alpha)
     base_means = [_mean(list(v.values())) for v in losses[base]]
+    per_rung = []
     for i, r in enumerate(rungs):
         vals = losses[n][i]
         mean, std = mean_std(list(vals.values()))
         test = seed_test(losses[base][i], vals, alpha) if n != base else None
         ci = [test.ci_low, test.ci_high] if test and test.ci_low is not None else None
-        per_rung.append({
-            "rung": r, "compute": computes[i], "n": len(vals), "mean": mean, "std": std,
-            "delta": (mean - _mean(list(losses[base][i].values()))) if n != base and mean is not None
-            and losses[base][i] else None,
-            "delta_ci": ci, "beyond_noise": None if ci is None else not ci[0] <= 0 <= ci[1],
-            "compute_multiplier": mult.per_rung[i] if mult else None,
-            "compute_multiplier_ci": _interval(mult.per_rung_ci[i]) if mult else None,
-            "compute_multiplier_extrapolated": _outside(mean, base_means) if mult else None})
-    means = [x["mean"] for x in per_rung]
-    row = {"variant": n, "baseline": n == base, "rungs": per_rung,
-           "compute_multiplier": mult.at_target if mult else None,
-           "compute_multiplier_ci": _interval(mult.ci) if mult else None, "target_compute": target,
-           "delta_at_target": mult.delta_at_target if mult else None,
-           "delta_at_target_ci": _interval(mult.delta_at_target_ci) if mult else None,
-           "projection_seeds": mult.seeds if mult else None,
-           "wins_every_rung": (T.wins_every_rung(base_means, means)
-                               if n != base and None not in means + base_means else None),
-           "wins_beyond_noise": _wins_beyond_noise(per_rung) if n != base else None,
-           "fit": ({"l_inf": fits[n].l_inf, "a": fits[n].a, "alpha": fits[n].alpha} if n in fits else None)}
-    for r in per_rung:
-        row[f"loss_{r['rung']}"], row[f"delta_{r['rung']}"] = r["mean"], r["delta"]
-        row[f"mult_{r['rung']}"] = r["compute_multiplier"]
-    return row
+        delta = (mean - base_means[i]) if n != base and mean is not None and losses[base][i] else None
+        per_rung.append(RungResult(
+            r, computes[i], len(vals), mean, std, delta, ci, None if ci is None else not ci[0] <= 0 <= ci[1],
+            mult.per_rung[i] if mult else None, _interval(mult.per_rung_ci[i]) if mult else None,
+            _outside(mean, base_means) if mult else None))
+    means = [x.mean for x in per_rung]
+    return LadderRow(
+        n, n == base, per_rung, mult.at_target if mult else None, _interval(mult.ci) if mult else None, target,
+        mult.delta_at_target if mult else None, _interval(mult.delta_at_target_ci) if mult else None,
+        mult.seeds if mult else None,
+        T.wins_every_rung(base_means, means) if n != base and None not in means + base_means else None,
+        _wins_beyond_noise(per_rung) if n != base else None, fits.get(n), [None] * len(rungs))
 
 
-def _wins_beyond_noise(per_rung: list) -> Optional[int]:
+def _wins_beyond_noise(per_rung: list[RungResult]) -> Optional[int]:
     """The rungs where the variant's Δ interval lies below 0 (None: no rung has an interval)."""
-    cis = [r["delta_ci"] for r in per_rung if r["delta_ci"] is not None]
+    cis = [r.delta_ci for r in per_rung if r.delta_ci is not None]
     return sum(hi < 0 for _, hi in cis) if cis else None
 
 
-def _tokens_check(row: dict, base_tokens: float) -> Optional[str]:
+def _tokens_check(row: LadderRow, base_tokens: float) -> Optional[str]:
     """A variant that is only the baseline on k times its tokens per parameter: on a
     compute-optimal ladder its multiplier is k on every rung. Where each rung's is, and what that
     says of the ladder's tokens per parameter there."""
-    key, _, value = row["variant"].lstrip("+").partition("=")
+    key, _, value = row.variant.lstrip("+").partition("=")
     try:
         k = float(value) / float(base_tokens) if key == LADDER_TOKENS_KEY and "," not in value else None
     except (TypeError, ValueError, ZeroDivisionError):
         k = None
-    if not k or k == 1 or all(r["compute_multiplier"] is None for r in row["rungs"]):
+    if not k or k == 1 or all(r.compute_multiplier is None for r in row.rungs):
         return None
     cells = []
-    for r in row["rungs"]:
-        x, ci = r["compute_multiplier"], r["compute_multiplier_ci"]
+    for r in row.rungs:
+        x, ci = r.compute_multiplier, r.compute_multiplier_ci
         if x is None:
-            cells.append(f"{r['rung']} -")
+            cells.append(f"{r.rung} -")
             continue
         lo, hi = ci or (x, x)
-        cells.append(f"{r['rung']} {x:.2f}" + (f" {_mult_ci(ci)}" if ci else "")
+        cells.append(f"{r.rung} {x:.2f}" + (f" {_mult_ci(ci)}" if ci else "")
                      + (f" holds {k:g}" if lo <= k <= hi else " above" if lo > k else " below"))
-    return (f"{row['variant']} is the baseline on {k:g}x its tokens: on a compute-optimal ladder x is {k:g} "
-            f"on every rung; here {', '.join(cells)}" + ("" if any(r["compute_multiplier_ci"] for r in row["rungs"])
+    return (f"{row.variant} is the baseline on {k:g}x its tokens: on a compute-optimal ladder x is {k:g} "
+            f"on every rung; here {', '.join(cells)}" + ("" if any(r.compute_multiplier_ci for r in row.rungs)
                                                       else " (one seed: no interval)")
             + f". Above {k:g}: {base_tokens:g} tokens per parameter are too few at that rung; below: too many")
 
@@ -426,54 +457,114 @@ def _best_per_rung(points: Sequence[Point], grid: Sequence[float], names: list, 
     return {cell: T.best_lr(T.grid_curve(runs)) for cell, runs in cells.items()}
 
 
-def _add_best_lrs(rows: list[dict], best: dict, rungs: list, notes: list) -> list[tuple]:
-    """Each row's best LR per rung (in `rungs` and as lr_<rung>); its columns."""
+def _add_best_lrs(rows: list[LadderRow], best: dict, notes: list) -> None:
+    """Each row's best LR on each rung, a note where it is on the grid's edge."""
     for row in rows:
-        for r in row["rungs"]:
-            b = best[row["variant"], r["rung"]]
-            r["best_lr"], r["best_lr_on_edge"] = b.lr, b.on_edge
-            row[f"lr_{r['rung']}"] = b.lr
+        for r in row.rungs:
+            b = best[row.variant, r.rung]
+            r.best_lr, r.best_lr_on_edge = b.lr, b.on_edge
             if b.on_edge:
-                notes.append(f"{row['variant']} at {r['rung']}: the best LR {b.lr:g} is on the grid's "
+                notes.append(f"{row.variant} at {r.rung}: the best LR {b.lr:g} is on the grid's "
                              "edge; widen the grid")
     notes.append("each variant on each rung at its own best LR of the grid (seeds 1.. ran there)")
-    return [(f"LR {r}", f"lr_{r}", _lr_cell) for r in rungs]
 
 
-def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
+def _rank(rows: list[LadderRow], losses: dict, names: list[str], rungs: list, notes: list) -> None:
+    """Each row's rank by mean loss at each rung (1: the lowest) and the rank agreement between
+    the smallest and the largest rung (3 or more variants), with its note."""
+    from ablate.analysis.transfer import rank_agreement
+
+    agreement = None
+    if len(names) >= 3:  # two variants: one ordering, said by wins_every_rung
+        first = {n: _mean(list(losses[n][0].values())) for n in names}
+        last = {n: _mean(list(losses[n][-1].values())) for n in names}
+        agreement = rank_agreement({k: v for k, v in first.items() if v is not None},
+                                   {k: v for k, v in last.items() if v is not None})
+    if agreement is not None:
+        notes.append(f"rank agreement: {agreement:.0%} of the pairwise orderings at {rungs[0]} hold at {rungs[-1]}")
+    for i in range(len(rungs)):
+        order = sorted((r for r in rows if r.rungs[i].mean is not None), key=lambda r: r.rungs[i].mean)
+        for k, r in enumerate(order, 1):
+            r.ranks[i] = k
+    for r in rows:
+        r.rank_agreement = agreement
 
 
-def _mult_ci(v: Sequence[float]) -> str:
+# ---- the ladder's columns -----------------------------------------------------------------------
+def _mult_ci(v: Optional[Sequence[float]]) -> str:
     """A multiplier interval; an upper end the baseline's curve never reaches: ∞."""
+    if v is None:
+        return "-"
     return f"[{v[0]:.2f}, " + ("∞]" if math.isinf(v[1]) else f"{v[1]:.2f}]")
 
 
-def _wins(rungs: int):
-    """The wins-every-rung cell: yes/no, and on how many rungs the win is beyond seed noise."""
-    def cell(v: tuple) -> str:
-        wins, beyond = v
-        if not wins:
-            return "no"
-        return "yes (no interval: one seed)" if beyond is None else f"yes (beyond noise on {beyond} of {rungs})"
-    return cell
+@dataclass(frozen=True)
+class Quantity:
+    """One figure of a variant at a rung: its label, its csv name (`{key}_{rung}`), its raw value
+    and how it reads."""
+
+    label: str
+    key: str
+    raw: Callable[[RungResult], Any]
+    show: Callable[[Any], str]
+
+    def cell(self, rung: RungResult) -> str:
+        return self.show(self.raw(rung))
 
 
-def _rank_agreement(losses: dict, names: list[str]) -> Optional[float]:
-    from ablate.analysis.transfer import rank_agreement
+LR_AT = Quantity("LR", LR, lambda x: x.best_lr, _lr)
+LOSS_AT = Quantity("loss", "loss", lambda x: x.mean, lambda v: num(v, ".4f"))
+DELTA_AT = Quantity("Δ", "delta", lambda x: x.delta, lambda v: num(v, "+.4f"))
+X_AT = Quantity("x", "mult", lambda x: x.compute_multiplier, lambda v: num(v, ".2f"))
 
-    if len(names) < 3:
-        return None  # two variants: one ordering, said by wins_every_rung
-    first = {n: _mean(list(losses[n][0].values())) for n in names}
-    last = {n: _mean(list(losses[n][-1].values())) for n in names}
-    return rank_agreement({k: v for k, v in first.items() if v is not None},
-                          {k: v for k, v in last.items() if v is not None})
+
+def _wins(r: LadderRow, rungs: int, compact: bool = False) -> str:
+    """yes/no, and on how many rungs the win is beyond seed noise."""
+    if r.wins_every_rung is None:
+        return "-"
+    if not r.wins_every_rung:
+        return "no"
+    why = ("no interval:", "one seed") if r.wins_beyond_noise is None else \
+        ("beyond noise", f"on {r.wins_beyond_noise} of {rungs}")
+    return lines("yes", *why) if compact else f"yes ({' '.join(why)})"
+
+
+def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA) -> list[Column]:
+    """Markdown, LaTeX and csv: a column per figure and rung (LR r0, loss r0, ..., x r2). The
+    terminal: a column per rung whose lines are the row's figures there, labelled on the left."""
+    pct = f"{100 * (1 - alpha):g}% CI"
+    figures = ([LR_AT] if scan else []) + [LOSS_AT, DELTA_AT, X_AT]
+    x_ci = Quantity(f"x {pct}", "", lambda x: x.compute_multiplier_ci, _mult_ci)
+
+    def plan(row: LadderRow) -> list[Quantity]:  # the row's lines on the terminal
+        said = [LR_AT] if scan else []
+        if row.baseline:
+            return said + [LOSS_AT]
+        with_ci = any(x.compute_multiplier_ci for x in row.rungs) or row.compute_multiplier_ci
+        return said + [LOSS_AT, DELTA_AT, X_AT] + ([x_ci] if with_ci else [])
+
+    def projected(row: LadderRow) -> str:
+        at = {X_AT: num(row.compute_multiplier, ".2f"), x_ci: _mult_ci(row.compute_multiplier_ci)}
+        return "" if row.baseline else lines(*[at.get(q, "") for q in plan(row)])
+
+    cols = [Column("variant", lambda r: r.variant, ("variant",), align=Align.LEFT),
+            Column("", lambda r: lines(*[q.label for q in plan(r)]), align=Align.LEFT, targets=ONLY_TERMINAL)]
+    cols += [Column(f"{q.label} {name}", (lambda r, i=i, q=q: q.cell(r.rungs[i])),
+                    (Field(f"{q.key}_{name}", lambda r, i=i, q=q: q.raw(r.rungs[i])),), targets=ONLY_TEXT)
+             for q in figures for i, name in enumerate(rungs)]
+    cols += [Column(name, (lambda r, i=i: lines(*[q.cell(r.rungs[i]) for q in plan(r)])), targets=ONLY_TERMINAL)
+             for i, name in enumerate(rungs)]
+    return cols + [
+        Column("x projected", lambda r: num(r.compute_multiplier, ".2f"), ("compute_multiplier",), targets=ONLY_TEXT),
+        Column(pct, lambda r: _mult_ci(r.compute_multiplier_ci), ("compute_multiplier_ci",), targets=ONLY_TEXT),
+        Column("x projected", projected, targets=ONLY_TERMINAL, short="x\nprojected", priority=1),
+        Column("wins every rung", lambda r: _wins(r, len(rungs)), ("wins_every_rung", "wins_beyond_noise"),
+               compact=lambda r: _wins(r, len(rungs), compact=True), short="wins\nevery rung", priority=2)]
 
 
 def transfer_compare(runs: Sequence[Run], record: dict, baseline: Optional[str] = None,
                      alpha: float = ALPHA) -> Report:
     points = to_points(runs, record)
-    if record.get("kind") == "lr_grid":
+    if record.get("kind") == ReportKind.LR_GRID:
         return lr_grid_report(points, record, baseline, alpha)
     return ladder_report(points, record, baseline, alpha)

@@ -289,10 +289,11 @@ def _print_compare(sweep_dir: Path, logger: Any = None) -> bool:
         record = read_transfer(sweep_dir)
         if record is not None:
             from ablate.analysis.load import find_runs
-            from ablate.analysis.transfer_report import render, transfer_compare
+            from ablate.analysis.render import print_table
+            from ablate.analysis.transfer_report import transfer_compare
 
             report = transfer_compare(find_runs([sweep_dir]), record)
-            print(render(report, "table"), end="")
+            print_table(report.table)
             _log_report(report, sweep_dir, logger)
         else:
             print_comparison(compare_dirs([sweep_dir]))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ablate.errors import AblateError
-from ablate.vocab import METRICS
+from ablate.vocab import GRAD_NORM, METRICS, TOKENS, TRAIN_LOSS, VAL_LOSS, Status
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,10 @@ class Panel:
 # What a panel adds to a metric's title and scale (ablate.vocab.METRICS): the train loss carries
 # the validation points, and the losses fit their y-range to the end of training.
 PANEL_EXTRAS = {
-    "train_loss": {"title": "loss (line: train, markers: val)", "points": "val_loss", "tail": 0.2},
-    "val_loss": {"tail": 0.2},
+    TRAIN_LOSS: {"title": "loss (line: train, markers: val)", "points": VAL_LOSS, "tail": 0.2},
+    VAL_LOSS: {"tail": 0.2},
 }
-DEFAULT_KEYS = ("train_loss", "grad_norm")
+DEFAULT_KEYS = (TRAIN_LOSS, GRAD_NORM)
 
 
 def panel_for(key: str) -> Panel:
@@ -102,7 +102,7 @@ def _series(run, key: str) -> dict[int, tuple[float, float]]:
         except (TypeError, ValueError):
             continue
         if math.isfinite(v) and "step" in row:
-            out[int(row["step"])] = (float(row.get("tokens", row["step"])), v)
+            out[int(row["step"])] = (float(row.get(TOKENS, row["step"])), v)
     return out
 
 
@@ -138,8 +138,8 @@ def _delta_series(group, base, key: str):
     """x, mean difference, min and max of the per-seed differences from the baseline, at the
     steps both logged; per-seed differences over the seeds both completed (paired), else only
     the difference of the mean curves (min = max = mean)."""
-    ok = [r for r in group.runs if r.status == "completed"]
-    base_ok = [r for r in base.runs if r.status == "completed"]
+    ok = [r for r in group.runs if r.status == Status.COMPLETED]
+    base_ok = [r for r in base.runs if r.status == Status.COMPLETED]
     gx, gm, _, _ = _band(ok, key)
     bx, bm, _, _ = _band(base_ok, key)
     steps_g = sorted(set().union(*[_series(r, key) for r in ok])) if ok else []
@@ -204,7 +204,7 @@ def _draw_delta(ax, cmp, key: str, colors) -> int:
     how += ["y fitted to the last 50% of tokens"] if zoomed else []
     ax.set_title(f"Δ {key} vs baseline (below 0: lower than the baseline)"
                  + ("\n" + "; ".join(how) if how else ""))
-    ax.set_xlabel("tokens")
+    ax.set_xlabel(TOKENS)
     ax.set_ylabel(f"Δ {key}")
     ax.grid(alpha=0.3)
     return drawn
@@ -259,7 +259,7 @@ def _draw_panel(ax, panel: Panel, cmp, colors) -> int:
     curves, drawn = [], 0  # (xs, ys) of everything drawn: the y-range of a tail panel fits them
     for i, (group, row) in enumerate(zip(cmp.groups, cmp)):
         color = colors[i % len(colors)]
-        ok = [r for r in group.runs if r.status == "completed"]
+        ok = [r for r in group.runs if r.status == Status.COMPLETED]
         xs, mean, lo, hi = _band(ok, panel.key)
         label = _legend_label(row.variant) + (f" (n={len(ok)})" if ok else "")
         if xs:
@@ -279,8 +279,8 @@ def _draw_panel(ax, panel: Panel, cmp, colors) -> int:
         drawn += _draw_stopped(ax, panel.key, group, row.variant, color)
     zoomed = panel.tail > 0 and _fit_tail(ax, curves, panel.tail)
     ax.set_title(panel.title + (f"\ny fitted to the last {1 - panel.tail:.0%} of tokens" if zoomed else ""))
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("loss" if panel.points == "val_loss" else panel.key)
+    ax.set_xlabel(TOKENS)
+    ax.set_ylabel("loss" if panel.points == VAL_LOSS else panel.key)
     if panel.log_y and ax.lines:
         ax.set_yscale("log")
         plain_ticks(ax)
@@ -297,7 +297,7 @@ def _draw_stopped(ax, key: str, group, variant: str, color) -> int:
     """The runs that did not complete: not averaged in, but not hidden either."""
     drawn = 0
     for r in group.runs:
-        ser = _series(r, key) if r.status != "completed" else None
+        ser = _series(r, key) if r.status != Status.COMPLETED else None
         if ser:
             pts = [ser[s] for s in sorted(ser)]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", lw=1, color=color,

@@ -13,10 +13,10 @@ REPORT_JOB_TYPE = "transfer-report"
 
 
 def table_rows(report) -> tuple[list[str], list[list]]:
-    """The report's columns as a W&B table: the --json keys of each column, nested values as JSON."""
-    keys = [k for c in report.columns for k in (c[1] if isinstance(c[1], tuple) else (c[1],))]
+    """The report's table as a W&B table: its csv fields, nested values as JSON."""
+    keys, values = report.table.raw()
     cell = lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v
-    return keys, [[cell(r.get(k)) for k in keys] for r in report.rows]
+    return keys, [[cell(v) for v in row] for row in values]
 
 
 def log_report(logger_cfg: Any, sweep_dir: Path, report, plot: Optional[Path]) -> Optional[str]:
@@ -41,7 +41,7 @@ def log_report(logger_cfg: Any, sweep_dir: Path, report, plot: Optional[Path]) -
         if plot is not None and Path(plot).is_file():
             logged[f"{report.kind}/plot"] = wandb.Image(str(plot))
         run.log(logged)
-        for r in report.rows:  # the headline numbers, searchable in the runs table
+        for r in (row.as_dict() for row in report.rows):  # the headline numbers, searchable in the runs table
             for k in ("lr_sensitivity", "best_lr", "tuned_delta", "compute_multiplier"):
                 if r.get(k) is not None:
                     run.summary[f"{r['variant']}/{k}"] = r[k]

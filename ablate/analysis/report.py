@@ -1,0 +1,113 @@
+"""Which report `ablate compare` gives, from its options: an ordinary comparison (one row per
+variant, or per run), an --lr-grid sweep's or a --ladder sweep's report, or one LR or rung of
+such a sweep (--where) as an ordinary comparison. Each is a Report: one Table (render.py
+prints it in every format) and what its figure draws."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ablate.analysis.load import CompareError, Run, print_warning
+from ablate.analysis.render import FORMATS
+from ablate.analysis.stats import ALPHA
+from ablate.analysis.table import Table
+from ablate.vocab import VAL_LOSS
+
+
+class ReportKind(str, Enum):
+    COMPARISON = "comparison"  # one row per variant
+    PER_SEED = "per_seed"  # one row per run
+    LR_GRID = "lr_grid"
+    LADDER = "ladder"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+@dataclass
+class Report:
+    kind: ReportKind
+    table: Table
+    comparison: Any = None  # compare.Comparison of an ordinary report: its plots read it
+    points: list = field(default_factory=list)  # transfer_report.Point: every run of a grid or ladder
+    ladder: Any = None  # transfer_report.LadderFit: the ladder's fitted curves, for its figure
+
+    @property
+    def rows(self) -> list:
+        return self.table.rows
+
+    @property
+    def notes(self) -> list[str]:
+        return self.table.notes
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """`ablate compare`'s options, as the command line gives them."""
+
+    metric: str = VAL_LOSS
+    baseline: Optional[str] = None  # a run directory or a variant name
+    where: tuple[str, ...] = ()  # KEY=VALUE filters
+    allow_mixed: bool = False
+    fmt: str = "table"  # one of FORMATS
+    per_seed: bool = False
+    wide: bool = False  # a narrow terminal keeps every column (one field per line if they do not fit)
+    json: bool = False
+    plot: Optional[Path] = None
+    plot_keys: tuple[str, ...] = ()
+    alpha: float = ALPHA
+
+    def check(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise CompareError(f"--alpha must be between 0 and 1, got {self.alpha}")
+        if self.fmt not in FORMATS:
+            raise CompareError(f"--format {self.fmt}: choose one of {', '.join(FORMATS)}")
+
+    @property
+    def machine_readable(self) -> bool:
+        """stdout is for a program (--json, csv, ...): every other message goes to stderr."""
+        return self.json or self.fmt != "table"
+
+
+def build_report(paths: Sequence[Path | str], options: CompareOptions,
+                 warn: Callable[[str], None] = print_warning) -> Report:
+    """The report on the runs under `paths` that match options.where."""
+    from ablate.analysis.columns import comparison_table
+    from ablate.analysis.compare import compare_runs, load_runs
+
+    options.check()
+    runs = load_runs(paths, options.where, warn)
+    transfer = _transfer_report(paths, runs, options)
+    if transfer is not None:
+        return transfer
+    cmp = compare_runs(runs, options.metric, options.baseline, options.alpha, options.allow_mixed)
+    return Report(ReportKind.PER_SEED if options.per_seed else ReportKind.COMPARISON,
+                  comparison_table(cmp, options.per_seed), comparison=cmp)
+
+
+def _transfer_report(paths: Sequence[Path | str], runs: list[Run], options: CompareOptions) -> Optional[Report]:
+    """An --lr-grid or --ladder sweep's report; None for other runs, and for one LR and one
+    model size of such a sweep (--where): an ordinary comparison."""
+    from ablate.analysis.transfer_report import find_transfer, transfer_compare, transfer_record
+
+    if not find_transfer(paths):
+        return None
+    record = transfer_record(runs)
+    if record is None or (options.where and _one_point(runs)):
+        return None
+    given = [flag for flag, on in (("--metric", options.metric != VAL_LOSS), ("--per-seed", options.per_seed),
+                                   ("--plot-key", bool(options.plot_keys))) if on]
+    if given:
+        raise CompareError(f"{', '.join(given)}: not available for an --lr-grid or --ladder sweep, whose "
+                           "report is on the final val_loss (compare one of its LRs or rungs with "
+                           "--where train.lr=X or --where model.d_model=X instead)")
+    return transfer_compare(runs, record, options.baseline, options.alpha)
+
+
+def _one_point(runs: list[Run]) -> bool:
+    """The runs (after --where) share one learning rate and one model size."""
+    keys = ("train.lr", "model.d_model", "model.n_layers")
+    return len({tuple(r.config.get(k) for k in keys) for r in runs}) == 1
