@@ -25,13 +25,23 @@ def schema_keys() -> list[str]:
     return list(_flat(OmegaConf.to_container(OmegaConf.structured(AblateConfig)), "").keys())
 
 
-def unknown_key_message(key: str) -> str:
+def unknown_key_message(key: str, node: Optional[type] = None) -> str:
     """`model.n_layer` -> did you mean model.n_layers? The wrong part is matched against its
     siblings only (`model.foo` is not close to `model.d_ff` because both start `model.`); with
-    none close, the valid keys there are listed."""
+    none close, the valid keys there are listed. node: the dataclass of the node holding the key
+    (an option's own schema: `norm.foo` with norm=dyt lists its settings too)."""
+    import dataclasses
     import difflib
 
-    leaves = [k.lstrip(".") for k in schema_keys()]
+    from ablate.config import setting_owners
+
+    holder, _, leaf = key.rpartition(".")
+    node_keys = {f.name for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else set()
+    owners = setting_owners(key)
+    if owners and leaf not in node_keys:
+        return (f"unknown config key '{key}': a setting of {' or '.join(owners)} only; choose that "
+                "option or drop the key")
+    leaves = [k.lstrip(".") for k in schema_keys()] + [f"{holder}.{k}" for k in node_keys if holder]
     nodes = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}
     parts = key.split(".")
     depth = 0  # the first part that names nothing: the one to correct
@@ -57,7 +67,7 @@ def hydra_message(e: Exception) -> str:
     cause = e.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
-            return unknown_key_message(cause.full_key)
+            return unknown_key_message(cause.full_key, getattr(cause, "object_type", None))
         reason = str(cause).splitlines()[0].strip()
         return f"{cause.full_key}: {reason}"
     text = str(e).split("Config search path")[0]
@@ -71,10 +81,14 @@ def check_known_keys(cfg: Any) -> None:
     """`+train.stpes=10` appends a key Hydra accepts and nothing reads: refuse it."""
     from omegaconf import OmegaConf
 
-    known = set(schema_keys())
+    from ablate.config import setting_keys
+
+    known = set(schema_keys()) | {f".{k}" for k in setting_keys(cfg)}
     for key in _flat(OmegaConf.to_container(cfg, resolve=False), ""):
         if key not in known and not any(key.startswith(k + ".") for k in known):
-            raise ConfigError(unknown_key_message(key.lstrip(".")))
+            parent = key.lstrip(".").rpartition(".")[0]
+            node = OmegaConf.get_type(OmegaConf.select(cfg, parent)) if parent else None
+            raise ConfigError(unknown_key_message(key.lstrip("."), node))
 
 
 SECRET_MESSAGE = ("credentials are not accepted in the config (they would be written to the run's "

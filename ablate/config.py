@@ -20,17 +20,10 @@ COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch._dy
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # ablate/train/backends.py
 
-def _axis_schema(axis: Any) -> type:
-    """An axis's config node, from its declaration (ablate/model/options.py): the option's name
-    and the axis's keys, typed by their defaults (a null default is an optional float, e.g.
-    dropout.attn); each option's config node sets its own values over these."""
-    fields = [("name", str, field(default=axis.default))]
-    fields += [(key, Optional[float] if value is None else type(value), field(default=value))
-               for key, value in axis.config.items()]
-    return make_dataclass(axis.name.title().replace("_", "") + "Config", fields)
-
-
-AXIS_SCHEMAS = {name: _axis_schema(options.AXES[name]) for name in AXES}
+# Each axis's config node: the option's name and the axis's keys, typed by their defaults (a null
+# default is an optional float, e.g. dropout.attn); an option with settings of its own composes a
+# subclass of it (ablate/model/axis.py: Option.schema).
+AXIS_SCHEMAS = {name: options.AXES[name].schema for name in AXES}
 
 
 @dataclass
@@ -193,6 +186,19 @@ def register_configs() -> None:
 
     ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
     options.store_in_hydra()
+
+
+def setting_keys(cfg: Any) -> list[str]:
+    """The dotted keys of the chosen options' own settings (`norm.alpha0` with norm=dyt): keys
+    of the composed config beyond the schema's."""
+    return [f"{axis}.{key}" for axis in AXES if cfg[axis].name in options.names(axis)
+            for key in options.get(axis, cfg[axis].name).settings]
+
+
+def setting_owners(key: str) -> list[str]:
+    """The options whose own setting `key` is: "norm.alpha0" -> ["norm=dyt"]."""
+    axis, _, leaf = key.partition(".")
+    return [f"{axis}={o.name}" for o in options.declared(axis) if leaf in o.settings] if axis in AXES else []
 
 
 def axis_values(cfg: Any) -> dict[str, str]:

@@ -12,7 +12,7 @@ from ablate.model import options
 from tests.conftest import TINY, compose, find_run_dirs, run_ablate
 
 DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
-    "norm": {"layernorm", "rmsnorm"}, "norm_pos": {"pre", "post", "sandwich", "reordered"},
+    "norm": {"layernorm", "rmsnorm", "dyt"}, "norm_pos": {"pre", "post", "sandwich", "reordered"},
     "act": {"relu", "gelu", "silu", "swiglu", "geglu", "reglu"},
     "pos": {"learned", "sinusoidal", "rope", "alibi", "nope"}, "attn": {"mha", "gqa", "mqa"},
     "tie": {"tied", "untied"}, "bias": {"on", "off"}, "dropout": {"off", "on"}, "qk_norm": {"off", "on"},
@@ -122,7 +122,7 @@ def test_command_line_axis_wins_over_preset():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["norm=batchnorm"], "Available options in 'norm': layernorm, rmsnorm"),
+    (["norm=batchnorm"], f"Available options in 'norm': {', '.join(sorted(DESIGN['norm']))}"),
     (["attn=gqa", "model.n_heads=6", "model.n_kv_heads=4"],
      "model.n_heads=6 is not divisible by model.n_kv_heads=4"),
     (["pos=rope", "model.d_model=36", "model.n_heads=4"], "pos=rope needs an even head dim"),

@@ -45,6 +45,11 @@ BANDS = {"embedding": (0.6, 1.2), "last_block": (0.6, 1.6), "head_input": (0.9, 
 # outputs to the stream (sandwich, reordered): their raw residual stream is 33-66x the pre-norm
 # one by construction; what they hand the head (after the final norm) is compared instead.
 STREAM_NOT_COMPARABLE = {("norm_pos", "post"), ("norm_pos", "sandwich"), ("norm_pos", "reordered")}
+# A norm declared not to normalize (normalizes=False: DyT, ~alpha0 * x near 0) hands the head the
+# residual stream's own scale by its definition (DyT: 0.014x LayerNorm's head input and logits):
+# those bands hold for normalizing norms; test_norms_declare_whether_they_normalize holds the
+# declaration true.
+AFTER_FINAL_NORM = ("head_input", "logits")
 
 
 def build(overrides):
@@ -98,10 +103,25 @@ def test_option_changes_only_its_axis(baseline, axis, option, capsys):
     if axis == "arch":
         return
     ratios = {k: v / base_signals[k] for k, v in signals(variant).items()}
+    normalizes = options.get("norm", cfg.norm.name).normalizes
     for key, (lo, hi) in BANDS.items():
         if key == "last_block" and (axis, option) in STREAM_NOT_COMPARABLE:
             continue
+        if key in AFTER_FINAL_NORM and not normalizes:
+            continue
         assert lo <= ratios[key] <= hi, f"{axis}={option}: {key} RMS ratio {ratios[key]:.3f}"
+
+
+@pytest.mark.parametrize("norm", options.names("norm"))
+def test_norms_declare_whether_they_normalize(norm):
+    """normalizes=True: the output's RMS is the same for an input 10x smaller; False: it is
+    about 10x smaller too (DyT is nearly linear near 0), as the bands above assume."""
+    cfg, model = build([f"norm={norm}"])
+    x = torch.randn(4, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ratio = (model.final_norm(x / 10).pow(2).mean() / model.final_norm(x).pow(2).mean()).sqrt().item()
+    declared = options.get("norm", norm).normalizes
+    assert ratio == (pytest.approx(1.0, rel=0.01) if declared else pytest.approx(0.1, rel=0.5)), ratio
 
 
 def init_keys(cfg) -> dict:

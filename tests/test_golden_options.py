@@ -21,7 +21,7 @@ AXES = GOLDEN / "axes.json"
 # The cases frozen on 2026-11-24: every option of every axis, the presets, a few mixes (fixed here, not
 # read from the registry, so a lost option fails instead of silently dropping its case).
 CASES = [
-    "norm=layernorm", "norm=rmsnorm",
+    "norm=layernorm", "norm=rmsnorm", "norm=dyt",
     "norm_pos=pre", "norm_pos=post", "norm_pos=sandwich", "norm_pos=reordered",
     "act=relu", "act=gelu", "act=silu", "act=swiglu", "act=geglu", "act=reglu",
     "pos=learned", "pos=sinusoidal", "pos=rope", "pos=alibi", "pos=nope",

@@ -101,7 +101,7 @@ def test_export_refuses_an_architecture_no_family_has():
 # Every ModelSpec field, with values that change the model (a field missing here fails the test).
 ALTERNATIVES = {
     "vocab_size": [100], "d_model": [48], "n_layers": [3], "n_heads": [8, 2], "n_kv_heads": [4, 2, 1],
-    "d_ff": [40], "max_seq_len": [32], "norm": ["layernorm", "rmsnorm"], "norm_eps": [0.5],
+    "d_ff": [40], "max_seq_len": [32], "norm": ["layernorm", "rmsnorm", "dyt"], "norm_eps": [0.5],
     "norm_pos": ["pre", "post", "sandwich", "reordered"],
     "act": ["relu", "gelu", "silu", "swiglu", "geglu", "reglu"],
     "pos": ["learned", "sinusoidal", "rope", "alibi", "nope"], "rope_base": [100.0],
@@ -110,6 +110,7 @@ ALTERNATIVES = {
     "init_std": [0.05], "depth_scaled_init": [False], "emb_scale": [True, False],
     "parallel_block": [True], "z_loss": [1e-3], "attn_softcap": [0.5], "logit_softcap": [0.5],
     "act_clamp": [1e-3], "mtp_heads": [1], "mtp_weight": [0.5], "tokenizer_vocab": [90],
+    "settings": [{"norm": {"alpha0": 1.0}}],  # with the families' norms: refused by the spec
 }
 
 
@@ -165,6 +166,16 @@ def test_a_model_no_family_has_is_refused_by_its_keys():
         hf.to_hf(Transformer(spec))
     assert str(e.value) == ("no Hugging Face family matches this architecture: the closest, llama, "
                             "differs in norm='layernorm' (needs 'rmsnorm')")
+
+
+def test_a_norm_no_family_has_is_refused_with_its_settings():
+    """DyT (and any option's own settings) has no HF counterpart: refused by its keys."""
+    dyt = {"norm": "dyt", "settings": {"norm": {"alpha0": 1.0}}}
+    spec = ModelSpec(**{**BASE, **CASES["llama-gqa"][1], **dyt})
+    with pytest.raises(ConfigError) as e:
+        hf.to_hf(Transformer(spec))
+    assert str(e.value) == ("no Hugging Face family matches this architecture: no family has "
+                            "norm='dyt', settings={'norm': {'alpha0': 1.0}}")
 
 
 def test_act_clamp_blocks_every_family():

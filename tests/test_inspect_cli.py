@@ -111,7 +111,7 @@ def test_ffn_size_matching_explained():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["norm=foo"], "Available options in 'norm': layernorm, rmsnorm"),
+    (["norm=foo"], "Available options in 'norm': dyt, layernorm, rmsnorm"),
     (["--dtype", "int8"], "--dtype must be one of bf16, fp16, fp32"),
     (["attn=gqa", "model.n_heads=6", "model.n_kv_heads=4"], "not divisible by model.n_kv_heads=4"),
 ])

@@ -66,7 +66,8 @@ def test_norm_eps_is_the_configured_one():
     x = torch.full((1, 4), 1e-3)  # mean(x^2) = 1e-6: eps decides the result
     for eps in (1e-6, 1e-2):
         expected = 1e-3 / math.sqrt(1e-6 + eps)
-        torch.testing.assert_close(norm_factory("rmsnorm", eps, False)(4)(x), torch.full((1, 4), expected))
+        norm = norm_factory(make_spec(norm="rmsnorm", bias=False), eps=eps)(4)
+        torch.testing.assert_close(norm(x), torch.full((1, 4), expected))
 
 
 # ---- feed-forward --------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ def _rms(x):
 def test_norm_position_ordering(norm_pos, norm, expected):
     """attn(x) = 2x, ffn(x) = x + 1: the block's output follows its diagram."""
     spec = make_spec(norm_pos=norm_pos, norm=norm)
-    block = options.get("norm_pos", norm_pos).build(spec, norm_factory(norm, 1e-5, True))
+    block = options.get("norm_pos", norm_pos).build(spec, norm_factory(spec))
     block.attn, block.ffn = Double(), PlusOne()
     x = torch.tensor([[[1.0, -2.0, 0.5, 3.0] * 8]])
     torch.testing.assert_close(block(x, None), expected(x))
@@ -269,7 +270,7 @@ def test_only_post_norm_drops_the_final_norm():
 
 def test_parallel_block_reads_one_norm():
     spec = make_spec(parallel_block=True)
-    block = options.get("norm_pos", "pre").build(spec, norm_factory("layernorm", 1e-5, True))
+    block = options.get("norm_pos", "pre").build(spec, norm_factory(spec))
     block.attn, block.ffn = Double(), PlusOne()
     x = torch.tensor([[[1.0, -2.0, 0.5, 3.0] * 8]])
     torch.testing.assert_close(block(x, None), x + 2 * _ln(x) + _ln(x) + 1)
@@ -325,7 +326,8 @@ def test_dropout_only_in_train_mode():
 @pytest.mark.parametrize("where", ["attn", "ffn"])
 def test_dropout_hits_both_residual_branches(where):
     torch.manual_seed(0)
-    block = options.get("norm_pos", "pre").build(make_spec(dropout=0.5), norm_factory("layernorm", 1e-5, True)).train()
+    spec = make_spec(dropout=0.5)
+    block = options.get("norm_pos", "pre").build(spec, norm_factory(spec)).train()
     sub = getattr(block, where)
     x = torch.randn(2, 8, 32)
     ctx = options.get("pos", "learned").build(make_spec()).context(8, torch.device("cpu"), torch.float32)

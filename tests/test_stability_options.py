@@ -171,7 +171,7 @@ def test_reordered_block_matches_its_formula_on_a_hand_example():
     s = spec(norm="rmsnorm", norm_pos="reordered", bias=False, d_model=4, n_heads=1, n_kv_heads=1,
              d_ff=8)
     torch.manual_seed(0)
-    block = ReorderedBlock(s, norm_factory("rmsnorm", 1e-5, False))
+    block = ReorderedBlock(s, norm_factory(s))
     with torch.no_grad():
         block.norm1.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0]))
         block.norm2.weight.copy_(torch.tensor([0.25, 1.0, 3.0, 1.0]))

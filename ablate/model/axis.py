@@ -4,19 +4,26 @@ A declaration carries everything the project knows about an option, side by side
 config classes hold `build()` and `num_params()`): its axis and name, its implementation (a class
 or function, or its "module:attr" path, imported on first use so that `ablate axes`, `inspect` and
 config checks need no torch), the parameters it adds as a function of the ModelSpec, and the
-values its config group sets. The name lists, the Hydra config groups, `inspect`'s counts and
-FLOPs, `ablate axes` and the tests all read these declarations. The built-in options are declared
-in ablate/model/options.py; a plugin module (ablate/plugins.py) calls the same function.
+values its config group sets, and its own settings (`settings={"alpha0": 0.5}`: keys that only
+this option has, typed by their defaults). The name lists, the Hydra config groups, `inspect`'s
+counts and FLOPs, `ablate axes` and the tests all read these declarations. The built-in options
+are declared in ablate/model/options.py; a plugin module (ablate/plugins.py) calls the same function.
+
+An option's settings take one path: its config group node (`norm=dyt norm.alpha0=1.0`, typed by
+the option's own schema, a subclass of the axis's), then ModelSpec.settings (the chosen options'
+settings, by axis), then keyword arguments of its implementation. Only the axes whose option the
+ModelSpec names (norm, norm_pos, act, pos) take settings.
 
 What each axis's implementation is (`impl`), and its count (`params`; None: counted on the class,
 built on the meta device, which imports torch: built-in options declare theirs):
-  norm      a class `impl(d, eps=, bias=)` -> nn.Module;   params(spec, d): one norm of width d
-  norm_pos  a Block class `impl(spec, make_norm)`;          params(spec, norm): a block's own
+  norm      a class `impl(d, eps=, bias=, **settings)`;     params(spec, d): one norm of width d;
+            normalizes: its output's scale does not follow its input's (False: DyT)
+  norm_pos  a Block class `impl(spec, make_norm, **settings)`; params(spec, norm): a block's own
             parameters besides attention and FFN, given one norm's count; final_norm: whether
             the model norms the last block's output
-  act       a function of a tensor;                        gated: a GLU (three FFN matrices);
+  act       a function `impl(x, **settings)` of a tensor;  gated: a GLU (three FFN matrices);
             relu_family: it outputs exact zeros (diagnostics count dead units)
-  pos       a Positional class `impl(spec)`;                params(spec)
+  pos       a Positional class `impl(spec, **settings)`;    params(spec)
   attn      a function `(n_heads, kv_group) -> n_kv_heads`; fits(n_heads, n_kv): what an
             explicit model.n_kv_heads must satisfy, `needs` says it in words
   tie, bias, dropout, qk_norm: the bool the option sets
@@ -25,16 +32,29 @@ built on the meta device, which imports torch: built-in options declare theirs):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import sys
+from collections.abc import Mapping as MappingABC
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
 
 from ablate.errors import ConfigError
 
 Spec = Any  # ablate.model.spec.ModelSpec (which imports this module, so not imported here)
+
+
+def _schema(name: str, values: Mapping[str, Any], base: Optional[type] = None) -> type:
+    """A config node's dataclass: each key typed by its default (None: an optional float)."""
+    fields = [(key, Optional[float] if value is None else type(value), field(default=value))
+              for key, value in values.items()]
+    return make_dataclass(name, fields, bases=(base,) if base else ())
+
+
+def _camel(name: str) -> str:
+    return "".join(part.title() for part in "".join(c if c.isalnum() else "_" for c in name).split("_"))
 
 
 @dataclass(frozen=True)
@@ -44,12 +64,23 @@ class Option:
     impl: Any  # the implementation, or "module:attr" (imported by load())
     config: Mapping[str, Any] = field(default_factory=dict)  # its config group's values besides name
     plugin: Optional[str] = None  # the plugin module that registered it; None: built in
+    settings: Mapping[str, Any] = field(default_factory=dict)  # its own keys and their defaults
+    takes_settings: ClassVar[bool] = False  # the ModelSpec names this axis's option (settings reach it)
 
     def load(self) -> Any:
         if not isinstance(self.impl, str):
             return self.impl
         module, _, attr = self.impl.partition(":")
         return getattr(importlib.import_module(module), attr)
+
+    @functools.cached_property
+    def schema(self) -> type:
+        """Its config node's dataclass: the axis's, plus its own settings (Hydra checks
+        `norm.alpha0=abc` and `norm.foo=1` against it at compose time)."""
+        base = AXES[self.axis].schema
+        if not self.settings:
+            return base
+        return _schema(f"{_camel(self.axis)}{_camel(self.name)}Config", self.settings, base)
 
 
 def _numel(module: Any) -> int:
@@ -67,29 +98,33 @@ def _on_meta(build: Callable[[], Any]) -> Any:
 @dataclass(frozen=True)
 class NormOption(Option):
     params: Optional[Callable[[Spec, int], int]] = None
+    # Its output's scale does not follow its input's (LayerNorm, RMSNorm: RMS ~1 times the gain).
+    # False (DyT: tanh(alpha0 * x) ~ alpha0 * x near 0): what reads it starts at its input's scale.
+    normalizes: bool = True
+    takes_settings: ClassVar[bool] = True
 
-    def build(self, d: int, eps: float, bias: bool) -> Any:
-        return self.load()(d, eps=eps, bias=bias)
+    def build(self, d: int, eps: float, bias: bool, settings: Mapping[str, Any]) -> Any:
+        return self.load()(d, eps=eps, bias=bias, **settings)
 
     def count(self, spec: Spec, d: int) -> int:
         if self.params is not None:
             return self.params(spec, d)
-        return _numel(_on_meta(lambda: self.build(d, spec.norm_eps, spec.bias)))
+        return _numel(_on_meta(lambda: norm_factory(spec)(d)))
 
 
 @dataclass(frozen=True)
 class BlockOption(Option):
     params: Optional[Callable[[Spec, int], int]] = None
     final_norm: bool = True
+    takes_settings: ClassVar[bool] = True
 
     def build(self, spec: Spec, make_norm: Callable[[int], Any]) -> Any:
-        return self.load()(spec, make_norm)
+        return self.load()(spec, make_norm, **spec.settings.of(self.axis))
 
     def count(self, spec: Spec, norm: int) -> int:
         if self.params is not None:
             return self.params(spec, norm)
-        make_norm = norm_factory(spec.norm, spec.norm_eps, spec.bias)
-        block = _on_meta(lambda: self.build(spec, make_norm))
+        block = _on_meta(lambda: self.build(spec, norm_factory(spec)))
         return _numel(block) - _numel(block.attn) - _numel(block.ffn)
 
 
@@ -97,14 +132,21 @@ class BlockOption(Option):
 class ActOption(Option):
     gated: bool = False
     relu_family: bool = False  # outputs exact zeros, so a unit can die (diagnostics count them)
+    takes_settings: ClassVar[bool] = True
+
+    def function(self, spec: Spec) -> Callable[[Any], Any]:
+        """The activation with the spec's settings for it bound."""
+        settings = spec.settings.of(self.axis)
+        return functools.partial(self.load(), **settings) if settings else self.load()
 
 
 @dataclass(frozen=True)
 class PosOption(Option):
     params: Optional[Callable[[Spec], int]] = None
+    takes_settings: ClassVar[bool] = True
 
     def build(self, spec: Spec) -> Any:
-        return self.load()(spec)
+        return self.load()(spec, **spec.settings.of(self.axis))
 
     def count(self, spec: Spec) -> int:
         if self.params is not None:
@@ -135,6 +177,55 @@ class Axis:
     default: str  # the option a run without overrides trains
     config: Mapping[str, Any] = field(default_factory=dict)  # its keys besides name, and their defaults
 
+    @functools.cached_property
+    def schema(self) -> type:
+        """Its config node's dataclass (ablate/config.py): the option's name and the axis's keys;
+        an option with settings of its own has a subclass of it (Option.schema)."""
+        return _schema(_camel(self.name) + "Config", {"name": self.default, **self.config})
+
+
+class OptionSettings(MappingABC):
+    """The chosen options' own settings, {axis: {key: value}} (ModelSpec.settings): immutable and
+    hashable like the frozen spec that holds it; `of(axis)` is one option's keyword arguments."""
+
+    def __init__(self, by_axis: Optional[Mapping[str, Mapping[str, Any]]] = None):
+        self._by_axis = {axis: dict(values) for axis, values in (by_axis or {}).items()}
+
+    def of(self, axis: str) -> dict[str, Any]:
+        return dict(self._by_axis.get(axis, {}))
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {axis: dict(values) for axis, values in self._by_axis.items()}
+
+    def __getitem__(self, axis: str) -> Mapping[str, Any]:
+        return dict(self._by_axis[axis])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_axis)
+
+    def __len__(self) -> int:
+        return len(self._by_axis)
+
+    def __hash__(self) -> int:
+        return hash(tuple((a, tuple(sorted(v.items()))) for a, v in sorted(self._by_axis.items())))
+
+    def __deepcopy__(self, memo: dict) -> "OptionSettings":
+        return self  # immutable (dataclasses.asdict deep-copies field values)
+
+    def __repr__(self) -> str:
+        return repr(self._by_axis)  # as messages show it: {'norm': {'alpha0': 0.5}}
+
+
+def chosen_settings(axis: str, name: str, given: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """Option `name`'s settings: its declared defaults, overridden by `given`; a key it does not
+    declare raises ConfigError listing those it does."""
+    option = get(axis, name)
+    unknown = sorted(set(given or {}) - set(option.settings))
+    if unknown:
+        valid = ", ".join(option.settings) or "none"
+        raise ConfigError(f"{axis}.{unknown[0]} is not a setting of {axis}={name}; its settings: {valid}")
+    return {**option.settings, **(given or {})}
+
 
 AXES: dict[str, Axis] = {}  # in the order axes are listed and used in run names
 _OPTIONS: dict[str, dict[str, Option]] = {}
@@ -149,16 +240,15 @@ def declare_axis(name: str, kind: type, default: str, **config: Any) -> Axis:
 
 
 def register_option(axis: str, name: str, impl: Any, *, config: Optional[Mapping[str, Any]] = None,
-                    **declared: Any) -> Any:
+                    settings: Optional[Mapping[str, Any]] = None, **declared: Any) -> Any:
     """Declare option `name` of `axis`: `impl` and the fields of that axis's kind (params=,
-    final_norm=, gated=, ...; see this module's docstring), and `config`, the values its config
-    group sets besides `name` (the axis's keys, e.g. {"eps": 1e-6} for a norm). Returns `impl`."""
+    final_norm=, gated=, ...; see this module's docstring), `config`, the values its config
+    group sets for the axis's keys (e.g. {"eps": 1e-6} for a norm), and `settings`, keys of its
+    own with their defaults (e.g. {"alpha0": 0.5}): they become keys of its config group node
+    and keyword arguments of `impl`. Returns `impl`."""
     if axis not in AXES:
         raise ValueError(f"register_option: unknown axis '{axis}'; axes: {', '.join(AXES)}")
     kind = AXES[axis].kind
-    if axis == "act" and hasattr(impl, "fn") and hasattr(impl, "gated"):  # an ffn.Activation
-        declared = {"gated": impl.gated, "relu_family": getattr(impl, "relu_family", False), **declared}
-        impl = impl.fn
     unknown = set(config or {}) - set(AXES[axis].config)
     fields = {f.name for f in dataclasses.fields(kind)} - {f.name for f in dataclasses.fields(Option)}
     if set(declared) - fields or unknown:
@@ -166,13 +256,32 @@ def register_option(axis: str, name: str, impl: Any, *, config: Optional[Mapping
         raise ValueError(f"register_option: {axis} option '{name}' got '{bad[0]}'; {axis} takes "
                          f"{', '.join(sorted(fields)) or 'no field'} and config keys "
                          f"{', '.join(AXES[axis].config) or '(none)'}")
+    _check_settings(axis, name, kind, settings or {})
     if name in _OPTIONS[axis]:
         raise ValueError(f"{axis}: option '{name}' registered twice")
-    option = kind(axis=axis, name=name, impl=impl, config=dict(config or {}), plugin=_plugin, **declared)
+    option = kind(axis=axis, name=name, impl=impl, config=dict(config or {}), plugin=_plugin,
+                  settings=dict(settings or {}), **declared)
     _OPTIONS[axis][name] = option
     if _hydra:
         _store(option)
     return impl
+
+
+def _check_settings(axis: str, name: str, kind: type, settings: Mapping[str, Any]) -> None:
+    """Settings are new keys of the option's node, with a typed default, on an axis that passes them."""
+    if not settings:
+        return
+    where = f"register_option: {axis} option '{name}'"
+    if not kind.takes_settings:
+        takers = ", ".join(a for a, ax in AXES.items() if ax.kind.takes_settings)
+        raise ValueError(f"{where} got settings; only the options of {takers} take settings")
+    for key, value in settings.items():
+        if not key.isidentifier() or key == "name" or key in AXES[axis].config:
+            raise ValueError(f"{where}: setting '{key}' must be a new identifier (not name or the "
+                             f"axis's keys {', '.join(AXES[axis].config) or '(none)'})")
+        if type(value) not in (bool, int, float, str):
+            raise ValueError(f"{where}: setting '{key}' needs a bool, int, float or str default "
+                             f"(it types the config key), got {value!r}")
 
 
 def get(axis: str, name: str) -> Any:
@@ -195,9 +304,11 @@ def default(axis: str) -> Any:
     return get(axis, AXES[axis].default)
 
 
-def norm_factory(name: str, eps: float, bias: bool) -> Callable[[int], Any]:
-    option = get("norm", name)
-    return lambda d: option.build(d, eps, bias)
+def norm_factory(spec: Spec, eps: Optional[float] = None) -> Callable[[int], Any]:
+    """width -> the spec's norm (its eps unless `eps` is given, its bias, its settings)."""
+    option = get("norm", spec.norm)
+    eps = spec.norm_eps if eps is None else eps
+    return lambda d: option.build(d, eps, spec.bias, spec.settings.of("norm"))
 
 
 @contextmanager
@@ -231,12 +342,13 @@ def _store(option: Option) -> None:
     if conf is not None and (conf / option.axis / f"{option.name}.yaml").is_file():
         return  # the plugin's own file is the option's config (both: Hydra warns, schema matching)
     ConfigStore.instance().store(group=option.axis, name=option.name,
-                                 node={"name": option.name, **option.config}, provider="ablate")
+                                 node=option.schema(name=option.name, **option.config), provider="ablate")
 
 
 def store_in_hydra() -> None:
     """Put every option (and those registered later) in Hydra's ConfigStore, where the config
-    groups find them: `norm=rmsnorm` composes the declaration's {name, **config}."""
+    groups find them: `norm=rmsnorm` composes the declaration's {name, **config, **settings},
+    typed by its schema."""
     global _hydra
     from hydra.core.config_store import ConfigStore
 

@@ -1,6 +1,10 @@
 """Axis `norm_pos`: where the norms sit in a block. One small class per option, so the
 structural difference is visible in `forward`. Declared (name, norms per block, whether the model
-adds a final norm) in ablate/model/options.py."""
+adds a final norm) in ablate/model/options.py.
+
+Every block scales each residual branch by `self.branch_multiplier` (1.0: standard
+parametrization; a depth parametrization such as CompleteP sets it from the spec), so a block
+written today needs no change when it does."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn = CausalSelfAttention(spec)
         self.ffn = build_ffn(spec)
+        self.branch_multiplier = 1.0  # on each branch before its residual add
 
 
 class PreNormBlock(Block):
@@ -41,11 +46,12 @@ class PreNormBlock(Block):
         self.norm2 = None if self.parallel else make_norm(spec.d_model)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        m = self.branch_multiplier
         if self.parallel:
             h = self.norm1(x)
-            return x + self.attn(h, ctx) + self.ffn(h)
-        x = x + self.attn(self.norm1(x), ctx)
-        return x + self.ffn(self.norm2(x))
+            return x + m * self.attn(h, ctx) + m * self.ffn(h)
+        x = x + m * self.attn(self.norm1(x), ctx)
+        return x + m * self.ffn(self.norm2(x))
 
 
 class PostNormBlock(Block):
@@ -61,8 +67,9 @@ class PostNormBlock(Block):
         self.norm2 = make_norm(spec.d_model)
 
     def forward(self, x, ctx):
-        x = self.norm1(x + self.attn(x, ctx))
-        return self.norm2(x + self.ffn(x))
+        m = self.branch_multiplier
+        x = self.norm1(x + m * self.attn(x, ctx))
+        return self.norm2(x + m * self.ffn(x))
 
 
 class SandwichBlock(Block):
@@ -80,8 +87,9 @@ class SandwichBlock(Block):
         self.post_ffn_norm = make_norm(spec.d_model)
 
     def forward(self, x, ctx):
-        x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), ctx))
-        return x + self.post_ffn_norm(self.ffn(self.pre_ffn_norm(x)))
+        m = self.branch_multiplier
+        x = x + m * self.post_attn_norm(self.attn(self.pre_attn_norm(x), ctx))
+        return x + m * self.post_ffn_norm(self.ffn(self.pre_ffn_norm(x)))
 
 
 OLMO2_EPS = 1e-6  # OLMo 2's RMSNorm eps
@@ -110,10 +118,11 @@ class ReorderedBlock(Block):
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
-        make_out_norm = norm_factory(spec.norm, output_norm_eps(spec), spec.bias)
+        make_out_norm = norm_factory(spec, eps=output_norm_eps(spec))
         self.norm1 = make_out_norm(spec.d_model)
         self.norm2 = make_out_norm(spec.d_model)
 
     def forward(self, x, ctx):
-        x = x + self.norm1(self.attn(x, ctx))
-        return x + self.norm2(self.ffn(x))
+        m = self.branch_multiplier
+        x = x + m * self.norm1(self.attn(x, ctx))
+        return x + m * self.norm2(self.ffn(x))

@@ -1,13 +1,15 @@
-"""Axis `norm`: LayerNorm and RMSNorm. Both compute in fp32 so low precision does not bias stats.
-Declared (name, parameter count) in ablate/model/options.py."""
+"""Axis `norm`: LayerNorm, RMSNorm and DyT. All compute in fp32 so low precision does not bias
+stats. Declared (name, parameter count, settings) in ablate/model/options.py."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.model.roles import Role, tag
+from ablate.model.roles import ParamInit, Role, tag
 
 
 class LayerNorm(nn.Module):
@@ -43,3 +45,35 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
         y = F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps)
         return y.to(x.dtype)
+
+
+class DyT(nn.Module):
+    """y = g * tanh(alpha * x) + b   (Zhu et al. 2025, "Transformers without Normalization"):
+    Dynamic Tanh, element-wise, no statistics (so no eps: accepted and unused). alpha is one
+    learned scalar starting at the option's setting alpha0 (norm.alpha0, 0.5 as in the paper);
+    g starts at 1, b at 0, b only with bias=on (as LayerNorm's beta)."""
+
+    def __init__(self, d: int, eps: float = 1e-5, bias: bool = True, alpha0: float = 0.5):
+        super().__init__()
+        self.alpha0 = float(alpha0)
+        self.alpha = nn.Parameter(torch.empty(1))
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+        tag(self.alpha, Role.SCALAR)
+        tag(self.weight, Role.GAIN)
+        tag(self.bias, Role.BIAS)
+        self.init_parameters()
+
+    @torch.no_grad()
+    def init_parameters(self, init: Optional[ParamInit] = None) -> None:
+        """alpha = alpha0: the option's own init, not a role's (init=None: from __init__)."""
+        self.alpha.fill_(self.alpha0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
+        y = torch.tanh(self.alpha.float() * x.float()) * self.weight.float()
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, bias={self.bias is not None}, alpha0={self.alpha0}"

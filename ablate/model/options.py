@@ -50,6 +50,8 @@ declare_axis("norm", NormOption, default="layernorm", eps=1e-5)
 register_option("norm", "layernorm", "ablate.model.norms:LayerNorm",
                 params=lambda spec, d: d * (2 if spec.bias else 1))  # gain (+ beta with bias=on)
 register_option("norm", "rmsnorm", "ablate.model.norms:RMSNorm", params=lambda spec, d: d)  # gain
+register_option("norm", "dyt", "ablate.model.norms:DyT", settings={"alpha0": 0.5}, normalizes=False,
+                params=lambda spec, d: d * (2 if spec.bias else 1) + 1)  # gain (+ beta) + alpha
 
 # ---- norm_pos (ablate/model/blocks.py): a block's norms, given one norm's params ----------------
 declare_axis("norm_pos", BlockOption, default="pre")

@@ -1,10 +1,14 @@
 """Axis `pos`: how a token learns where it is.
 
-Each option is a module with three hooks, so the forward pass shows where position enters:
-  add_to_embeddings(x)   absolute encodings (learned, sinusoidal) are added to the embeddings;
-  context(T)             per-forward tensors the attention layers use: RoPE's (cos, sin) or
-                         ALiBi's additive bias (with the causal -inf folded in, for SDPA).
-Declared (name, parameter count) in ablate/model/options.py.
+Each option is a module with two hooks, so the forward pass shows where position enters:
+  add_to_embeddings(x, offset)   absolute encodings (learned, sinusoidal) are added to the
+                                 embeddings;
+  context(T, device, dtype, offset)
+                                 per-forward tensors the attention layers use: RoPE's (cos, sin)
+                                 or ALiBi's additive bias (with the causal -inf folded in, for SDPA).
+offset is the position of the first of the T tokens (0 in training; a KV cache's length when
+decoding): x's tokens sit at positions offset .. offset + T - 1, and the keys they attend to at
+0 .. offset + T - 1. Declared (name, parameter count) in ablate/model/options.py.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from ablate.model.spec import ModelSpec
 @dataclass
 class AttnContext:
     rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (cos, sin), each (T, head_dim)
-    bias: Optional[torch.Tensor] = None  # (n_heads, T, T) additive, causal mask included
+    bias: Optional[torch.Tensor] = None  # (n_heads, T, offset + T) additive, causal mask included
     alibi_slopes: Optional[torch.Tensor] = None  # (n_heads,): the same bias, for FlexAttention
 
 
@@ -32,10 +36,10 @@ class Positional(nn.Module):
         super().__init__()
         self.spec = spec
 
-    def add_to_embeddings(self, x: torch.Tensor) -> torch.Tensor:
+    def add_to_embeddings(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         return x
 
-    def context(self, T: int, device: torch.device, dtype: torch.dtype) -> AttnContext:
+    def context(self, T: int, device: torch.device, dtype: torch.dtype, offset: int = 0) -> AttnContext:
         return AttnContext()
 
 
@@ -47,8 +51,8 @@ class Learned(Positional):
         self.emb = nn.Embedding(spec.max_seq_len, spec.d_model)
         tag(self.emb.weight, Role.POSITION)
 
-    def add_to_embeddings(self, x):
-        return x + self.emb.weight[: x.shape[1]]  # (B, T, d) + (T, d)
+    def add_to_embeddings(self, x, offset=0):
+        return x + self.emb.weight[offset: offset + x.shape[1]]  # (B, T, d) + (T, d)
 
 
 def sinusoidal_table(T: int, d: int) -> torch.Tensor:
@@ -84,11 +88,11 @@ class Sinusoidal(Positional):
         self.register_buffer("table", self.scale * sinusoidal_table(spec.max_seq_len, spec.d_model),
                              persistent=False)
 
-    def add_to_embeddings(self, x):
-        T = x.shape[1]
-        if T > self.table.shape[0]:
-            self.table = self.scale * sinusoidal_table(T, self.spec.d_model).to(self.table.device)
-        return x + self.table[:T].to(x.dtype)
+    def add_to_embeddings(self, x, offset=0):
+        end = offset + x.shape[1]
+        if end > self.table.shape[0]:
+            self.table = self.scale * sinusoidal_table(end, self.spec.d_model).to(self.table.device)
+        return x + self.table[offset:end].to(x.dtype)
 
 
 def rope_tables(T: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,11 +118,11 @@ class RoPE(Positional):
         super().__init__(spec)
         self._cache: dict = {}
 
-    def context(self, T, device, dtype):
-        key = (T, device)
+    def context(self, T, device, dtype, offset=0):
+        key = (offset + T, device)
         if key not in self._cache:
-            self._cache = {key: rope_tables(T, self.spec.head_dim, self.spec.rope_base, device)}
-        cos, sin = self._cache[key]
+            self._cache = {key: rope_tables(offset + T, self.spec.head_dim, self.spec.rope_base, device)}
+        cos, sin = (t[offset:] for t in self._cache[key])  # (T, hd) each
         return AttnContext(rope=(cos.to(dtype), sin.to(dtype)))
 
 
@@ -138,10 +142,11 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def alibi_bias(n_heads: int, T: int, device=None) -> torch.Tensor:
-    """(n_heads, T, T): -slope * (i - j) for keys j <= query i, -inf for future keys."""
-    i = torch.arange(T, device=device)[:, None]
-    j = torch.arange(T, device=device)[None, :]
+def alibi_bias(n_heads: int, T: int, device=None, offset: int = 0) -> torch.Tensor:
+    """(n_heads, T, offset + T): -slope * (i - j) for keys j <= query i, -inf for future keys;
+    queries at positions offset .. offset + T - 1, keys at 0 .. offset + T - 1."""
+    i = torch.arange(offset, offset + T, device=device)[:, None]
+    j = torch.arange(offset + T, device=device)[None, :]
     dist = (j - i).float()  # <= 0 on and below the diagonal
     bias = alibi_slopes(n_heads).to(device)[:, None, None] * dist  # (H, T, T)
     return bias.masked_fill(j > i, float("-inf"))
@@ -154,10 +159,10 @@ class ALiBi(Positional):
         super().__init__(spec)
         self._cache: dict = {}
 
-    def context(self, T, device, dtype):
-        key = (T, device, dtype)
+    def context(self, T, device, dtype, offset=0):
+        key = (T, device, dtype, offset)
         if key not in self._cache:
-            self._cache = {key: (alibi_bias(self.spec.n_heads, T, device).to(dtype),
+            self._cache = {key: (alibi_bias(self.spec.n_heads, T, device, offset).to(dtype),
                                  alibi_slopes(self.spec.n_heads).to(device))}
         bias, slopes = self._cache[key]
         return AttnContext(bias=bias, alibi_slopes=slopes)

@@ -2,15 +2,18 @@
 
 Modules tag each parameter they create with `tag(param, Role.X)`. `init_weights` and the
 optimizer's decay groups read these tags, so switching an axis (bias on/off, a gated FFN, an
-untied head) changes only the parameters that axis owns.
+untied head) changes only the parameters that axis owns. A module may also initialise its own
+parameters (`init_parameters(init)`, called after the role defaults: DyT's alpha starts at the
+option's alpha0); a role with no default (SCALAR) requires it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 from torch import nn
@@ -24,12 +27,16 @@ class Role(str, Enum):
     HEAD = "head"  # untied output projection
     GAIN = "gain"  # norm scales
     BIAS = "bias"  # additive biases (linear and LayerNorm beta)
+    SCALAR = "scalar"  # one learned number scaling a signal (DyT's alpha); its module sets its value
 
 
-# Decay the matrices, never gains or biases: an explicit table, so bias=off cannot move a
-# weight between groups.
+# Decay the matrices, never gains, biases or scalars: an explicit table, so bias=off cannot move
+# a weight between groups. A scalar is a gain on a whole tensor (DyT's official code, like its
+# ConvNeXt/ViT recipe, exempts 1-D parameters from weight decay).
 DECAY = {Role.EMBEDDING: True, Role.POSITION: True, Role.INPUT: True, Role.OUTPUT: True,
-         Role.HEAD: True, Role.GAIN: False, Role.BIAS: False}
+         Role.HEAD: True, Role.GAIN: False, Role.BIAS: False, Role.SCALAR: False}
+# Roles whose value is a constant at init; SCALAR has none: its module's init_parameters sets it.
+CONSTANT = {Role.GAIN: 1.0, Role.BIAS: 0.0}
 
 _ATTR = "_ablate_role"
 _FUSED = "_ablate_fused"  # row counts of the independent matrices stacked in one weight
@@ -84,6 +91,31 @@ def param_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest, "little") & (2 ** 63 - 1)
 
 
+@dataclass(frozen=True)
+class ParamInit:
+    """What a module's `init_parameters(init)` gets: a generator per parameter keyed by (seed,
+    its name in the model), so a module's own random draws keep init_weights' property. Draw
+    on the CPU and copy (`p.copy_(torch.empty(p.shape).normal_(0, s, generator=g))`), so a
+    model built on another device gets the same numbers."""
+    seed: int
+    names: Mapping[int, str]  # id(parameter) -> its name in the model
+
+    def generator(self, param: nn.Parameter) -> torch.Generator:
+        return torch.Generator().manual_seed(param_seed(self.seed, self.names[id(param)]))
+
+
+def _own_inits(model: nn.Module, init: ParamInit) -> None:
+    """Each module's init_parameters, innermost first, so an outer module's word is the last;
+    a SCALAR parameter of a module without one is refused (its value would be arbitrary)."""
+    for module in reversed(list(model.modules())):
+        own = getattr(module, "init_parameters", None)
+        if own is not None:
+            own(init)
+        elif any(role_of(p) is Role.SCALAR for p in module.parameters(recurse=False)):
+            raise RuntimeError(f"{type(module).__name__} has a Role.SCALAR parameter but no "
+                               "init_parameters(init) to set it")
+
+
 @torch.no_grad()
 def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled: bool,
                  seed: Optional[int] = None, scheme: str = "normal") -> None:
@@ -99,16 +131,19 @@ def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled:
     start with identical values in every tensor they share (same name and shape). Values are
     drawn on the CPU, so a model built on another device gets the same numbers. seed=None:
     torch.initial_seed(), i.e. the seed of the last torch.manual_seed (seed_everything).
+
+    Then every module that defines `init_parameters(init)` (a ParamInit) sets what it owns
+    instead of the role default: an option's own init (DyT's alpha = its alpha0).
     """
     base = torch.initial_seed() if seed is None else int(seed)
     out_div = math.sqrt(2 * n_layers) if depth_scaled else 1.0
+    names = {}
     for name, p in model.named_parameters():  # a tied weight is listed once, under its first name
+        names[id(p)] = name
         r = role_of(p)
-        if r is Role.GAIN:
-            p.fill_(1.0)
-        elif r is Role.BIAS:
-            p.zero_()
-        elif p.device.type != "meta":  # meta: shapes only (inspect --build)
+        if r in CONSTANT:
+            p.fill_(CONSTANT[r])
+        elif r is not Role.SCALAR and p.device.type != "meta":  # meta: shapes only (inspect --build)
             g = torch.Generator().manual_seed(param_seed(base, name))
             div = out_div if r is Role.OUTPUT else 1.0
             w = torch.empty(p.shape, dtype=torch.float32)
@@ -118,6 +153,7 @@ def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled:
                 std = p.shape[1] ** -0.5 if scheme == "xavier" else init_std
                 w.normal_(0.0, std / div, generator=g)
             p.copy_(w)
+    _own_inits(model, ParamInit(base, names))
 
 
 def unique_parameters(model: nn.Module):

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ablate.errors import ConfigError
 from ablate.model import options
+from ablate.model.axis import OptionSettings, chosen_settings
 
 VOCAB_MULTIPLE = 64  # padded vocab: faster matmuls; the padding ids are never targets
 
@@ -71,9 +72,30 @@ class ModelSpec:
     mtp_heads: int = 0
     mtp_weight: float = 0.3
     tokenizer_vocab: Optional[int] = None  # before padding, for reporting
+    # The chosen options' own settings by axis ({"norm": {"alpha0": 0.5}} with norm=dyt), each
+    # option's declared defaults filled in: given as a plain mapping, kept as OptionSettings.
+    settings: OptionSettings = OptionSettings()
 
     def __post_init__(self):
+        object.__setattr__(self, "settings", self._resolved_settings())
         self.check()
+
+    def _resolved_settings(self) -> OptionSettings:
+        """Every chosen option's settings (defaults filled in, unknown keys refused); an axis
+        whose option has none is left out, so a spec without settings reads as before."""
+        given = dict(self.settings or {})
+        out = {}
+        for axis, ax in options.AXES.items():
+            if not ax.kind.takes_settings:
+                continue
+            name = getattr(self, axis)
+            if name in options.names(axis):  # an unknown name is check()'s to report
+                values = chosen_settings(axis, name, given.pop(axis, None))
+                if values:
+                    out[axis] = values
+        if given:
+            raise ConfigError(f"settings for {', '.join(given)}: no option of that axis takes settings here")
+        return OptionSettings(out)
 
     @property
     def head_dim(self) -> int:
@@ -185,11 +207,25 @@ class ModelSpec:
             init=str(m.get("init", "normal")), init_std=m.init_std, depth_scaled_init=m.depth_scaled_init, emb_scale=m.emb_scale,
             parallel_block=m.parallel_block, z_loss=m.z_loss, attn_softcap=m.attn_softcap,
             logit_softcap=m.logit_softcap, act_clamp=m.act_clamp, mtp_heads=m.mtp_heads,
-            mtp_weight=m.mtp_weight, tokenizer_vocab=tokenizer_vocab,
+            mtp_weight=m.mtp_weight, tokenizer_vocab=tokenizer_vocab, settings=config_settings(cfg),
         )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as JSON values; `settings` only when a chosen option has some."""
+        out = asdict(self)
+        settings = out.pop("settings")
+        return {**out, "settings": settings.to_dict()} if settings else out
+
+
+def config_settings(cfg: Any) -> dict[str, dict[str, Any]]:
+    """The chosen options' settings as the config gives them (a config saved before an option
+    had a setting lacks its key: ModelSpec fills in the default)."""
+    out = {}
+    for axis, ax in options.AXES.items():
+        option = options.get(axis, cfg[axis].name)
+        if ax.kind.takes_settings and option.settings:
+            out[axis] = {key: cfg[axis][key] for key in option.settings if key in cfg[axis]}
+    return out
 
 
 def count_params(spec: ModelSpec) -> dict[str, int]:

@@ -29,7 +29,7 @@ class Transformer(nn.Module):
         """seed: keys every parameter's init (None: the current torch seed, see init_weights)."""
         super().__init__()
         self.spec = spec
-        make_norm = options.norm_factory(spec.norm, spec.norm_eps, spec.bias)
+        make_norm = options.norm_factory(spec)
         block = options.get("norm_pos", spec.norm_pos)
         self.tok_emb = nn.Embedding(spec.vocab_size, spec.d_model)
         tag(self.tok_emb.weight, Role.EMBEDDING)
@@ -62,13 +62,15 @@ class Transformer(nn.Module):
             logits = c * torch.tanh(logits / c)
         return logits
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, idx: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """offset: the position of idx[:, 0] (a KV cache's length; attention then needs the
+        cached keys too, so only 0 runs today)."""
         B, T = idx.shape
         x = self.tok_emb(idx)  # (B, T, d)
         if self.emb_multiplier != 1.0:
             x = x * self.emb_multiplier
-        x = self.emb_drop(self.pos.add_to_embeddings(x))
-        ctx = self.pos.context(T, idx.device, x.dtype)
+        x = self.emb_drop(self.pos.add_to_embeddings(x, offset=offset))
+        ctx = self.pos.context(T, idx.device, x.dtype, offset=offset)
         for block in self.blocks:
             x = block(x, ctx)  # (B, T, d)
         return self.final_norm(x)
