@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -136,7 +137,7 @@ def test_fewer_than_three_rungs_show_the_table_and_refuse_to_project_and_a_resum
     res = run_ablate("sweep", "ladder.tokens_per_param=1,2", "--ladder", str(path), *LADDER_ARGS,
                      "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
     assert res.returncode == 0, res.stderr
-    assert "fewer than 3 rungs" in res.stdout and "loss b" in res.stdout
+    assert "fewer than 3 rungs" in res.stdout and re.search(r"┃\s+b\s+┃", res.stdout)  # rung b's column
     before = run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout
     rows = json.loads(before)
     assert rows[1]["compute_multiplier"] is None and rows[1]["rungs"][1]["delta"] is not None
@@ -181,7 +182,7 @@ def test_a_ladder_with_an_lr_grid_compares_each_variant_at_its_best_lr_on_each_r
     res = run_ablate("sweep", "qk_norm=off,on", "--ladder", str(path), "--lr-grid", "3e-3:3e-2:3",
                      "--seeds", "2", *LADDER_ARGS, "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "[24/24]" in res.stdout and "LR a" in res.stdout
+    assert "[24/24]" in res.stdout and "│ LR " in res.stdout  # each rung's best LR, a line of its own
     rows = json.loads(run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
     runs = [(p.parent.name, json.loads(p.read_text())) for p in (tmp_path / "sweep").glob("*/summary.json")]
     lr_of = lambda s: float(next(o for o in s["overrides"] if o.startswith("train.lr=")).split("=")[1])  # noqa: E731

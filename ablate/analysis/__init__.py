@@ -4,9 +4,13 @@
 - checks.py: which runs may share a table, --where filters, the metric
 - groups.py: variants, their labels, the baseline and a study's ladder
 - stats.py: the seed-noise test, Holm's correction, verdicts, seeds needed (typed results)
-- compare.py: compare_dirs, one Row per variant
-- columns.py: the one column list that every format renders; render.py: the formats
+- compare.py: compare_dirs, one Row per variant (SeedRow per run)
+- transfer.py, transfer_report.py: an --lr-grid or --ladder sweep's statistics and rows
+- table.py: the one table model (typed Columns over typed rows); columns.py: the comparison's
+  columns; render.py: the one renderer of every format (terminal, markdown, LaTeX, csv, JSON)
+- report.py: which report compare gives (build_report) from its options (CompareOptions)
 """
 
-from ablate.analysis.compare import Comparison, Row, Versus, compare_dirs, per_seed_rows  # noqa: F401
+from ablate.analysis.compare import Comparison, Row, SeedRow, Versus, compare_dirs, compare_runs, per_seed_rows  # noqa: F401
 from ablate.analysis.load import CompareError, Run, find_runs  # noqa: F401
+from ablate.analysis.report import CompareOptions, Report, ReportKind, build_report  # noqa: F401

@@ -136,4 +136,5 @@ def lines(*parts: Optional[str]) -> str:
 
 
 def column_names(columns: Sequence[Column]) -> str:
-    return ", ".join(c.head for c in columns if c.head)
+    """The columns' headers for a line of prose, each kept on one line when it wraps (no-break spaces)."""
+    return ", ".join(c.head.replace(" ", "\u00a0") for c in columns if c.head)
