@@ -145,7 +145,7 @@ def _rich(table: Table, columns: list[Column], compact: bool, titled: bool) -> A
     for i, c in enumerate(columns):
         if i == 0:  # the row's name: never cut
             t.add_column(c.header(compact), style="bold", no_wrap=True,
-                         min_width=max([len(c.cell(r)) for r in table.rows] + [7]))
+                         min_width=None if compact else max([len(c.cell(r)) for r in table.rows] + [7]))
         else:
             t.add_column(c.header(compact), justify=c.align.value, overflow="fold", no_wrap=compact)
     for row in cells:

@@ -9,6 +9,9 @@ carries, where it shows (`targets`), its alignment and how early a narrow termin
 
 Adding a column to a report: one `Column(...)` in the list its builder returns
 (ablate/analysis/columns.py for compare, transfer_report.py for the LR grid and the ladder).
+A new table (say, the loss at several evaluation lengths) is typed rows plus its columns, those
+per item of a list generated from it as the ladder's per rung are (ladder_columns); the
+renderer needs nothing new.
 """
 
 from __future__ import annotations
@@ -31,9 +34,6 @@ class Target(str, Enum):
 BOTH = frozenset({Target.TEXT, Target.TERMINAL})
 ONLY_TEXT, ONLY_TERMINAL = frozenset({Target.TEXT}), frozenset({Target.TERMINAL})
 
-R = TypeVar("R")
-
-
 class JsonRow:
     """A typed row that reads as its `--json` object too (`row["best_lr"]`), as a script reading
     --json would. Dataclasses: `as_dict()` is their fields in order unless they say otherwise."""
@@ -46,6 +46,9 @@ class JsonRow:
 
     def __contains__(self, key: str) -> bool:
         return key in self.as_dict()
+
+
+R = TypeVar("R", bound=JsonRow)
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ class Table(Generic[R]):
         fields = [f for c in sorted(self.columns, key=lambda c: c.csv_rank) for f in c.raw_fields()]
         values = []
         for r in self.rows:
-            as_json = r.as_dict() if hasattr(r, "as_dict") else {}
+            as_json = r.as_dict()
             values.append([f.of(r, as_json) for f in fields])
         return [f.name for f in fields], values
 
