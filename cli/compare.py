@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from ablate.vocab import VAL_LOSS
+
+if TYPE_CHECKING:
+    from ablate.analysis.report import CompareOptions, Report
 
 
 def register(app: typer.Typer) -> None:
@@ -63,7 +66,7 @@ def register(app: typer.Typer) -> None:
             fail(str(e), e.exit_code)
 
 
-def _compare(paths: List[Path], options) -> None:
+def _compare(paths: List[Path], options: CompareOptions) -> None:
     from ablate.analysis.report import build_report
     from ablate.errors import AblateError
     from ablate.tracking.plots import check_plot_path
@@ -79,7 +82,7 @@ def _compare(paths: List[Path], options) -> None:
         _plot(report, options)
 
 
-def _print(report, options) -> None:
+def _print(report: Report, options: CompareOptions) -> None:
     from ablate.analysis import render as R
 
     if options.json:
@@ -93,7 +96,7 @@ def _print(report, options) -> None:
         typer.echo(R.render(report.table, options.fmt), nl=False)
 
 
-def _plot(report, options) -> None:
+def _plot(report: Report, options: CompareOptions) -> None:
     """The report's figure: an LR grid's or a ladder's, or curves vs tokens (and the
     diagnostics, when runs logged them)."""
     from ablate.analysis.report import ReportKind
