@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.axes import preset_axes
+from ablate.vocab import MFU, TOKENS, TOKENS_PER_S
 
 # ---- device peak FLOP/s: ablate/train/peak.py (the trainer's MFU uses it too) ---------------
 from ablate.train.peak import GPU_PEAKS, Peak, device_peak, gpu_peak, mfu  # noqa: F401,E402
@@ -346,8 +347,8 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     peak = device_peak(device, trainer.precision)
     tps = ours.tokens_per_s
     result = {
-        "tokens_per_s": tps, "step_ms": ours.step_s * 1e3,
-        "mfu": mfu(tps, fpt, peak),
+        TOKENS_PER_S: tps, "step_ms": ours.step_s * 1e3,
+        MFU: mfu(tps, fpt, peak),
         "peak_flops": peak.flops, "peak_flops_source": peak.source,
         "flops_per_token": fpt, "achieved_flops": tps * fpt,
         "peak_memory_bytes": memory, "peak_memory_kind": memory_kind,
@@ -360,8 +361,8 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     }
     if ref is not None:
         result["reference"] = {
-            "tokens_per_s": ref.tokens_per_s, "step_ms": ref.step_s * 1e3, "params": ref.params,
-            "mfu": mfu(ref.tokens_per_s, fpt, peak),
+            TOKENS_PER_S: ref.tokens_per_s, "step_ms": ref.step_s * 1e3, "params": ref.params,
+            MFU: mfu(ref.tokens_per_s, fpt, peak),
             "peak_memory_bytes": ref_memory, "loss_finite": _finite(ref),
             "differs_on": reference_differences(cfg),  # empty: the same model (arch=gpt2)
         }
@@ -451,7 +452,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
         # extra math explains. Below that, its kernels are less efficient than the baseline's.
         flops_ratio = trainer.flops_per_token / v_trainer.flops_per_token
         rows.append({"variant": label, "overrides": extra, "params": v_params,
-                     "tokens_per_s": variant.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s,
+                     TOKENS_PER_S: variant.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s,
                      **ratios, "flops_per_token": v_trainer.flops_per_token, "flops_ratio": flops_ratio,
                      "efficiency": ratios["ratio"] / flops_ratio, "compile_fallback": bool(watch.hits),
                      **({"compile_fallback_reason": watch.reason} if watch.hits else {})})
@@ -482,7 +483,7 @@ def pack_job(config: dict, steps: int, warmup: int) -> dict:
     job.run(0, max(warmup, 1))
     t0 = time.time()
     seconds = job.run(max(warmup, 1), steps)
-    return {"tokens_per_s": steps * job.tokens_per_step / seconds, "tokens_per_step": job.tokens_per_step,
+    return {TOKENS_PER_S: steps * job.tokens_per_step / seconds, "tokens_per_step": job.tokens_per_step,
             "steps": steps, "started": t_start, "timed_from": t0, "timed_to": time.time(),
             "threads": torch.get_num_threads(), "device": _device_name(trainer.device),
             "loss_finite": _finite(job), "hydra_imported": "hydra" in sys.modules}
@@ -576,10 +577,10 @@ def bench_packing(cfg: Any, jobs_per_device: list[int], jobs: int = 8, steps: in
         wall, results = _pool([spec] * jobs, k, env)
         tokens = sum(r["steps"] * r["tokens_per_step"] for r in results)
         training_s = _union(results)
-        rows.append({"jobs_per_device": k, "threads_per_job": threads, "wall_s": wall, "tokens": tokens,
-                     "tokens_per_s": tokens / wall, "training_s": training_s,
+        rows.append({"jobs_per_device": k, "threads_per_job": threads, "wall_s": wall, TOKENS: tokens,
+                     TOKENS_PER_S: tokens / wall, "training_s": training_s,
                      "training_tokens_per_s": tokens / training_s,
-                     "job_tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
+                     "job_tokens_per_s": statistics.median(r[TOKENS_PER_S] for r in results),
                      "max_overlap": _max_overlap(results), "loss_finite": all(r["loss_finite"] for r in results),
                      "jobs": results})
     for row in rows:

@@ -33,21 +33,26 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ablate.errors import RunDirError
-from ablate.rundir import CONFIG, METRICS, SUMMARY, live_status, read_json, resume_command
+from ablate.record import RunRecord, read_record
+from ablate.rundir import CONFIG, METRICS, resume_command
 from ablate.vocab import FINISHED, HOW_COMPUTED, Status, is_not_training
 
 START, RESUME, EXTEND, RETURN = "start", "resume", "extend", "return"
 
 
 @dataclass
-class Record:
+class RunDir:
     """What a run directory holds."""
 
     run_dir: Path
-    status: Optional[str]  # summary.json's, "killed" for a running record whose process is gone
-    summary: dict
+    record: Optional[RunRecord]  # summary.json; None when there is none (or it is unreadable)
     config: Optional[dict]  # the stored config.yaml, resolved; None when there is none
     checkpoints: list = field(default_factory=list)  # [(step, path)], oldest first
+
+    @property
+    def status(self) -> Optional[Status]:
+        """The record's, KILLED for a running record whose process is gone."""
+        return self.record.live_status() if self.record is not None else None
 
     @property
     def finished(self) -> bool:
@@ -55,7 +60,7 @@ class Record:
 
     @property
     def has_run(self) -> bool:
-        return self.config is not None or bool(self.summary) or bool(self.checkpoints)
+        return self.config is not None or self.record is not None or bool(self.checkpoints)
 
     def last_logged_step(self) -> Optional[int]:
         """The last step metrics.jsonl holds (a torn last line is skipped)."""
@@ -74,22 +79,18 @@ class Record:
         return step
 
 
-def read(run_dir: Path) -> Record:
+def read(run_dir: Path) -> RunDir:
     import yaml
 
     from ablate.train.checkpoint import list_checkpoints
 
     run_dir = Path(run_dir)
     try:
-        summary = read_json(run_dir / SUMMARY)
-    except (OSError, ValueError):
-        summary = {}
-    try:
         config = yaml.safe_load((run_dir / CONFIG).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         config = None
-    return Record(run_dir, live_status(run_dir) if summary else None, summary,
-                  config if isinstance(config, dict) else None, list_checkpoints(run_dir))
+    return RunDir(run_dir, read_record(run_dir), config if isinstance(config, dict) else None,
+                  list_checkpoints(run_dir))
 
 
 def _flat(tree: Any, prefix: str = "") -> dict:
@@ -149,21 +150,21 @@ def differences(stored: dict, cfg: Any) -> list[tuple[str, Any, Any]]:
 @dataclass
 class Plan:
     action: str  # START | RESUME | EXTEND | RETURN
-    record: Record
+    found: RunDir
     state: Optional[dict] = None  # the checkpoint to continue (RESUME, EXTEND), loaded and checked
     notice: Optional[str] = None  # one line for the console
     extended_from: Optional[int] = None  # EXTEND: the steps the run had finished
 
 
-def _refusal(record: Record, key: str, old: Any, new: Any, extend_dir: Optional[Path] = None) -> RunDirError:
-    what = (f"a {record.status} run" if record.finished else
-            f"a checkpoint of a {record.status or 'started'} run")
+def _refusal(found: RunDir, key: str, old: Any, new: Any, extend_dir: Optional[Path] = None) -> RunDirError:
+    what = (f"a {found.status} run" if found.finished else
+            f"a checkpoint of a {found.status or 'started'} run")
     hint = "use another directory (hydra.run.dir / hydra.sweep.dir)"
-    if key == "train.steps" and record.status == Status.COMPLETED and isinstance(new, int) and new > (old or 0):
-        hint = (f"to train it further, extend it by name: {resume_command(extend_dir or record.run_dir)} "
+    if key == "train.steps" and found.status == Status.COMPLETED and isinstance(new, int) and new > (old or 0):
+        hint = (f"to train it further, extend it by name: {resume_command(extend_dir or found.run_dir)} "
                 f"--extend {new}; "
                 "or " + hint)
-    return RunDirError(f"{record.run_dir} holds {what} with {key}={old}; this config has {key}={new}: "
+    return RunDirError(f"{found.run_dir} holds {what} with {key}={old}; this config has {key}={new}: "
                        f"{hint}, or start it over with train.resume=never")
 
 
@@ -175,27 +176,27 @@ def check_reentry(run_dir: Path, cfg: Any, extend_dir: Optional[Path] = None) ->
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return None
-    record = read(run_dir)
-    if not record.has_run or cfg.train.resume == "never":
+    found = read(run_dir)
+    if not found.has_run or cfg.train.resume == "never":
         return None
-    diff = differences(record.config, cfg) if record.config is not None else []
+    diff = differences(found.config, cfg) if found.config is not None else []
     extending = bool(cfg.train.get("extend", False))
-    if record.finished:
+    if found.finished:
         if not diff:
-            return Plan(RETURN, record, notice=_finished_line(record))
-        if extending and [k for k, _, _ in diff] == ["train.steps"] and record.status == Status.COMPLETED:
+            return Plan(RETURN, found, notice=_finished_line(found))
+        if extending and [k for k, _, _ in diff] == ["train.steps"] and found.status == Status.COMPLETED:
             old, new = diff[0][1], diff[0][2]
             if new > old:
-                return Plan(EXTEND, record, extended_from=old,
+                return Plan(EXTEND, found, extended_from=old,
                             notice=f"extending {run_dir} from step {old} to {new} (train.extend=true); "
                                    "the extra steps keep the learning rate the schedule ended with")
         # an extension refused: name the key that is not train.steps
-        raise _refusal(record, *next((d for d in diff if extending and d[0] != "train.steps"), diff[0]), extend_dir)
-    if not record.checkpoints:
-        return Plan(START, record, notice=_no_checkpoint_line(record))
+        raise _refusal(found, *next((d for d in diff if extending and d[0] != "train.steps"), diff[0]), extend_dir)
+    if not found.checkpoints:
+        return Plan(START, found, notice=_no_checkpoint_line(found))
     if diff:
-        raise _refusal(record, *diff[0])
-    return Plan(RESUME, record)
+        raise _refusal(found, *diff[0])
+    return Plan(RESUME, found)
 
 
 def plan(run_dir: Path, cfg: Any, world: int, warn: Callable[[str], None]) -> Plan:
@@ -208,26 +209,30 @@ def plan(run_dir: Path, cfg: Any, world: int, warn: Callable[[str], None]) -> Pl
     if decision.action in (RESUME, EXTEND):
         decision.state = checkpoint.latest_valid(Path(run_dir), warn=warn)
         if decision.state is None:  # every checkpoint vanished in between
-            return Plan(START, decision.record, notice=_no_checkpoint_line(decision.record))
+            return Plan(START, decision.found, notice=_no_checkpoint_line(decision.found))
         checkpoint.check_continues(decision.state, Path(run_dir), world, cfg.train.strategy, cfg.train.steps)
         if decision.action == EXTEND:  # a checkpoint older than the keys: its run's own schedule
             decision.state.setdefault("schedule_steps", decision.extended_from)
-            decision.state.setdefault("warmup_steps", resolved_warmup(decision.record.config["train"]))
+            decision.state.setdefault("warmup_steps", resolved_warmup(decision.found.config["train"]))
     return decision
 
 
-def _finished_line(record: Record) -> str:
-    s = record.summary
-    step = f"step {s.get('step', '?')}/{s.get('steps', '?')}"
-    if record.status == Status.DIVERGED:  # training it again would diverge again
-        return (f"{record.run_dir} already diverged at step {s.get('step')} ({s.get('reason')}); returning "
+def _finished_line(found: RunDir) -> str:
+    s = found.record
+    step = f"step {_or(s.step, '?')}/{_or(s.steps, '?')}"
+    if found.status == Status.DIVERGED:  # training it again would diverge again
+        return (f"{found.run_dir} already diverged at step {s.step} ({s.reason}); returning "
                 "that outcome without training (train.resume=never trains it again)")
-    return (f"{record.run_dir} already completed ({step}); returning its result "
-            f"(to train further: {resume_command(record.run_dir)} --extend STEPS)")
+    return (f"{found.run_dir} already completed ({step}); returning its result "
+            f"(to train further: {resume_command(found.run_dir)} --extend STEPS)")
 
 
-def _no_checkpoint_line(record: Record) -> str:
-    last = record.last_logged_step()
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _no_checkpoint_line(found: RunDir) -> str:
+    last = found.last_logged_step()
     logged = f"it had logged up to step {last}" if last else "it had logged no step"
-    was = record.status or "unfinished"
-    return f"{record.run_dir} ({was}) has no checkpoint: starting from step 0 ({logged})"
+    was = found.status or "unfinished"
+    return f"{found.run_dir} ({was}) has no checkpoint: starting from step 0 ({logged})"

@@ -1,20 +1,22 @@
 """The one `@hydra.main` entry point behind `ablate run` and `ablate sweep`.
 
 Hydra owns composition, the output directory, logging, sweepers and launchers; this module
-turns a composed config into a finished run directory with a truthful summary.json.
+turns a composed config into a finished run directory with a truthful record (summary.json:
+ablate/record.py). It builds the run's context (RunContext: who the run is, where, on which
+rank), asks the lifecycle what entering the directory does, opens the record, trains, and
+writes and reports the outcome.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,10 +26,13 @@ from omegaconf import DictConfig, OmegaConf
 from ablate import lifecycle
 from ablate.axes import CONF_DIR
 from ablate.config import axis_values, register_configs, validate
+from ablate.context import ProcessEnv, RunContext
 from ablate.errors import AblateError
-from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, write_atomic, write_json
+from ablate.record import Process, RunRecord
+from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, write_atomic
 from ablate.tracking.sinks import Sink
-from ablate.vocab import STOPPED, STOPPED_EXIT, variant_name, variant_overrides
+from ablate.train.signals import Phase, StopRequest, Stopped
+from ablate.vocab import STOPPED, STOPPED_EXIT, VAL_LOSS, Status, variant_name, variant_overrides
 
 log = logging.getLogger("ablate")
 
@@ -44,15 +49,37 @@ if not OmegaConf.has_resolver("ablate_name"):
 register_configs()
 
 
-def _hydra_info() -> tuple[Path, list[str], bool, Optional[str]]:
+@dataclass(frozen=True)
+class HydraJob:
+    """What Hydra says about this job."""
+
+    run_dir: Path
+    overrides: list[str]  # the task overrides
+    multirun: bool
+    sweep: Optional[str]  # multirun: the sweep directory's name
+
+
+def _hydra_job() -> HydraJob:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    # torchrun ranks of a sweep job run in run mode; their parent passes the sweep's name on
-    sweep_name = Path(hc.sweep.dir).name if multirun else os.environ.get("ABLATE_SWEEP")
-    return Path(hc.runtime.output_dir), list(hc.overrides.task), multirun, sweep_name
+    return HydraJob(Path(hc.runtime.output_dir), list(hc.overrides.task), multirun,
+                    Path(hc.sweep.dir).name if multirun else None)
+
+
+def _identity(job: HydraJob, env: ProcessEnv, previous: Optional[RunRecord]) -> tuple[str, Optional[str]]:
+    """(variant, sweep). A sweep's job is named by its sweeper, a torchrun rank by the run that
+    started it (both through the environment: ablate/context.py); a sweep's job entered on its
+    own (`ablate resume JOB_DIR`) keeps the identity its record holds; else its overrides name it."""
+    if job.multirun:
+        return env.variant or variant_name(job.overrides), job.sweep
+    if env.variant or env.sweep:
+        return env.variant or variant_name(job.overrides), env.sweep
+    if previous is not None and previous.sweep:
+        return previous.variant or variant_name(job.overrides), previous.sweep
+    return variant_name(job.overrides), None
 
 
 def _is_fresh(run_dir: Path) -> bool:
@@ -60,57 +87,59 @@ def _is_fresh(run_dir: Path) -> bool:
     return all(p.name in (".hydra",) or p.suffix == ".log" for p in run_dir.iterdir())
 
 
-def run_experiment(cfg: DictConfig) -> dict:
-    from ablate.train.distributed import StopRequest, request_requeue
+def run_experiment(cfg: DictConfig) -> RunRecord:
+    from ablate.train.distributed import request_requeue
 
-    run_dir, overrides, multirun, sweep_name = _hydra_info()
+    job = _hydra_job()
     stop = StopRequest()
-    old = stop.install()  # from the start: a stop signal at any point ends with a truthful summary
+    old = stop.install()  # from the start: a stop signal at any point ends with a truthful record
     try:
-        summary, code = _run(cfg, run_dir, overrides, multirun, sweep_name, stop)
+        record, code = _run(cfg, job, stop)
     finally:
         StopRequest.restore(old)  # submitit's own handlers again: request_requeue calls them
-    if summary.get("status") == "preempted":
+    if record.status == Status.PREEMPTED:
         request_requeue()  # under submitit: requeue (the job resumes) and exit
-    if code and not multirun:
+    if code and not job.multirun:
         raise SystemExit(code)
-    return summary
+    return record
 
 
-def _run(cfg, run_dir, overrides, multirun, sweep_name, stop) -> tuple[dict, int]:
-    """(summary, exit code). Everything that can refuse the run does so before the run
+def _run(cfg, job: HydraJob, stop: StopRequest) -> tuple[RunRecord, int]:
+    """(record, exit code). Everything that can refuse the run does so before the run
     directory is written: a re-entered directory keeps its record (ablate/lifecycle.py)."""
     from ablate.train import checkpoint, distributed
 
-    rank, lock = 0, RunLock(run_dir)
+    env, lock = ProcessEnv(), RunLock(job.run_dir)
     try:
         distributed.export_submitit_env()  # SLURM tasks_per_node > 1: ranks from submitit
-        rank = int(os.environ.get("RANK", "0"))
+        env = ProcessEnv.read()
         validate(cfg)
         distributed.check_nproc(cfg)
-        world = (int(os.environ["WORLD_SIZE"]) if distributed.in_distributed_env()
-                 else max(1, int(cfg.train.nproc)))
-        decision = lifecycle.plan(run_dir, cfg, world, warn=checkpoint.warn if rank == 0 else _quiet)
+        world = env.world if env.distributed else max(1, int(cfg.train.nproc))
+        decision = lifecycle.plan(job.run_dir, cfg, world, warn=checkpoint.warn if env.rank == 0 else _quiet)
+        variant, sweep = _identity(job, env, decision.found.record)
+        ctx = RunContext(job.run_dir, job.overrides, variant, sweep, job.multirun, stop, rank=env.rank,
+                         world=world, resume_state=decision.state)
         if decision.action == lifecycle.RETURN:
-            if rank == 0:
+            if ctx.is_main:
                 print(decision.notice, file=sys.stderr)
-            return decision.record.summary, 0
+            return decision.found.record, 0
         if distributed.needs_launch(cfg):  # train.nproc > 1: torchrun runs the ranks, we wait
             lock.check_free()
-            return _run_ranks(cfg, run_dir, overrides, sweep_name, stop)
-        if rank == 0:
+            return _run_ranks(cfg, ctx)
+        if ctx.is_main:
             lock.acquire()
             if decision.notice:
                 print(decision.notice, file=sys.stderr)
     except AblateError as e:
         lock.release()
-        if rank == 0:
+        if env.rank == 0:
             print(f"error: {e}", file=sys.stderr)
-            if run_dir.is_dir() and _is_fresh(run_dir):
-                shutil.rmtree(run_dir, ignore_errors=True)
-        return {"status": "failed", "error": str(e)}, e.exit_code
+            if job.run_dir.is_dir() and _is_fresh(job.run_dir):
+                shutil.rmtree(job.run_dir, ignore_errors=True)
+        return RunRecord(Status.FAILED, error=str(e)), e.exit_code
     try:
-        return _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, decision, stop)
+        return _run_locked(cfg, ctx, decision)
     finally:
         lock.release()
 
@@ -126,46 +155,50 @@ def _read_text(path: Path) -> Optional[str]:
         return None
 
 
-def _run_ranks(cfg, run_dir, overrides, sweep_name, stop) -> tuple[dict, int]:
-    """torchrun runs the ranks; rank 0 writes the summary and reports. Here: the outcome when
-    rank 0 could not record it (only a summary this launch wrote tells this launch's outcome)."""
+def _written_by(before: Optional[str], after: Optional[str]) -> Optional[RunRecord]:
+    """The record a launch wrote (every write holds its writer's pid or times), if any."""
+    if after is None or after == before:
+        return None
+    try:
+        return RunRecord.from_json(json.loads(after))
+    except ValueError:
+        return None
+
+
+def _run_ranks(cfg, ctx: RunContext) -> tuple[RunRecord, int]:
+    """torchrun runs the ranks; rank 0 writes the record and reports. Here: the outcome when
+    rank 0 could not record it (only a record this launch wrote tells this launch's outcome)."""
     from ablate.train.checkpoint import list_checkpoints
     from ablate.train.distributed import TORCHRUN_LOG, launch_ranks
 
-    before = _read_text(run_dir / SUMMARY)
-    code = launch_ranks(cfg, run_dir, overrides, sweep_name, stop, __spec__.name)
-    after = _read_text(run_dir / SUMMARY)
-    summary = None
-    if after is not None and after != before:  # every write holds its writer's pid or times
-        try:
-            summary = json.loads(after)
-        except ValueError:
-            pass
-    status = (summary or {}).get("status")
+    before = _read_text(ctx.run_dir / SUMMARY)
+    code = launch_ranks(cfg, ctx.run_dir, ctx.overrides, ProcessEnv.for_ranks(ctx.variant, ctx.sweep),
+                        ctx.stop, __spec__.name)
+    written = _written_by(before, _read_text(ctx.run_dir / SUMMARY))
+    status = written.status if written is not None else None
     # rank 0 stopped with a checkpoint, but not by a signal of ours: torchrun stopped it
     # because another rank failed
     other_rank_failed = status in STOPPED and code not in (0, STOPPED_EXIT)
-    if status not in (None, "running") and not other_rank_failed:
-        return summary, code
-    log = run_dir / TORCHRUN_LOG
+    if status not in (None, Status.RUNNING) and not other_rank_failed:
+        return written, code
+    record = written or RunRecord(Status.FAILED)
+    log = ctx.run_dir / TORCHRUN_LOG
     if other_rank_failed:
-        result = {"status": "failed", "error": f"a rank failed (exit code {code}); see its error above and {log}"}
-    elif stop.signum is not None:  # stopped while the ranks started, before rank 0 could record it
-        found = list_checkpoints(run_dir)
-        result = {"status": stop.status, "reason": f"signal {signal.Signals(stop.signum).name}",
-                  "step": found[-1][0] if found else 0}
-        print(_stopped_line(result, run_dir), file=sys.stderr)
+        record.status, record.error = Status.FAILED, f"a rank failed (exit code {code}); see its error above and {log}"
+    elif ctx.stop.signum is not None:  # stopped while the ranks started, before rank 0 could record it
+        found = list_checkpoints(ctx.run_dir)
+        record.status, record.reason = ctx.stop.status, ctx.stop.reason
+        record.step = found[-1][0] if found else 0
+        print(_stopped_line(record, ctx.run_dir), file=sys.stderr)
         code = STOPPED_EXIT
     else:
-        result = {"status": "failed", "error": f"torchrun exited with code {code} before rank 0 recorded "
-                                               f"the outcome; see {log}"}
-        print(f"error: {result['error']}", file=sys.stderr)
-    if summary is not None:  # this launch's "running" record: make it truthful
-        summary.update(result, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        summary.pop("pid", None)
-        write_json(run_dir / SUMMARY, summary)
-        result = summary
-    return result, code or 1
+        record.status = Status.FAILED
+        record.error = f"torchrun exited with code {code} before rank 0 recorded the outcome; see {log}"
+        print(f"error: {record.error}", file=sys.stderr)
+    if written is not None:  # this launch's "running" record: make it truthful
+        record.finished, record.process = time.strftime("%Y-%m-%dT%H:%M:%S"), None
+        record.write(ctx.run_dir)
+    return record, code or 1
 
 
 _runs_in_process = 0  # the basic launcher runs a sweep's jobs one after another in one process
@@ -192,45 +225,54 @@ class RunningRecord(Sink):
 
     EVERY_S = 5.0
 
-    def __init__(self, path: Path, summary: dict, clock: WallClock):
-        self.path, self.summary, self.clock = path, summary, clock
+    def __init__(self, run_dir: Path, record: RunRecord, clock: WallClock):
+        self.run_dir, self.record, self.clock = run_dir, record, clock
         self.written = clock.started  # _open_record wrote it
 
     def log(self, row: dict) -> None:
-        if "val_loss" in row or time.time() - self.written >= self.EVERY_S:
-            self.summary["wall_time_s"] = self.clock.total()
-            write_json(self.path, self.summary)
+        if VAL_LOSS in row or time.time() - self.written >= self.EVERY_S:
+            self.record.wall_time_s = self.clock.total()
+            self.record.write(self.run_dir)
             self.written = time.time()
 
 
-def _run_locked(cfg, run_dir, overrides, multirun, sweep_name, rank, decision, stop) -> tuple[dict, int]:
+def _run_locked(cfg, ctx: RunContext, decision: lifecycle.Plan) -> tuple[RunRecord, int]:
     global _runs_in_process
-    state, previous = decision.state, decision.record.summary
-    clock = WallClock(time.time(), float(previous.get("wall_time_s") or 0) if state is not None else 0.0)
+    from ablate.train.launch import Launch
+
+    # the same run continued (resumed or extended): its wall time is the sum of its segments
+    continued = decision.found.record if ctx.resume_state is not None else None
+    clock = WallClock(time.time(), (continued.wall_time_s or 0.0) if continued is not None else 0.0)
     # Time to first step: a process's first run counts its imports; a later one, from its start.
-    job_started = clock.started if _runs_in_process else None
+    ctx = replace(ctx, job_started=clock.started if _runs_in_process else None)
     _runs_in_process += 1
-    summary = _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, clock)
-    if rank == 0 and decision.action == lifecycle.START:
-        _warn_warmup(cfg.train, console=not multirun)
-    built: dict[str, Any] = {}  # what train() built, so sinks are finished even on failure
-    exit_code = _train(cfg, run_dir, summary, built, multirun, rank, state, job_started, stop,
-                       RunningRecord(run_dir / SUMMARY, summary, clock))
+    record = _open_record(cfg, ctx, decision, clock)
+    if ctx.is_main and decision.action == lifecycle.START:
+        _warn_warmup(cfg.train, console=not ctx.multirun)
+    launch = Launch(cfg, ctx, RunningRecord(ctx.run_dir, record, clock))
+    exit_code = _train(cfg, ctx, launch, record)
+    _close_record(record, cfg, ctx, continued, clock)
+    if ctx.is_main:
+        _report(record, ctx, launch.sinks)
+    return record, exit_code
+
+
+def _close_record(record: RunRecord, cfg, ctx: RunContext, continued: Optional[RunRecord],
+                  clock: WallClock) -> None:
+    """The end of the record: wall time, finish time; the process is gone."""
     wall = clock.total()
-    if state is not None:  # the same run continued: its wall time is the sum of its segments
-        if state["step"] >= cfg.train.steps:  # its last checkpoint was final: this segment did nothing
+    result = record.result
+    if continued is not None:
+        if ctx.resume_state["step"] >= cfg.train.steps:  # its last checkpoint was final: this segment did nothing
             wall = clock.earlier
-            summary["tokens_per_s"] = previous.get("tokens_per_s", summary.get("tokens_per_s"))
-            summary["mfu"] = previous.get("mfu", summary.get("mfu"))
-        if previous.get("time_to_first_step_s") is not None:
-            summary["time_to_first_step_s"] = previous["time_to_first_step_s"]
-    summary["wall_time_s"] = wall
-    summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    summary.pop("pid", None)
-    summary.pop("job", None)
-    if rank == 0:
-        _record(summary, run_dir, built, multirun, sweep_name)
-    return summary, exit_code
+            if result is not None and continued.result is not None:
+                result.tokens_per_s, result.mfu = continued.result.tokens_per_s, continued.result.mfu
+        first = continued.result.time_to_first_step_s if continued.result is not None else None
+        if first is not None and result is not None:
+            result.time_to_first_step_s = first
+    record.wall_time_s = wall
+    record.finished = time.strftime("%Y-%m-%dT%H:%M:%S")
+    record.process = None
 
 
 def _warn_warmup(train: Any, console: bool) -> None:
@@ -246,101 +288,98 @@ def _warn_warmup(train: Any, console: bool) -> None:
             print(line, file=sys.stderr)
 
 
-def _open_record(cfg, run_dir, overrides, sweep_name, rank, decision, clock: WallClock) -> dict:
+def _open_record(cfg, ctx: RunContext, decision: lifecycle.Plan, clock: WallClock) -> RunRecord:
     """summary.json's "running" record (rank 0 writes it with the resolved config), with the
     wall time of the segments it continues."""
-    # A sweep job is named by its sweeper (what differs from the sweep's baseline).
-    variant = os.environ.get("ABLATE_VARIANT") or variant_name(overrides)
-    summary: dict[str, Any] = {
-        "status": "running", "variant": variant, "axes": axis_values(cfg), "seed": cfg.seed,
-        "data_seed": cfg.data_seed, "overrides": variant_overrides(overrides),
-        "sweep": sweep_name, **owner(),  # pid/host: a reader can tell a killed run (rundir.live_status)
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(clock.started)),
-        "wall_time_s": clock.earlier,
-    }
-    previous = decision.record.summary
-    if previous:
-        summary["previous_status"] = previous.get("status")
-    extended_from = decision.extended_from or (previous.get("extended_from") if decision.state else None)
-    if extended_from is not None:  # stays with the run through later resumes
-        summary["extended_from"] = extended_from
-    if rank == 0:
+    previous = decision.found.record
+    who = owner()  # a reader can tell a killed run (RunRecord.live_status)
+    record = RunRecord(
+        status=Status.RUNNING, variant=ctx.variant, axes=axis_values(cfg), seed=cfg.seed,
+        data_seed=cfg.data_seed, overrides=variant_overrides(ctx.overrides), sweep=ctx.sweep,
+        process=Process(pid=who["pid"], job=who["job"]), host=who["host"],
+        started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(clock.started)),
+        wall_time_s=clock.earlier, previous_status=previous.status if previous is not None else None,
+        # stays with the run through later resumes
+        extended_from=decision.extended_from or (previous.extended_from if previous is not None
+                                                 and ctx.resume_state is not None else None))
+    if ctx.is_main:
         resolved = OmegaConf.to_container(cfg, resolve=True)
-        write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(resolved)))
-        write_json(run_dir / SUMMARY, summary)
-    return summary
+        write_atomic(ctx.run_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        record.write(ctx.run_dir)
+    return record
 
 
-def _train(cfg, run_dir, summary, built, multirun, rank, state, job_started, stop, record) -> int:
-    """Train, with the outcome written into `summary`; returns the exit code. record: the
-    sink that keeps the running record's wall time (RunningRecord)."""
-    from ablate.train.distributed import Stopped
-    from ablate.train.launch import train
-
+def _train(cfg, ctx: RunContext, launch, record: RunRecord) -> int:
+    """Train, with the outcome written into `record`; returns the exit code."""
     try:
-        stop.phase = "startup"  # no step to finish yet: a stop signal ends the run where it is
-        stop.raise_if_stopped()
-        outcome, info = train(cfg, run_dir, summary["variant"], summary["sweep"], rank, built, job_started,
-                              state, stop, quiet=multirun, record=record)
-        summary.update(info)
-        summary.update(outcome.record(cfg.train.steps))
+        ctx.stop.phase = Phase.STARTUP  # no step to finish yet: a stop signal ends the run where it is
+        ctx.stop.raise_if_stopped()
+        outcome = launch.train()
+        record.info = launch.info
+        record.ended(outcome)
         return STOPPED_EXIT if outcome.status in STOPPED else 0
     except AblateError as e:
-        summary.update(status="failed", error=str(e))
-        if rank == 0:  # every rank meets the same error: one line
+        record.status, record.error = Status.FAILED, str(e)
+        if ctx.is_main:  # every rank meets the same error: one line
             print(f"error: {e}", file=sys.stderr)
             log.info(f"error: {e}")  # ablate.log (info: the console handler passes warnings on)
         return e.exit_code
     except (KeyboardInterrupt, Stopped) as e:  # before training started (the trainer handles it after)
         signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.signum
-        summary.update(status="interrupted" if signum == signal.SIGINT else "preempted",
-                       reason=f"signal {signal.Signals(signum).name} before training started",
-                       step=state["step"] if state else 0, steps=cfg.train.steps)
+        record.status = Status.INTERRUPTED if signum == signal.SIGINT else Status.PREEMPTED
+        record.reason = f"signal {signal.Signals(signum).name} before training started"
+        record.step = ctx.resume_state["step"] if ctx.resume_state else 0
+        record.steps = cfg.train.steps
         return STOPPED_EXIT
     except Exception as e:  # a bug: keep the traceback in a file, one line on the console
-        summary.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        log.debug("".join(traceback.format_exc()))
-        where = run_dir / ("error.txt" if rank == 0 else f"error.rank{rank}.txt")
-        where.write_text(traceback.format_exc())
-        who = f"rank {rank}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
-        print(f"error: {who}{summary['error']} (traceback in {where})", file=sys.stderr)
-        log.info(f"error: {who}{summary['error']} (traceback in {where})")
+        record.status = Status.FAILED
+        record.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        _report_bug(ctx, record.error)
         return 1
     finally:
-        stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
+        ctx.stop.phase = Phase.WAIT  # the outcome is known: a late signal must not interrupt its record
 
 
-def _record(summary: dict, run_dir: Path, built: dict, multirun: bool, sweep_name) -> None:
+def _report_bug(ctx: RunContext, error: str) -> None:
+    """The traceback of the exception being handled in a file, one line on the console."""
+    log.debug("".join(traceback.format_exc()))
+    where = ctx.run_dir / ("error.txt" if ctx.is_main else f"error.rank{ctx.rank}.txt")
+    where.write_text(traceback.format_exc())
+    who = f"rank {ctx.rank}: " if ctx.world > 1 else ""
+    print(f"error: {who}{error} (traceback in {where})", file=sys.stderr)
+    log.info(f"error: {who}{error} (traceback in {where})")
+
+
+def _report(record: RunRecord, ctx: RunContext, sinks: Optional[Sink]) -> None:
     """Write the outcome, then report it: a failing dashboard or console must not change it."""
-    write_json(run_dir / SUMMARY, summary)
+    record.write(ctx.run_dir)
     try:
-        if "sinks" in built:
-            built["sinks"].finish(summary)
+        if sinks is not None:
+            sinks.finish(record)
         from ablate.report import print_summary
 
-        print_summary(summary, run_dir, console=not multirun)  # a sweep prints a line per job
+        print_summary(record, ctx.run_dir, console=not ctx.multirun)  # a sweep prints a line per job
     except Exception as e:
-        print(f"warning: reporting failed ({type(e).__name__}: {e}); see {run_dir / SUMMARY}",
+        print(f"warning: reporting failed ({type(e).__name__}: {e}); see {ctx.run_dir / SUMMARY}",
               file=sys.stderr)
-    if summary["status"] in STOPPED:
-        log.info(_stopped_line(summary, run_dir))
-        if not multirun and sweep_name is None:  # a sweep says it for all its jobs
-            print(_stopped_line(summary, run_dir), file=sys.stderr)
+    if record.status in STOPPED:
+        log.info(_stopped_line(record, ctx.run_dir))
+        if not ctx.multirun and ctx.sweep is None:  # a sweep says it for all its jobs
+            print(_stopped_line(record, ctx.run_dir), file=sys.stderr)
 
 
-def _stopped_line(summary: dict, run_dir: Path) -> str:
+def _stopped_line(record: RunRecord, run_dir: Path) -> str:
+    from ablate.rundir import resume_command
     from ablate.train.checkpoint import list_checkpoints
 
     found = list_checkpoints(run_dir)
     saved = f"checkpoint {found[-1][1]}" if found else "no checkpoint yet"
-    from ablate.rundir import resume_command
-
-    return (f"stopped at step {summary.get('step', 0)} ({summary.get('reason')}); {saved}; "
+    return (f"stopped at step {record.step or 0} ({record.reason}); {saved}; "
             f"resume with: {resume_command(run_dir)}")
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def hydra_entry(cfg: DictConfig) -> dict:
+def hydra_entry(cfg: DictConfig) -> RunRecord:
     return run_experiment(cfg)
 
 

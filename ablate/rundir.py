@@ -107,7 +107,9 @@ def read_json(path: Path) -> dict:
 
 def owner() -> dict:
     """Who runs here: enough for a later reader to tell whether that process still lives."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "job": os.environ.get("SLURM_JOB_ID")}
+    from ablate.context import ProcessEnv
+
+    return {"pid": os.getpid(), "host": socket.gethostname(), "job": ProcessEnv.read().slurm_job}
 
 
 def pid_alive(pid: int) -> bool:
@@ -125,22 +127,11 @@ def owner_alive(who: dict) -> Optional[bool]:
     if not who.get("pid"):
         return False
     if who.get("host") not in (None, socket.gethostname()):
-        me = os.environ.get("SLURM_JOB_ID")
+        from ablate.context import ProcessEnv
+
+        me = ProcessEnv.read().slurm_job
         return False if me and me == who.get("job") else None  # a requeued job replaces itself
     return pid_alive(int(who["pid"]))
-
-
-def live_status(run_dir: Path) -> Optional[str]:
-    """summary.json's status, except that a "running" run whose process is gone (SIGKILL, OOM
-    kill, node failure) reads as "killed". None when there is no readable summary."""
-    try:
-        summary = read_json(Path(run_dir) / SUMMARY)
-    except (OSError, ValueError):
-        return None
-    status = summary.get("status")
-    if status == "running" and owner_alive(summary) is False:
-        return "killed"
-    return status
 
 
 def truncate_metrics(path: Path, step: int) -> int:

@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from ablate.vocab import MFU, TOKENS_PER_S
+
 
 def _gb(n: Optional[float]) -> str:
     return "-" if n is None else f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
@@ -44,12 +46,12 @@ def _print_result(r: dict) -> None:
     t.add_column("MFU", justify="right")
     t.add_column("params", justify="right")
     t.add_column("peak memory", justify="right")
-    t.add_row("ablate", f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}", _pct(r["mfu"]),
+    t.add_row("ablate", f"{r[TOKENS_PER_S]:,.0f}", f"{r['step_ms']:.1f}", _pct(r[MFU]),
               f"{r['params']:,}", _gb(r["peak_memory_bytes"]))
     ref = r.get("reference")
     if ref:
-        t.add_row("reference (plain PyTorch GPT)", f"{ref['tokens_per_s']:,.0f}", f"{ref['step_ms']:.1f}",
-                  _pct(ref["mfu"]), f"{ref['params']:,}", _gb(ref["peak_memory_bytes"]))
+        t.add_row("reference (plain PyTorch GPT)", f"{ref[TOKENS_PER_S]:,.0f}", f"{ref['step_ms']:.1f}",
+                  _pct(ref[MFU]), f"{ref['params']:,}", _gb(ref["peak_memory_bytes"]))
     con.print(t)
     con.print(f"model FLOPs/token: {_flops(r['flops_per_token'])} (6N + 12·L·d·T); achieved "
               f"{_flops(r['achieved_flops'])}/s")
@@ -86,7 +88,7 @@ def _print_variants(r: dict) -> None:
         if "error" in row:
             t.add_row(row["variant"], "", "", "", f"n/a: {row['error']}")
         else:
-            t.add_row(row["variant"], f"{row['params']:,}", f"{row['tokens_per_s']:,.0f}",
+            t.add_row(row["variant"], f"{row['params']:,}", f"{row[TOKENS_PER_S]:,.0f}",
                       f"{row['baseline_tokens_per_s']:,.0f}", f"{row['ratio']:.3f}",
                       f"{row['ratio_best']:.3f}", f"{row['flops_ratio']:.3f}", f"{row['efficiency']:.3f}")
     con = table_console()
@@ -198,7 +200,7 @@ def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_ou
         t.add_column(name, justify="right")
     for r in result["rows"]:
         t.add_row(str(r["jobs_per_device"]), str(r["threads_per_job"]), f"{r['wall_s']:.1f}",
-                  f"{r['tokens_per_s']:,.0f}", f"{r['speedup']:.2f}x",
+                  f"{r[TOKENS_PER_S]:,.0f}", f"{r['speedup']:.2f}x",
                   f"{r['training_tokens_per_s']:,.0f}", f"{r['job_tokens_per_s']:,.0f}")
     con = table_console()
     con.print(t)

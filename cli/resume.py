@@ -58,11 +58,12 @@ def sweep_args(sweep_dir: Path, extra: list[str]) -> list[str]:
 
 def resume_line(decision) -> str:
     """What resuming a stopped run does (the run says it itself when it starts over or extends)."""
-    record = decision.record
-    s = record.summary
-    at = f" at step {s['step']}/{s.get('steps', '?')}" if s.get("step") is not None else ""
-    return (f"{record.run_dir} was {record.status or 'started'}{at}; resuming from its checkpoint "
-            f"of step {record.checkpoints[-1][0]}")
+    found, record = decision.found, decision.found.record
+    step = record.step if record is not None else None
+    steps = record.steps if record is not None and record.steps is not None else "?"
+    at = f" at step {step}/{steps}" if step is not None else ""
+    return (f"{found.run_dir} was {found.status or 'started'}{at}; resuming from its checkpoint "
+            f"of step {found.checkpoints[-1][0]}")
 
 
 def register(app: typer.Typer) -> None:
@@ -100,7 +101,6 @@ def register(app: typer.Typer) -> None:
                  "(no multirun.yaml)")
         from ablate.lifecycle import RESUME, RETURN, check_reentry
 
-        _pin_sweep_identity(d)
         args = run_args(d, extra)
         cfg = compose_checked(args, prepare_data=True)  # refuses another experiment (ablate/lifecycle.py)
         decision = check_reentry(d, cfg)
@@ -128,16 +128,3 @@ def _resume_sweep(sweep_dir: Path, extra: list[str]) -> None:
         fail(str(e), e.exit_code)
     call_hydra(args, multirun=True)
 
-
-def _pin_sweep_identity(run_dir: Path) -> None:
-    """A sweep's job keeps its variant name and sweep (its sweeper set them at launch)."""
-    from ablate.rundir import SUMMARY, read_json
-
-    try:
-        summary = read_json(run_dir / SUMMARY)
-    except (OSError, ValueError):
-        return
-    if summary.get("sweep"):
-        os.environ["ABLATE_SWEEP"] = str(summary["sweep"])
-        if summary.get("variant"):
-            os.environ["ABLATE_VARIANT"] = str(summary["variant"])

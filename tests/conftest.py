@@ -124,6 +124,14 @@ def tiny():
     return list(TINY)
 
 
+def run_context(run_dir: Path, variant: str = "baseline", sweep: str | None = None):
+    """The RunContext of a plain run in `run_dir` (rank 0 of 1), as ablate/run.py builds it."""
+    from ablate.context import RunContext
+    from ablate.train.signals import StopRequest
+
+    return RunContext(Path(run_dir), [], variant, sweep, False, StopRequest())
+
+
 def scripted_trainer(run_dir: Path, *overrides: str, losses=None, diagnostics: bool = False):
     """A tiny in-process Trainer (TINY, 30 steps) on random tokens whose rows are collected in
     `trainer.sinks.rows` and whose optimizer updates are counted in `trainer.updates`.

@@ -28,15 +28,14 @@ def fit_each(tmp_path, variants):
     for v in variants:
         trainer = scripted_trainer(tmp_path / v, v, *COMPILED)
         outcomes[v] = trainer.fit()
-        assert outcomes[v].status == "completed"
+        assert outcomes[v].status == "completed" and trainer.compiled
     return outcomes
 
 
 def test_ten_compiled_variants_in_one_process_none_falls_back(tmp_path, clean_dynamo, capsys):
     outcomes = fit_each(tmp_path, VARIANTS)
-    fell = {v: o.extra.get("compile_fallback_reason") for v, o in outcomes.items() if o.extra["compile_fallback"]}
+    fell = {v: o.result.compile_fallback_reason for v, o in outcomes.items() if o.result.compile_fallback}
     assert fell == {}
-    assert all(o.extra["compile"] for o in outcomes.values())
     assert "fell back to eager" not in capsys.readouterr().err
 
 
@@ -47,10 +46,10 @@ def test_without_the_reset_a_later_model_falls_back_and_the_run_says_so(tmp_path
     monkeypatch.setattr("ablate.train.backends.reset_compile_state", lambda: None)
     with torch._dynamo.config.patch(recompile_limit=3):  # monkeypatch's undo breaks dynamo's config
         outcomes = fit_each(tmp_path, VARIANTS[:5])
-    flags = [o.extra["compile_fallback"] for o in outcomes.values()]
+    flags = [o.result.compile_fallback for o in outcomes.values()]
     assert flags[:2] == [False, False] and flags[-1] is True, flags
-    first = next(o for o in outcomes.values() if o.extra["compile_fallback"])
-    assert "recompile_limit" in first.extra["compile_fallback_reason"]
+    first = next(o for o in outcomes.values() if o.result.compile_fallback)
+    assert "recompile_limit" in first.result.compile_fallback_reason
     err = capsys.readouterr().err
     assert err.count("warning: torch.compile fell back to eager") == sum(flags)
 

@@ -46,7 +46,7 @@ def test_the_compiled_update_trains_the_fused_kernels_curve_and_compiles_once(tm
 
     trainer.apply_update = counted
     out = trainer.fit()
-    assert out.status == "completed" and not out.extra["compile_fallback"]
+    assert out.status == "completed" and not out.result.compile_fallback
     # one graph at the first update; a float lr would recompile at every step and give up after 8
     assert graphs[0] > 0 and graphs[-1] == graphs[0], graphs
     assert "fell back to eager" not in capsys.readouterr().err

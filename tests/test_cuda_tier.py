@@ -60,8 +60,8 @@ def test_every_axis_option_trains_compiled_on_cuda(tmp_path, variant):
     trainer = scripted_trainer(tmp_path, *variant.split(), *GPU, *COMPILED, "train.steps=3")
     out = trainer.fit()
     assert out.status == "completed", out.reason
-    assert out.extra["compile"] is True and out.extra["compile_fallback"] is False, out.extra
-    assert torch.isfinite(torch.tensor(out.train_loss))
+    assert trainer.compiled and out.result.compile_fallback is False, out.result
+    assert torch.isfinite(torch.tensor(out.result.train_loss))
 
 
 @pytest.mark.parametrize("pos, softcap, n_kv", [("alibi", None, 4), ("learned", 5.0, 4),
@@ -148,7 +148,7 @@ def test_bench_axes_compiles_every_variant_without_fallback():
 def _bf16_curve(tmp_path, *overrides) -> list[float]:
     trainer = scripted_trainer(tmp_path, *GPU, *COMPILED, "train.steps=20", "train.log_every=1", *overrides)
     out = trainer.fit()
-    assert out.status == "completed" and out.extra["compile_fallback"] is False, (out.reason, out.extra)
+    assert out.status == "completed" and out.result.compile_fallback is False, (out.reason, out.result)
     return [r["train_loss"] for r in trainer.sinks.rows if "train_loss" in r]
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import TINY, compose, scripted_trainer
+from conftest import TINY, compose, run_context, scripted_trainer
 
 from ablate.errors import CheckpointError
 from ablate.rundir import SUMMARY, write_json
@@ -26,7 +26,7 @@ def test_skip_spikes_ends_a_lasting_loss_shift_as_diverged(tmp_path):
     outcome = make_trainer(tmp_path, "train.skip_spikes=true", loss_from=15).fit()
     assert outcome.status == "diverged", outcome
     assert "10 updates in a row skipped as loss spikes" in outcome.reason
-    assert outcome.skipped_steps == 9 and outcome.step == 23
+    assert outcome.result.skipped_steps == 9 and outcome.step == 23
 
 
 def test_a_resumed_run_counts_tokens_from_its_checkpoint(tmp_path):
@@ -40,8 +40,8 @@ def test_a_resumed_run_counts_tokens_from_its_checkpoint(tmp_path):
 
     again = make_trainer(tmp_path, "train.steps=6")
     outcome = again.fit(again.try_resume())
-    assert outcome.tokens == 1_000_000 + 2 * again.tokens_per_step
-    assert again.sinks.rows[-1]["tokens"] == outcome.tokens
+    assert outcome.result.tokens == 1_000_000 + 2 * again.tokens_per_step
+    assert again.sinks.rows[-1]["tokens"] == outcome.result.tokens
 
 
 def test_a_checkpoint_that_does_not_fit_names_the_first_differing_key(tmp_path):
@@ -62,8 +62,8 @@ def test_a_torchrun_launch_reports_only_the_summary_it_wrote(tmp_path, monkeypat
     stale = {"status": "completed", "step": 6}
     write_json(tmp_path / SUMMARY, stale)
     monkeypatch.setattr(distributed, "launch_ranks", lambda *args, **kwargs: 1)
-    summary, code = run._run_ranks(compose(TINY), tmp_path, [], None, distributed.StopRequest())
-    assert summary["status"] == "failed" and code == 1
+    record, code = run._run_ranks(compose(TINY), run_context(tmp_path))
+    assert record.status == "failed" and code == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: torchrun exited with code 1 before rank 0 recorded the outcome; see {tmp_path / 'torchrun.log'}"]
     assert json.loads((tmp_path / SUMMARY).read_text()) == stale
@@ -78,6 +78,6 @@ def test_a_rank_0_killed_mid_run_leaves_a_failed_summary_not_running(tmp_path, m
         return 137
 
     monkeypatch.setattr(distributed, "launch_ranks", killed)
-    summary, code = run._run_ranks(compose(TINY), tmp_path, [], None, distributed.StopRequest())
-    assert code == 137 and summary["status"] == "failed" and "code 137" in summary["error"]
+    record, code = run._run_ranks(compose(TINY), run_context(tmp_path))
+    assert code == 137 and record.status == "failed" and "code 137" in record.error
     assert json.loads((tmp_path / SUMMARY).read_text())["status"] == "failed"

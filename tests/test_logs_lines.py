@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 import re
 import subprocess
 import sys
 
 from conftest import ROOT, TINY, run_ablate, run_on_terminal
 
-from ablate.tracking.sinks import ConsoleSink
+from ablate.record import RunInfo, RunRecord
+from ablate.tracking.sinks import About, ConsoleSink
 
 STEP = re.compile(r"^step +(\d+)/(\d+) \| loss \d+\.\d{4} \| [\d,]+ tok/s( \| mfu \d+\.\d%)? \| eta (\?|\S+)$")
 EVAL = re.compile(r"^step +(\d+)/(\d+) \| val_loss \d+\.\d{4} \| val_bpb \d+\.\d{4}$")
@@ -56,12 +58,12 @@ def rows():
     yield {"step": 10, "tokens": 1280, "train_loss": 3.5, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1500.0}
 
 
-INFO = {"params": 1000, "non_embedding_params": 500, "flops_per_token": 6000, "tokens_per_step": 128,
-        "device": "cuda:0", "precision": "bf16", "compile": True}
+INFO = RunInfo(params=1000, non_embedding_params=500, flops_per_token=6000, tokens_per_step=128,
+               device="cuda:0", precision="bf16", compile=True)
 
 
 def test_step_lines_show_mfu_when_the_row_has_it(capsys, caplog):
-    sink = ConsoleSink(100, tty=False, about={"variant": "norm=rmsnorm", "seed": 1, "run_dir": "runs/x"})
+    sink = ConsoleSink(100, tty=False, about=About("norm=rmsnorm", 1, "runs/x"))
     with caplog.at_level(logging.INFO, logger="ablate"):
         sink.start(INFO)
         for row in rows():
@@ -79,13 +81,14 @@ def test_step_lines_show_mfu_when_the_row_has_it(capsys, caplog):
 def test_a_sweep_job_prints_nothing_but_logs_everything(capsys, caplog):
     from ablate.report import print_summary
 
-    sink = ConsoleSink(100, quiet=True, tty=True, about={"variant": "v", "seed": 0, "run_dir": "d"})
+    sink = ConsoleSink(100, quiet=True, tty=True, about=About("v", 0, "d"))
     with caplog.at_level(logging.INFO, logger="ablate"):
         sink.start(INFO)
         for row in rows():
             sink.log(row)
-        sink.finish({})
-        print_summary({"status": "completed", "variant": "v", "seed": 0}, "d" * 120, console=False)
+        sink.finish(RunRecord("completed"))
+        print_summary(RunRecord.from_json({"status": "completed", "variant": "v", "seed": 0}), "d" * 120,
+                      console=False)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
     logged = [r.getMessage() for r in caplog.records]
@@ -167,8 +170,7 @@ def test_wrapped_lines_keep_every_word_and_fit_unless_a_word_cannot():
     from ablate.tracking.sinks import banner
 
     path = "/runs/2026-11-26/17-19-28_" + "data.paths=h74dba236,model.d_model=32," * 3
-    lines = banner({**INFO, "variant": "norm=rmsnorm", "seed": 0, "steps": 1200, "run_dir": path,
-                    "grad_accum_steps": 4, "micro_batch": 8})
+    lines = banner(About("norm=rmsnorm", 0, path), replace(INFO, grad_accum_steps=4, micro_batch=8), 1200)
     lines.append(("FFN: act=swiglu is gated (three matrices: gate, up, down), so d_ff is 336; " * 3).rstrip())
     for line in lines:
         for width in range(20, 130, 7):

@@ -75,7 +75,7 @@ def test_deterministic_setting_is_applied_and_undone_by_the_next_trainer(tmp_pat
         t = scripted_trainer(tmp_path / "det", "train.deterministic=true", "train.steps=2")
         assert torch.are_deterministic_algorithms_enabled()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # set before any CUDA matmul
-        assert t.fit().extra["deterministic"] is True
+        assert t.fit().result.backend.deterministic is True
         scripted_trainer(tmp_path / "plain", "train.steps=2")  # a sweep's next job, same process
         assert not torch.are_deterministic_algorithms_enabled()
     finally:
@@ -89,14 +89,15 @@ def _backend_flags():
 
 
 def test_tf32_flag_reaches_torch_on_cuda_and_is_a_no_op_on_cpu():
+    from ablate.record import BackendSettings
     from ablate.train.backends import configure_backends
 
     before = _backend_flags()
     cfg = compose([*TINY, "train.tf32=true"]).train
     try:
-        assert configure_backends(cfg, "cpu") == {"deterministic": False}
+        assert configure_backends(cfg, "cpu") == BackendSettings(deterministic=False)
         assert _backend_flags() == before  # CPU: TF32 is a CUDA format; nothing changes
-        assert configure_backends(cfg, "cuda")["tf32"] is True  # the flags exist without a GPU
+        assert configure_backends(cfg, "cuda").tf32 is True  # the flags exist without a GPU
         assert torch.backends.cuda.matmul.fp32_precision == "tf32"
         assert torch.backends.cudnn.conv.fp32_precision == "tf32"
         assert torch.get_float32_matmul_precision() == "high"

@@ -55,7 +55,7 @@ def test_skip_spikes_skips_the_update_counts_it_and_completes(tmp_path):
     trainer = make_trainer(tmp_path, "train.skip_spikes=true", spike_at=15)
     outcome = trainer.fit()
     assert outcome.status == "completed" and outcome.step == 30
-    assert outcome.skipped_steps == 1 and trainer.updates == 29
+    assert outcome.result.skipped_steps == 1 and trainer.updates == 29
     steps = [r["step"] for r in trainer.sinks.rows if "train_loss" in r]
     assert steps == list(range(1, 31))
 

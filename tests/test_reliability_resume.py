@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT, TINY, read_jsonl, run_ablate
 
-from ablate.rundir import live_status
+from ablate.record import live_status
 from ablate.train import checkpoint
 
 STEPS = 150

@@ -98,3 +98,18 @@ def test_a_sweep_directory_replays_its_sweep_pinned_to_it(tmp_path):
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["act=relu", "train.steps=30", "train.resume=never"]))
     assert run_args(run, []) == ["act=relu", "train.steps=30", "train.resume=auto", f"hydra.run.dir='{run}'"]
+
+
+def test_a_sweep_job_resumed_on_its_own_keeps_its_name_and_its_sweep(tmp_path):
+    """`ablate resume JOB_DIR` of a stopped sweep job: the run continues its record's identity
+    (the name its sweeper gave it, the sweep it belongs to: its W&B group), not its overrides'."""
+    run = tmp_path / "job3"
+    assert run_ablate("run", *TINY, "norm=rmsnorm", f"hydra.run.dir={run}").returncode == 0
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(status="preempted", variant="norm=rmsnorm", sweep="sweep-0922")  # as its sweep left it
+    (run / "summary.json").write_text(json.dumps(summary))
+    res = run_ablate("resume", str(run))
+    assert res.returncode == 0, res.stderr
+    done = json.loads((run / "summary.json").read_text())
+    assert (done["status"], done["variant"], done["sweep"]) == ("completed", "norm=rmsnorm", "sweep-0922")
+    assert done["previous_status"] == "preempted"

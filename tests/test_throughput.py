@@ -52,10 +52,10 @@ def test_summary_reports_compile_s(compiled_run):
 def test_outcome_carries_compile_s_and_says_why_there_is_no_mfu(tmp_path):
     trainer = scripted_trainer(tmp_path, *COMPILED, "train.steps=6", "model.n_layers=1")
     out = trainer.fit()
-    x = out.extra
-    assert out.status == "completed" and x["compile"] is True and x["compile_fallback"] is False
-    assert x["compile_s"] > 0
-    assert x["peak_flops_source"].startswith("CPU: no MFU") and x["mfu"] is None
+    x = out.result
+    assert out.status == "completed" and trainer.compiled and x.compile_fallback is False
+    assert x.compile_s > 0
+    assert x.peak_flops_source.startswith("CPU: no MFU") and x.mfu is None
 
 
 def test_mfu_divides_by_one_peak_of_all_devices(tmp_path):
@@ -65,19 +65,20 @@ def test_mfu_divides_by_one_peak_of_all_devices(tmp_path):
     trainer = scripted_trainer(tmp_path, "train.steps=4")
     trainer._peak = Peak(1e12, "a 1 TFLOP/s device")
     out = trainer.fit()
-    assert out.extra["mfu"] == pytest.approx(out.tokens_per_s * trainer.flops_per_token / 1e12)
+    assert out.result.mfu == pytest.approx(out.result.tokens_per_s * trainer.flops_per_token / 1e12)
     rows = [r for r in trainer.sinks.rows if "tokens_per_s" in r]
     assert rows and all(r["mfu"] == pytest.approx(r["tokens_per_s"] * trainer.flops_per_token / 1e12)
                         for r in rows)
 
 
 def test_uncompiled_run_has_no_compile_time(tmp_path):
-    out = scripted_trainer(tmp_path, "train.steps=3", "train.compile=false").fit()
-    assert out.extra["compile"] is False and out.extra["compile_s"] is None
-    assert out.extra["compile_fallback"] is False and out.tokens_per_s > 0
+    trainer = scripted_trainer(tmp_path, "train.steps=3", "train.compile=false")
+    out = trainer.fit()
+    assert not trainer.compiled and out.result.compile_s is None
+    assert out.result.compile_fallback is False and out.result.tokens_per_s > 0
 
 
 def test_a_one_step_run_still_reports_a_speed(tmp_path):
     """No steady state after one step: its whole time is reported rather than nothing."""
     out = scripted_trainer(tmp_path, "train.steps=1").fit()
-    assert out.tokens_per_s > 0
+    assert out.result.tokens_per_s > 0

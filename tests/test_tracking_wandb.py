@@ -9,8 +9,9 @@ import zlib
 
 import pytest
 
+from ablate.record import RunInfo, RunRecord
 from ablate.tracking.wandb_file import BLOCK, WandbFileError, iter_payloads, read_run
-from tests.conftest import TINY, read_jsonl, run_ablate
+from tests.conftest import TINY, read_jsonl, run_ablate, run_context
 
 WANDB_TINY = [o for o in TINY if not o.startswith(("logger=", "train.eval_every="))] + [
     "logger=wandb", "train.eval_every=3", "train.threads=1"]
@@ -101,12 +102,12 @@ def test_a_failed_online_init_is_remembered_so_the_next_run_does_not_wait(tmp_pa
         sink = sink_for(tmp_path / name, mode)
         sink.cfg.init_timeout = timeout
         (tmp_path / name).mkdir()
-        info, t0 = {}, time.monotonic()
+        info, t0 = RunInfo(), time.monotonic()
         sink.start(info)
         waited = time.monotonic() - t0
-        sink.finish({"status": "completed"})
+        sink.finish(RunRecord("completed"))
         warnings = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning:")]
-        return info["wandb"]["mode"], waited, warnings
+        return info.wandb.mode, waited, warnings
 
     mode, waited, warnings = start("first")
     assert mode == "offline" and waited >= timeout  # it tried online and waited
@@ -210,13 +211,13 @@ def sink_for(tmp_path, mode="offline"):
 def test_failed_run_is_finished_with_a_failing_exit_code(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     sink = sink_for(tmp_path)
-    info = {"params": 123, "flops_per_token": 456}
+    info = RunInfo(params=123, flops_per_token=456)
     sink.start(info)
     try:
         sink.log({"step": 1, "tokens": 64, "train_loss": 5.0, "grad_norm": 1.5})
     finally:
-        sink.finish({"status": "failed", "error": "boom", "params": 123})
-    assert sink.run is None and info["wandb"]["mode"] == "offline"
+        sink.finish(RunRecord("failed", error="boom", info=RunInfo(params=123)))
+    assert sink.run is None and info.wandb.mode == "offline"
     run = read_finished(tmp_path)
     assert run.exit_code == 1 and run.summary["status"] == "failed"
     assert run.summary["flops_per_token"] == 456
@@ -232,9 +233,9 @@ def test_a_wandb_that_cannot_start_does_not_stop_the_run(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(wandb, "init", refuse)
     sink = sink_for(tmp_path)
-    sink.start({})
+    sink.start(RunInfo())
     sink.log({"step": 1, "tokens": 64, "train_loss": 5.0})  # no-op, no error
-    sink.finish({"status": "completed"})
+    sink.finish(RunRecord("completed"))
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["warning: W&B offline init failed (RuntimeError: disk full); "
                    "this run is not logged to W&B"]
@@ -246,16 +247,16 @@ def test_a_sweep_run_is_grouped_by_the_sweep_name(tmp_path):
     from tests.conftest import compose
 
     cfg = compose([*WANDB_TINY, "norm=rmsnorm", "act=swiglu", "seed=2"])
-    info = {"params": 10, "non_embedding_params": 5, "flops_per_token": 60}
-    sinks = build_sinks(cfg, tmp_path, "norm=rmsnorm,act=swiglu", "sweep-0922", 0, info)
-    sinks.finish({})  # closes metrics.jsonl; the W&B sink was never started
+    info = RunInfo(params=10, non_embedding_params=5, flops_per_token=60)
+    sinks = build_sinks(cfg, run_context(tmp_path, "norm=rmsnorm,act=swiglu", "sweep-0922"), 0, info)
+    sinks.finish(RunRecord("completed"))  # closes metrics.jsonl; the W&B sink was never started
     (w,) = [s for s in sinks.sinks if isinstance(s, WandbSink)]
     assert w.group == "sweep-0922" and w.name == "norm=rmsnorm,act=swiglu seed=2"
     assert sorted(w.tags) == ["act=swiglu", "norm=rmsnorm"]
     assert w.config["act"] == "swiglu" and w.config["params"] == 10 and w.config["seed"] == 2
     cfg = compose([*WANDB_TINY, "logger.group=mine"])
-    sinks = build_sinks(cfg, tmp_path, "baseline", "sweep-0922", 0, info)
-    sinks.finish({})
+    sinks = build_sinks(cfg, run_context(tmp_path, "baseline", "sweep-0922"), 0, info)
+    sinks.finish(RunRecord("completed"))
     (w,) = [s for s in sinks.sinks if isinstance(s, WandbSink)]
     assert w.group == "mine" and w.tags == []  # an explicit group wins; defaults get no tags
 
@@ -265,7 +266,7 @@ def test_arch_preset_in_the_config_and_a_tag_unless_default(tmp_path):
     from tests.conftest import compose
 
     cfg = compose([*WANDB_TINY, "arch=llama", "model.n_heads=4"])
-    info = {"params": 10}
+    info = RunInfo(params=10)
     # outside a Hydra job the preset is unknown unless the caller names it
     assert "arch" not in wandb_config(cfg, "arch=llama", info)
     config = wandb_config(cfg, "arch=llama", info, arch="llama")
@@ -322,8 +323,8 @@ def test_the_latest_checkpoint_is_logged_as_an_artifact_offline(tmp_path, monkey
     cfg = OmegaConf.create({"mode": "offline", "project": "ablate", "entity": None, "job_type": "train",
                             "init_timeout": 15.0, "log_checkpoint": True})
     sink = WandbSink(cfg, tmp_path, "v seed=0", {"norm": "layernorm"}, [], None, resume_id="ckpttest")
-    sink.start({})
-    sink.finish({"status": "completed", "step": 4})
+    sink.start(RunInfo())
+    sink.finish(RunRecord("completed", step=4))
     run = read_finished(tmp_path)
     assert [(a["type"], a["files"], a["metadata"]) for a in run.artifacts] == [
         ("model", ["step_00000004.pt"], {"step": 4})]

@@ -72,7 +72,7 @@ def test_a_ladder_with_an_lr_grid_scans_each_rung_then_seeds_each_rungs_best_lr(
     losses = {j.name: 3.0 - (j.tag.endswith("lr0.1") if j.tag.startswith("r2") else j.tag.endswith("lr0.01"))
               for j in plan.jobs}
     results = [SimpleNamespace(job=j, status="completed", run_dir=j.name) for j in plan.jobs]
-    monkeypatch.setattr("ablate.sweep.report.summary_value", lambda d, key: losses[d])
+    monkeypatch.setattr("ablate.sweep.report.final_metric", lambda d, name: losses[d])
     second = plan.next_jobs(results)
     assert [(j.name, j.overrides[-2:]) for j in second][:2] == [
         ("baseline_r0_lr0.01_seed1", ["train.lr=0.01", "seed=1"]),

@@ -117,7 +117,7 @@ def find_runs(paths: Sequence[Path | str], warn: Callable[[str], None] = print_w
     """Every run directory (a directory holding summary.json) under the given paths."""
     import yaml
 
-    from ablate.rundir import live_status
+    from ablate.record import live_status
 
     if not paths:
         raise CompareError("give at least one run or sweep directory")

@@ -5,21 +5,21 @@ comparison of its runs (ablate compare), the jobs that did not finish and the sw
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.rundir import resume_command
+from ablate.record import RunRecord, read_record
+from ablate.rundir import SUMMARY, resume_command
 from ablate.sweep.planning import Job
-from ablate.vocab import FINISHED, STOPPED, STOPPED_EXIT
+from ablate.vocab import FINISHED, STOPPED, STOPPED_EXIT, VAL_LOSS, Status
 
 
 @dataclass
 class JobResult:
     job: Job
-    status: str
+    status: Status
     run_dir: Optional[str] = None
     error: str = ""
     earlier: bool = False  # this launch only returned the outcome the job had (a resumed sweep)
@@ -35,17 +35,17 @@ def result_of(job: Job, ret: Any) -> JobResult:
     try:
         value = ret.return_value  # re-raises the job's exception
     except BaseException as e:  # noqa: BLE001 - a crashed job must not stop the summary
-        return JobResult(job, "failed", run_dir, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    if isinstance(value, dict):
-        return JobResult(job, str(value.get("status", "failed")), run_dir, str(value.get("error", "")))
-    return JobResult(job, "failed", run_dir, "the job returned no summary")
+        return JobResult(job, Status.FAILED, run_dir, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if isinstance(value, RunRecord):
+        return JobResult(job, value.status, run_dir, value.error or "")
+    return JobResult(job, Status.FAILED, run_dir, "the job returned no record")
 
 
 def summary_stamp(run_dir: Optional[str]) -> Optional[tuple]:
     """Tells one write of a run's summary.json from another (it is replaced whole, so each write
     is a new file): taken before a launch, it shows which summaries the launch wrote."""
     try:
-        st = (Path(run_dir) / "summary.json").stat()
+        st = (Path(run_dir) / SUMMARY).stat()
     except (OSError, TypeError):
         return None
     return st.st_ino, st.st_mtime_ns, st.st_size
@@ -55,29 +55,24 @@ def recover(job: Job, run_dir: Optional[str], stamp_before: Optional[tuple], los
     """The outcome of a job the launcher lost (it raised instead of returning the job: a job
     killed by SIGKILL, the OOM killer or a node failure, submitit's UncompletedJobError): what
     the job's own summary.json says, if this launch wrote it and it holds an outcome; else failed."""
-    from ablate.rundir import live_status, read_json
-
     stamp = summary_stamp(run_dir)
     if run_dir is None or stamp is None or stamp == stamp_before:
-        return JobResult(job, "failed", run_dir, lost)  # never started, or an earlier sweep's
-    status = live_status(Path(run_dir))
-    if status in FINISHED + STOPPED + ("failed",):
-        try:
-            error = str(read_json(Path(run_dir) / "summary.json").get("error") or "")
-        except (OSError, ValueError, AttributeError):
-            error = ""
-        return JobResult(job, status, run_dir, error)
-    if status == "killed":
+        return JobResult(job, Status.FAILED, run_dir, lost)  # never started, or an earlier sweep's
+    record = read_record(Path(run_dir))
+    status = record.live_status() if record is not None else None
+    if status in FINISHED + STOPPED + (Status.FAILED,):
+        return JobResult(job, status, run_dir, record.error or "")
+    if status == Status.KILLED:
         lost = "its process died before it wrote an outcome (SIGKILL, out of memory or node failure)"
-    return JobResult(job, "failed", run_dir, lost)
+    return JobResult(job, Status.FAILED, run_dir, lost)
 
 
 def earlier_outcome(run_dir: Optional[str]) -> Optional[tuple]:
     """Taken before a launch: (summary stamp, status, step) of a job that has finished, else None."""
-    summary = _summary(run_dir)
-    if summary.get("status") not in FINISHED:
+    record = _record(run_dir)
+    if record is None or record.status not in FINISHED:
         return None
-    return summary_stamp(run_dir), summary["status"], summary.get("step")
+    return summary_stamp(run_dir), record.status, record.step
 
 
 def done_earlier(before: Optional[tuple], run_dir: Optional[str]) -> bool:
@@ -86,10 +81,11 @@ def done_earlier(before: Optional[tuple], run_dir: Optional[str]) -> bool:
     if before is None:
         return False
     stamp, status, step = before
-    summary = _summary(run_dir)
-    if (summary.get("status"), summary.get("step")) != (status, step):
+    record = _record(run_dir)
+    if record is None or (record.status, record.step) != (status, step):
         return False
-    return summary_stamp(run_dir) == stamp or summary.get("resumed_from") == step
+    resumed_from = record.result.resumed_from if record.result is not None else None
+    return summary_stamp(run_dir) == stamp or resumed_from == step
 
 
 def _duration(seconds: float) -> str:
@@ -154,7 +150,8 @@ class Progress:
     def report(self, r: JobResult, seconds: Optional[float] = None) -> None:
         """Print the job's line; `seconds`: how long it took (None: its summary's wall time)."""
         if seconds is None:
-            seconds = summary_value(r.run_dir, "wall_time_s")
+            record = _record(r.run_dir)
+            seconds = record.wall_time_s if record is not None else None
         print(self.line(r, seconds), file=self.out or sys.stdout, flush=True)
 
 
@@ -218,21 +215,21 @@ def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False, logg
         for i, r in enumerate(results):
             print(f"  #{i} {r.job.name:<28} {r.status:<11} {_final_loss(r):<9} {r.run_dir or ''}")
     print(f"sweep: {len(done)}/{len(results)} jobs finished "
-          f"({sum(r.status == 'diverged' for r in results)} diverged); sweep dir {sweep_dir}")
+          f"({sum(r.status == Status.DIVERGED for r in results)} diverged); sweep dir {sweep_dir}")
     for i, r in enumerate(results):
         if r.status not in FINISHED:
-            label = "failed" if r.status == "failed" else "not finished"
+            label = Status.FAILED.value if r.status == Status.FAILED else "not finished"
             print(f"{label}: #{i} {r.job.name} ({r.status}{': ' + r.error if r.error else ''})",
                   file=sys.stderr)
     if any(r.status in STOPPED for r in results):
         print(f"sweep stopped; resume with: {resume_command(sweep_dir)} "
               "(finished jobs return at once, stopped ones resume from their checkpoints)",
               file=sys.stderr)
-        if not done or results[-1].status == "not run":
+        if not done or results[-1].status == Status.NOT_RUN:
             return STOPPED_EXIT
     if results and not done:
         return 1
-    bad = [r for r in results if r.status != "completed"]
+    bad = [r for r in results if r.status != Status.COMPLETED]
     if strict and bad:
         print(f"--strict: {len(bad)} of {len(results)} jobs did not complete "
               f"({', '.join(f'{r.job.name}: {r.status}' for r in bad)})", file=sys.stderr)
@@ -255,23 +252,20 @@ def write_record(results: list[JobResult], sweep_dir: Path) -> None:
         print(f"warning: could not write {Path(sweep_dir) / 'sweep.json'}: {e.strerror}", file=sys.stderr)
 
 
-def _summary(run_dir: Optional[str]) -> dict:
-    try:
-        summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError, TypeError):
-        return {}
-    return summary if isinstance(summary, dict) else {}
+def _record(run_dir: Optional[str]) -> Optional[RunRecord]:
+    return read_record(Path(run_dir)) if run_dir is not None else None
 
 
-def summary_value(run_dir: Optional[str], key: str) -> Optional[float]:
-    v = _summary(run_dir).get(key)
-    return v if isinstance(v, (int, float)) else None
+def final_metric(run_dir: Optional[str], name: str) -> Optional[float]:
+    """A job's final value of a metric (ablate.vocab), from its record; None without one."""
+    record = _record(run_dir)
+    return record.metric(name) if record is not None else None
 
 
 def _final_loss(r: JobResult) -> str:
     """The job's final val_loss; `-` for a job that has none (diverged, stopped, failed): the loss
     a diverged run measured before diverging is not its result."""
-    v = summary_value(r.run_dir, "val_loss") if r.status == "completed" else None
+    v = final_metric(r.run_dir, VAL_LOSS) if r.status == Status.COMPLETED else None
     return f"{v:.4f}" if v is not None else "-"
 
 

@@ -30,6 +30,7 @@ from ablate.errors import ConfigError
 from ablate.rundir import TRANSFER, read_transfer
 from ablate.sweep.planning import SEED_KEY, Job, Parsed
 from ablate.vocab import LADDER_TOKENS_KEY as TOKENS_KEY
+from ablate.vocab import LR, TOKENS, VAL_LOSS, Status
 
 LR_KEY = "train.lr"
 LADDER_KEYS = ("model.d_model", "model.n_layers", "model.n_heads")
@@ -59,7 +60,7 @@ def best_jobs(results: Sequence[Any], read_loss: Callable[[Optional[str]], Optio
     its run dir). A cell whose grid runs all diverged or failed is left out."""
     best: dict[tuple[str, str], tuple[Job, float]] = {}
     for r in results:
-        loss = read_loss(r.run_dir) if r.status == "completed" else None
+        loss = read_loss(r.run_dir) if r.status == Status.COMPLETED else None
         if loss is None or not math.isfinite(loss):
             continue
         cell = cell_of(r.job)
@@ -177,7 +178,7 @@ def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Ru
         params, per_step = plan_rung(rung)
         steps, lr = ladder.steps(params, per_step), ladder.lr(rung)
         table.append({**dataclasses.asdict(rung), "params": params, "steps": steps,
-                      "tokens": steps * per_step, "lr": lr})
+                      TOKENS: steps * per_step, LR: lr})
         for v in variants:
             own, rest = variant_tokens(v.overrides)
             n = steps if own is None else ladder.steps(params, per_step, own)  # the tokens as a variant
@@ -299,7 +300,7 @@ class TransferPlan:
                     f"({grid}), seed 0: {n} jobs -> {sweep_dir}")
         rungs = "".join(f"\n  {t['name']}: d_model {t['d_model']}, {t['n_layers']} layers, "
                         f"{t['n_heads']} heads, {t['params']:,} non-embedding params, {t['steps']} steps "
-                        f"({t['tokens']:,} tokens)" + ("" if grid else f", lr {t['lr']:g}") for t in r["rungs"])
+                        f"({t[TOKENS]:,} tokens)" + ("" if grid else f", lr {t[LR]:g}") for t in r["rungs"])
         size = f"{len(r['grid'])} learning rates ({grid}), seed 0" if grid else f"{max(self.seeds, 1)} seeds"
         return (f"ladder {r['ladder']['name']} sweep: {len(self.variants)} variants x "
                 f"{len(r['rungs'])} rungs x {size}: {n} jobs -> {sweep_dir}\n"
@@ -318,9 +319,9 @@ class TransferPlan:
         """The second phase, from the first phase's results."""
         import sys
 
-        from ablate.sweep.report import summary_value
+        from ablate.sweep.report import final_metric
 
-        best = best_jobs(results, lambda d: summary_value(d, "val_loss"))
+        best = best_jobs(results, lambda d: final_metric(d, VAL_LOSS))
         lost = [f"{v} ({r})" if r else v for v, r in dict.fromkeys(cell_of(j) for j in self.jobs)
                 if (v, r) not in best]
         if lost:

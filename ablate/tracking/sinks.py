@@ -11,20 +11,24 @@ import logging
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ablate.record import RunInfo, RunRecord
+from ablate.vocab import MFU, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS
+
 
 class Sink:
-    def start(self, info: dict) -> None:
-        """Called once before the first step with the run's description. `info` becomes part
-        of summary.json: a sink may add one entry under its own name (where its records went)."""
+    def start(self, info: RunInfo) -> None:
+        """Called once before the first step with what the run built. `info` becomes part of
+        summary.json: a sink may fill in its own field (the W&B sink: where its records went)."""
 
     def log(self, row: dict) -> None:
         raise NotImplementedError
 
-    def finish(self, summary: dict) -> None:
-        """Called once at the end with summary.json's content (also on failure)."""
+    def finish(self, record: RunRecord) -> None:
+        """Called once at the end with the run's record (also on failure)."""
 
 
 def _json_safe(v: Any) -> Any:
@@ -44,7 +48,7 @@ class JsonlSink(Sink):
         self.f.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
         self.f.flush()
 
-    def finish(self, summary):
+    def finish(self, record):
         self.f.close()
 
 
@@ -70,33 +74,42 @@ def format_duration(seconds: float) -> str:
 def train_line(row: dict, total: int, eta_s: Optional[float]) -> str:
     """`step   120/5000 | loss 4.1234 | 12,345 tok/s | mfu 31.2% | eta 12m03s`"""
     width = len(str(total))
-    parts = [f"step {row['step']:>{width}}/{total}", f"loss {row['train_loss']:.4f}"]
-    if row.get("tokens_per_s") is not None:
-        parts.append(f"{row['tokens_per_s']:,.0f} tok/s")
-    if row.get("mfu") is not None:  # a fraction of the device's peak FLOP/s
-        parts.append(f"mfu {100 * row['mfu']:.1f}%")
+    parts = [f"step {row['step']:>{width}}/{total}", f"loss {row[TRAIN_LOSS]:.4f}"]
+    if row.get(TOKENS_PER_S) is not None:
+        parts.append(f"{row[TOKENS_PER_S]:,.0f} tok/s")
+    if row.get(MFU) is not None:  # a fraction of the device's peak FLOP/s
+        parts.append(f"mfu {100 * row[MFU]:.1f}%")
     parts.append(f"eta {format_duration(eta_s)}" if eta_s is not None else "eta ?")
     return " | ".join(parts)
 
 
 def eval_line(row: dict, total: int) -> str:
     width = len(str(total))
-    return f"step {row['step']:>{width}}/{total} | val_loss {row['val_loss']:.4f} | val_bpb {row['val_bpb']:.4f}"
+    return f"step {row['step']:>{width}}/{total} | val_loss {row[VAL_LOSS]:.4f} | val_bpb {row[VAL_BPB]:.4f}"
 
 
-def banner(info: dict) -> list[str]:
+@dataclass(frozen=True)
+class About:
+    """Which run the banner announces."""
+
+    variant: str
+    seed: int
+    run_dir: str
+
+
+def banner(about: About, info: RunInfo, steps: int, start_step: int = 0) -> list[str]:
     """What is about to train, before its first step (the summary table repeats it at the end)."""
-    resumed = f" (resuming at step {info['start_step']})" if info.get("start_step") else ""
+    resumed = f" (resuming at step {start_step})" if start_step else ""
+    accum = info.grad_accum_steps or 1
     return [
-        f"ablate run: {info.get('variant', '?')} (seed {info.get('seed')})",
-        f"  params {info.get('params', 0):,} ({info.get('non_embedding_params', 0):,} non-embedding)"
-        f" | FLOPs/token {info.get('flops_per_token', 0):,} | tokens/step {info.get('tokens_per_step', 0):,}"
-        + (f" ({info['grad_accum_steps']} passes of {info['micro_batch']} sequences)"
-           if info.get("grad_accum_steps", 1) > 1 else ""),
-        f"  device {info.get('device')} | precision {info.get('precision')} | compile "
-        f"{'on' if info.get('compile') else 'off'}{' (+ optimizer step)' if info.get('compile_optimizer') else ''}"
-        f" | {info.get('steps')} steps{resumed}",
-        f"  run dir {info.get('run_dir')}",
+        f"ablate run: {about.variant} (seed {about.seed})",
+        f"  params {info.params or 0:,} ({info.non_embedding_params or 0:,} non-embedding)"
+        f" | FLOPs/token {info.flops_per_token or 0:,} | tokens/step {info.tokens_per_step or 0:,}"
+        + (f" ({accum} passes of {info.micro_batch} sequences)" if accum > 1 else ""),
+        f"  device {info.device} | precision {info.precision} | compile "
+        f"{'on' if info.compile else 'off'}{' (+ optimizer step)' if info.compile_optimizer else ''}"
+        f" | {steps} steps{resumed}",
+        f"  run dir {about.run_dir}",
     ]
 
 
@@ -108,8 +121,8 @@ class ConsoleSink(Sink):
     nothing on the console. The run's ablate.log gets the banner and every line in each case."""
 
     def __init__(self, total_steps: int, enabled: bool = True, start_step: int = 0,
-                 quiet: bool = False, tty: Optional[bool] = None, about: Optional[dict] = None):
-        self.about = dict(about or {})  # variant, seed, run_dir: for the banner
+                 quiet: bool = False, tty: Optional[bool] = None, about: Optional[About] = None):
+        self.about = about or About("?", 0, "?")  # for the banner
         self.enabled = enabled
         self.total = total_steps
         self.bar = None
@@ -121,7 +134,7 @@ class ConsoleSink(Sink):
     def start(self, info):
         from ablate.report import print_wrapped  # on a terminal: broken at fields, not mid-number
 
-        for line in banner({**self.about, **info, "start_step": self.start_step, "steps": self.total}):
+        for line in banner(self.about, info, self.total, self.start_step):
             say(line, console=not self.quiet, write=print_wrapped if self.tty else None)
         if not self.enabled or self.quiet or not self.tty:
             return
@@ -145,16 +158,16 @@ class ConsoleSink(Sink):
 
             for line in format_profile(profile_from_row(row)).splitlines():
                 say(line, console=not self.quiet, write=write)
-        if "train_loss" in row:
+        if TRAIN_LOSS in row:
             line = train_line(row, self.total, self._eta(row["step"]))
             say(line, console=self.enabled and not self.quiet and self.bar is None)
             if self.bar is not None:
                 self.bar.n = row["step"]
                 self.bar.set_postfix_str(line.split(" | ", 1)[1].rsplit(" | eta", 1)[0], refresh=True)
-        if "val_loss" in row:
+        if VAL_LOSS in row:
             say(eval_line(row, self.total), console=not self.quiet, write=write)
 
-    def finish(self, summary):
+    def finish(self, record):
         if self.bar is not None:
             self.bar.close()
 
@@ -171,9 +184,9 @@ class Sinks(Sink):
         for s in self.sinks:
             s.log(row)
 
-    def finish(self, summary):
+    def finish(self, record):
         for s in self.sinks:
             try:
-                s.finish(summary)
+                s.finish(record)
             except Exception as e:  # a failing dashboard must not hide the run's real outcome
                 print(f"warning: {type(s).__name__}.finish failed: {e}")

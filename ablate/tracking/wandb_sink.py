@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ablate.record import RunInfo, RunRecord, WandbInfo, to_plain
 from ablate.tracking.sinks import Sink, say
-from ablate.vocab import wandb_name
+from ablate.vocab import FINISHED, TOKENS, VAL_BPB, VAL_LOSS, Status, wandb_name
 
 OFFLINE_MEMORY_S = 600  # how long a failed online init sends mode=auto runs offline at once
 SECRET_KEYS = ("api_key", "apikey", "wandb_api_key", "token", "password", "secret")
@@ -89,7 +90,7 @@ def hydra_choice(group: str) -> Optional[str]:
         return None
 
 
-def wandb_config(cfg: Any, variant: str, info: dict, arch: Optional[str] = None) -> dict:
+def wandb_config(cfg: Any, variant: str, info: RunInfo, arch: Optional[str] = None) -> dict:
     """The resolved config with every axis as a plain top-level value (`norm: rmsnorm`) so the
     W&B UI can group and filter by it; an axis group's other keys become `<axis>_<key>`
     (`norm_eps`, `pos_base`, `dropout_rate`). Params and FLOPs are there too, to group by size,
@@ -109,11 +110,10 @@ def wandb_config(cfg: Any, variant: str, info: dict, arch: Optional[str] = None)
     arch = arch or hydra_choice("arch")
     if arch:
         config["arch"] = arch
-    config.update(variant=variant, params=info.get("params"),
-                  non_embedding_params=info.get("non_embedding_params"),
-                  flops_per_token=info.get("flops_per_token"))
-    if info.get("provenance"):  # git commit, versions, device, host: which code ran where
-        config["provenance"] = info["provenance"]
+    config.update(variant=variant, params=info.params, non_embedding_params=info.non_embedding_params,
+                  flops_per_token=info.flops_per_token)
+    if info.provenance:  # git commit, versions, device, host: which code ran where
+        config["provenance"] = to_plain(info.provenance)
     return scrub(config)
 
 
@@ -198,24 +198,25 @@ class WandbSink(Sink):
                 print(f"warning: W&B {mode} init failed ({first}); this run is not logged to W&B")
         if self.run is None:
             return
-        self.run.define_metric("tokens")
+        self.run.define_metric(TOKENS)
         for prefix in ("train/*", "val/*", "diag/*"):
-            self.run.define_metric(prefix, step_metric="tokens")
-        self.run.define_metric("val/loss", step_metric="tokens", summary="min")
-        self.run.define_metric("val/bpb", step_metric="tokens", summary="min")
-        for key in ("params", "non_embedding_params", "flops_per_token"):
-            if info.get(key) is not None:
-                self.run.summary[key] = info[key]
-        # Where the records went: lands in summary.json (the info dict becomes part of it).
-        where = {"mode": mode, "id": self.run.id, "project": self.cfg.project,
-                 "group": self.group, "init_s": round(time.monotonic() - started, 2)}
+            self.run.define_metric(prefix, step_metric=TOKENS)
+        for metric in (VAL_LOSS, VAL_BPB):
+            self.run.define_metric(wandb_name(metric), step_metric=TOKENS, summary="min")
+        for key, value in (("params", info.params), ("non_embedding_params", info.non_embedding_params),
+                           ("flops_per_token", info.flops_per_token)):
+            if value is not None:
+                self.run.summary[key] = value
+        # Where the records went: lands in summary.json (the info becomes part of it).
+        where = WandbInfo(mode=mode, id=self.run.id, project=self.cfg.project, group=self.group,
+                          init_s=round(time.monotonic() - started, 2))
         if mode == "offline":
-            where["dir"] = str(Path(self.run.dir).parent)  # .../wandb/offline-run-<stamp>-<id>
-            say(f"W&B: offline; upload later with: wandb sync {where['dir']}", console=not self.quiet)
+            where.dir = str(Path(self.run.dir).parent)  # .../wandb/offline-run-<stamp>-<id>
+            say(f"W&B: offline; upload later with: wandb sync {where.dir}", console=not self.quiet)
         elif mode == "online" and getattr(self.run, "url", None):
-            where["url"] = self.run.url
+            where.url = self.run.url
             say(f"W&B: {self.run.url}", console=not self.quiet)
-        info["wandb"] = where
+        info.wandb = where
 
     def log(self, row):
         if self.run is None:
@@ -223,20 +224,20 @@ class WandbSink(Sink):
         data = {wandb_name(k): v for k, v in row.items() if k != "step"}
         self.run.log(data, step=int(row["step"]))
 
-    def finish(self, summary):
+    def finish(self, record: RunRecord):
         """Always called (also on failure): the W&B run's state says how the run ended."""
         if self.run is None:
             return
         run, self.run = self.run, None
         try:
-            for key, value in summary_for_wandb(summary).items():
+            for key, value in summary_for_wandb(record).items():
                 run.summary[key] = value
             if getattr(self.cfg, "log_checkpoint", False):
                 self._log_checkpoint(run)
-            if summary.get("status") == "preempted":
+            if record.status == Status.PREEMPTED:
                 run.mark_preempting()  # W&B shows it as preempted; the resumed job continues it
         finally:
-            run.finish(exit_code=0 if summary.get("status") in ("completed", "diverged") else 1)
+            run.finish(exit_code=0 if record.status in FINISHED else 1)
 
     def _log_checkpoint(self, run) -> None:
         """The run's latest checkpoint as a `model` artifact (offline: kept in the offline run,
@@ -261,7 +262,8 @@ SUMMARY_KEYS = ("status", "params", "non_embedding_params", "flops_per_token", "
                 "wall_time_s", "time_to_first_step_s")
 
 
-def summary_for_wandb(summary: dict) -> dict:
+def summary_for_wandb(record: RunRecord) -> dict:
+    summary = record.to_json()
     return {k: summary[k] for k in SUMMARY_KEYS if summary.get(k) is not None}
 
 

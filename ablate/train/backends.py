@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 
 from ablate.errors import ConfigError
+from ablate.record import BackendSettings
 
 # cuBLAS keeps per-stream workspaces whose reuse makes results depend on scheduling; this
 # setting (NVIDIA's documented one for reproducibility) makes them deterministic. It is read
@@ -30,7 +31,7 @@ SDPA_DEFAULTS = {name: getattr(torch.backends.cuda, f"{switch}_enabled")()
 CUDA_ONLY_SDPA = ("efficient", "cudnn")  # PyTorch's CPU SDPA has a flash kernel and math only
 
 
-def configure_backends(cfg: Any, device_type: str) -> dict:
+def configure_backends(cfg: Any, device_type: str) -> BackendSettings:
     """Apply train.tf32, train.deterministic and train.sdpa_backend; returns what was set
     (recorded in summary.json)."""
     deterministic = bool(cfg.deterministic)
@@ -40,21 +41,21 @@ def configure_backends(cfg: Any, device_type: str) -> dict:
     # It also makes SDPA's flash and memory-efficient backward kernels deterministic (one split
     # over the keys, no atomic adds) and Inductor skip autotuning that changes numerics.
     torch.use_deterministic_algorithms(deterministic)
-    settings = {"deterministic": deterministic}
+    settings = BackendSettings(deterministic=deterministic)
     from ablate.model import flex
 
     flex.enable(bool(cfg.flex_attention))
     if cfg.flex_attention:
-        settings["flex_attention"] = True
+        settings.flex_attention = True
     sdpa = str(cfg.sdpa_backend)
     set_sdpa_backend(sdpa, device_type, deterministic)
     if sdpa != "auto":
-        settings["sdpa_backend"] = sdpa
+        settings.sdpa_backend = sdpa
     if device_type == "cuda":
         torch.backends.cudnn.deterministic = deterministic
         torch.backends.cudnn.benchmark = False  # autotuned conv algorithms vary run to run
         set_tf32(bool(cfg.tf32))
-        settings["tf32"] = bool(cfg.tf32)
+        settings.tf32 = bool(cfg.tf32)
     return settings  # CPU: TF32 is a CUDA tensor-core format; nothing to set
 
 

@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ablate.context import ProcessEnv
 from ablate.errors import ConfigError
+from ablate.train.signals import STOP_SIGNALS, StopRequest
 
 
 @dataclass
@@ -53,13 +55,10 @@ class DistEnv:
 
 
 # ---- where ranks come from ---------------------------------------------------------------
-def under_submitit() -> bool:
-    return bool(os.environ.get("SUBMITIT_EXECUTOR"))
-
-
 def export_submitit_env() -> None:
     """Under submitit with several tasks, export torch.distributed's env:// variables (once)."""
-    if not under_submitit() or "WORLD_SIZE" in os.environ:
+    penv = ProcessEnv.read()
+    if not penv.submitit or penv.distributed:  # not submitit's, or exported already
         return
     import submitit
 
@@ -67,10 +66,6 @@ def export_submitit_env() -> None:
         return
     # Every task keeps seeing all GPUs of its node; setup_distributed picks cuda:LOCAL_RANK.
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-
-
-def in_distributed_env() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def available_devices(cfg: Any) -> tuple[int, str]:
@@ -89,7 +84,7 @@ def available_devices(cfg: Any) -> tuple[int, str]:
 def check_nproc(cfg: Any) -> None:
     """train.nproc must fit this machine (checked before anything is launched)."""
     n = int(cfg.train.nproc)
-    if n <= 1 or in_distributed_env():
+    if n <= 1 or ProcessEnv.read().distributed:
         return
     have, what = available_devices(cfg)
     if n > have:
@@ -100,7 +95,7 @@ def check_nproc(cfg: Any) -> None:
 
 def needs_launch(cfg: Any) -> bool:
     """A run asked for N processes and is not one of them yet: torchrun must start them."""
-    return int(cfg.train.nproc) > 1 and not in_distributed_env()
+    return int(cfg.train.nproc) > 1 and not ProcessEnv.read().distributed
 
 
 TORCHRUN_LOG = "torchrun.log"  # torchrun's own output (its logs, a failed rank's traceback)
@@ -109,14 +104,14 @@ TORCHRUN_LOG = "torchrun.log"  # torchrun's own output (its logs, a failed rank'
 RANK_HYDRA_OVERRIDES = ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
 
 
-def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], sweep_name: Optional[str],
-                 stop: "StopRequest", entry_module: str) -> int:
+def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], identity: dict[str, str],
+                 stop: StopRequest, entry_module: str) -> int:
     """Run this same run under torchrun --standalone with train.nproc processes and wait for it,
     passing on the stop signals `stop` records; returns the exit code of the first rank that
     failed (128 + N for a rank killed by signal N), else 0. The ranks share run_dir
-    (hydra.run.dir pinned); they run in Hydra's run mode, so a sweep job's sweep name (its W&B
-    group) is passed on in ABLATE_SWEEP. Each rank runs `python -m entry_module` (the caller's
-    Hydra entry point) with the same overrides."""
+    (hydra.run.dir pinned); they run in Hydra's run mode, so the run's identity (its variant
+    and sweep: ProcessEnv.for_ranks) is passed on in their environment. Each rank runs
+    `python -m entry_module` (the caller's Hydra entry point) with the same overrides."""
     from ablate.overrides import quote
 
     run_dir = Path(run_dir).resolve()
@@ -125,9 +120,7 @@ def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], sweep_name: Opti
     cmd = [sys.executable, "-m", "ablate.train.distributed", "--agent", str(run_dir / TORCHRUN_LOG),
            "--standalone", f"--nproc_per_node={nproc}", "--signals-to-handle=SIGHUP,SIGQUIT",
            "-m", entry_module, *overrides, pinned, *RANK_HYDRA_OVERRIDES]
-    env = dict(os.environ)
-    if sweep_name:
-        env["ABLATE_SWEEP"] = sweep_name
+    env = {**os.environ, **identity}
     # The repo root must stay importable for the ranks (conf/, ablate/, hydra_plugins/).
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
@@ -215,13 +208,13 @@ def _agent_main(log_path: str, argv: list[str]) -> None:
 # ---- process group and model wrapping -----------------------------------------------------
 def setup_distributed(cfg: Any) -> DistEnv:
     export_submitit_env()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    penv = ProcessEnv.read()
+    world, rank, local_rank = penv.world, penv.rank, penv.local_rank
     if world <= 1:
         return DistEnv()
     import torch
     import torch.distributed as dist
 
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() and cfg.train.device in ("auto", "cuda")
     if use_cuda:
         torch.cuda.set_device(local_rank)
@@ -320,74 +313,13 @@ def any_rank(flag: bool, world_size: int, device) -> bool:
     return bool(t.item() > 0)
 
 
-# ---- stop signals: preemption, Ctrl-C; asking submitit to requeue --------------------------
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
-
-
-class Stopped(BaseException):
-    """A stop signal during a run's startup (data, model, checkpoint load). A BaseException, as
-    KeyboardInterrupt: code that catches Exception must not swallow it."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class StopRequest:
-    """The stop signals a run receives: SIGTERM / SIGUSR1 / SIGUSR2 (SLURM preemption, submitit's
-    signal) and SIGINT. Installed for the whole run, so that no signal kills it half-way. What a
-    signal does depends on the phase:
-    - "wait" (setup, reporting, a launcher waiting for its ranks): recorded only;
-    - "startup" (data, model, checkpoint load): no step to finish, so the run stops at once
-      (Stopped, or KeyboardInterrupt for SIGINT);
-    - "training": recorded and checked once per step, so the current step finishes and a
-      checkpoint is written before stopping; a second Ctrl-C stops at once."""
-
-    def __init__(self):
-        self.received: list[int] = []  # every stop signal, in order (a launcher passes them on)
-        self.signum: Optional[int] = None  # the first one: what stopped the run
-        self.phase = "wait"
-
-    @property
-    def status(self) -> str:
-        return "interrupted" if self.signum == signal.SIGINT else "preempted"
-
-    def __call__(self, signum, frame):
-        again = self.signum is not None
-        self.received.append(signum)
-        self.signum = self.signum or signum
-        if self.phase == "startup":
-            self.raise_if_stopped()
-        if again and signum == signal.SIGINT and self.phase == "training":
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
-
-    def raise_if_stopped(self) -> None:
-        if self.signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if self.signum is not None:
-            raise Stopped(self.signum)
-
-    def install(self) -> list:
-        old = []
-        for sig in STOP_SIGNALS:
-            try:
-                old.append((sig, signal.signal(sig, self)))
-            except ValueError:  # not the main thread (e.g. a joblib worker thread)
-                pass
-        return old
-
-    @staticmethod
-    def restore(old: list) -> None:
-        for sig, handler in old:
-            signal.signal(sig, handler)
-
-
+# ---- asking submitit to requeue ---------------------------------------------------------
 def request_requeue() -> bool:
     """After a preempted run saved its checkpoint: under submitit, hand over to submitit's own
     preemption handler (checkpoint protocol: hydra-submitit-launcher resubmits the same job,
     which resumes from the checkpoint in its directory), which requeues and exits the process.
     Returns False (and does nothing) outside submitit."""
-    if not under_submitit():
+    if not ProcessEnv.read().submitit:
         return False
     import submitit
 

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ablate.vocab import VAL_BPB, VAL_LOSS
+
 
 @torch.no_grad()
 def evaluate(model, tokens: np.ndarray, windows: list[tuple[int, int]], byte_lengths: np.ndarray,
@@ -39,6 +41,6 @@ def evaluate(model, tokens: np.ndarray, windows: list[tuple[int, int]], byte_len
     if was_training:
         model.train()
     return {
-        "val_loss": total_nats / max(1, total_tokens),
-        "val_bpb": total_nats / (math.log(2) * max(1, total_bytes)),
+        VAL_LOSS: total_nats / max(1, total_tokens),
+        VAL_BPB: total_nats / (math.log(2) * max(1, total_bytes)),
     }

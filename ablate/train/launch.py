@@ -8,7 +8,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ablate.context import RunContext
 from ablate.errors import ConfigError
+from ablate.record import DataInfo, Git, Outcome, ParamsBreakdown, Provenance, RunInfo
+from ablate.rundir import METRICS
+from ablate.tracking.sinks import Sink, Sinks
 
 
 def seed_everything(seed: int) -> None:
@@ -28,8 +32,9 @@ def prepare_data(cfg: Any, progress: bool = True):
     return tok, data
 
 
-def git_state(where: Path) -> Optional[dict]:
-    """{commit, dirty} of the git checkout holding `where` (None outside one, or without git)."""
+def git_state(where: Path) -> Optional[Git]:
+    """The commit of the git checkout holding `where` and whether it is dirty (None outside one,
+    or without git)."""
     import subprocess
 
     def git(*args: str) -> str:
@@ -41,7 +46,7 @@ def git_state(where: Path) -> Optional[dict]:
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         return None
-    return {"commit": commit, "dirty": dirty}
+    return Git(commit=commit, dirty=dirty)
 
 
 def _cpu_name() -> str:
@@ -56,7 +61,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def provenance(device: Any) -> dict:
+def provenance(device: Any) -> Provenance:
     """Which code ran where: recorded in summary.json and the W&B config. `git`: the checkout
     of the ablate package (an editable install), else of the working directory."""
     import platform
@@ -72,9 +77,9 @@ def provenance(device: Any) -> dict:
         name = torch.cuda.get_device_name(device)
     elif getattr(device, "type", None) == "mps":
         name = "Apple MPS"
-    return {"git": git_state(here) or git_state(Path.cwd()), "ablate": ablate.__version__,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "device_name": name, "hostname": socket.gethostname()}
+    return Provenance(git=git_state(here) or git_state(Path.cwd()), ablate=ablate.__version__,
+                      torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+                      device_name=name, hostname=socket.gethostname())
 
 
 def run_tags(cfg: Any) -> list[str]:
@@ -86,25 +91,23 @@ def run_tags(cfg: Any) -> list[str]:
     return tags + list(cfg.logger.tags)
 
 
-def build_sinks(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], start_step: int,
-                info: dict, quiet: bool = False, record=None):
-    """quiet: a sweep job; its lines go to its ablate.log only (the sweep reports each job).
-    record: the run's own sink of its running record (ablate/run.py), if any."""
-    from ablate.tracking.sinks import ConsoleSink, JsonlSink, Sinks
+def build_sinks(cfg: Any, ctx: RunContext, start_step: int, info: RunInfo, record: Optional[Sink] = None):
+    """The run's sinks; a sweep's job (ctx.multirun) says its lines to its ablate.log only (the
+    sweep reports each job). record: the run's own sink of its running record (ablate/run.py)."""
+    from ablate.tracking.sinks import About, ConsoleSink, JsonlSink, Sinks
 
-    about = {"variant": variant, "seed": cfg.seed, "run_dir": str(run_dir)}
-    sinks = [JsonlSink(run_dir / "metrics.jsonl", append=start_step > 0),
+    about = About(ctx.variant, cfg.seed, str(ctx.run_dir))
+    sinks = [JsonlSink(ctx.run_dir / METRICS, append=start_step > 0),
              ConsoleSink(cfg.train.steps, enabled=cfg.train.progress, start_step=start_step,
-                         quiet=quiet, about=about), *([record] if record is not None else [])]
+                         quiet=ctx.multirun, about=about), *([record] if record is not None else [])]
     if cfg.logger.name == "wandb" and cfg.logger.mode != "disabled":
         from ablate.tracking.wandb_sink import WandbSink, run_name, wandb_config
 
-        sinks.append(WandbSink(cfg.logger, run_dir, run_name(variant, cfg.seed),
-                               wandb_config(cfg, variant, info), run_tags(cfg),
-                               cfg.logger.group or sweep_name, resume_id=_wandb_id(run_dir), quiet=quiet))
+        sinks.append(WandbSink(cfg.logger, ctx.run_dir, run_name(ctx.variant, cfg.seed),
+                               wandb_config(cfg, ctx.variant, info), run_tags(cfg),
+                               cfg.logger.group or ctx.sweep, resume_id=_wandb_id(ctx.run_dir),
+                               quiet=ctx.multirun))
     return Sinks(sinks)
-
-
 def _wandb_id(run_dir: Path) -> str:
     """One W&B run per run directory, kept across resumes."""
     path = Path(run_dir) / ".wandb_id"
@@ -143,63 +146,70 @@ def build_trainer(cfg: Any, data, tokenizer_vocab: int, byte_lengths=None, run_d
     return trainer, spec
 
 
-def run_info(cfg: Any, spec, tok, data, trainer) -> dict:
+def run_info(cfg: Any, spec, tok, data, trainer) -> RunInfo:
     """What summary.json and the W&B config record about the run's model, data and device."""
     from ablate.model.spec import count_params, flops_per_token, non_embedding_params
 
     params = count_params(spec)
-    return {
-        "params": params["total"], "params_breakdown": params,
-        "non_embedding_params": non_embedding_params(spec),
-        "flops_per_token": flops_per_token(spec, cfg.train.seq_len),
-        "vocab_size": spec.vocab_size, "tokenizer_vocab": tok.vocab_size,
-        "data": {"source": data.meta["source"], "tokenizer": data.meta["tokenizer"],
-                 "train_tokens": data.meta["tokens"]["train"], "val_tokens": data.meta["tokens"]["val"],
-                 "cache": str(data.path)},
-        "world_size": trainer.world, "device": str(trainer.device), "precision": trainer.precision,
-        "provenance": provenance(trainer.device), "compile": bool(trainer.compiled),
-        "compile_optimizer": bool(cfg.train.compile_optimizer), "tokens_per_step": trainer.tokens_per_step,
-        "micro_batch": trainer.micro_batch, "grad_accum_steps": trainer.grad_accum,
-        "warmup_steps": trainer.state.warmup_steps,  # resolved when the run started (a resume keeps it)
-    }
+    tokens = data.meta["tokens"]  # the cache's tokens per split
+    return RunInfo(
+        params=params["total"], params_breakdown=ParamsBreakdown(**params),
+        non_embedding_params=non_embedding_params(spec),
+        flops_per_token=flops_per_token(spec, cfg.train.seq_len),
+        vocab_size=spec.vocab_size, tokenizer_vocab=tok.vocab_size,
+        data=DataInfo(source=data.meta["source"], tokenizer=data.meta["tokenizer"],
+                      train_tokens=tokens["train"], val_tokens=tokens["val"], cache=str(data.path)),
+        world_size=trainer.world, device=str(trainer.device), precision=trainer.precision,
+        provenance=provenance(trainer.device), compile=bool(trainer.compiled),
+        compile_optimizer=bool(cfg.train.compile_optimizer), tokens_per_step=trainer.tokens_per_step,
+        micro_batch=trainer.micro_batch, grad_accum_steps=trainer.grad_accum,
+        warmup_steps=trainer.state.warmup_steps,  # resolved when the run started (a resume keeps it)
+    )
 
 
-def train(cfg: Any, run_dir: Path, variant: str, sweep_name: Optional[str], rank: int, built: dict,
-          job_started: Optional[float] = None, resume_state: Optional[dict] = None, stop=None,
-          quiet: bool = False, record=None):
-    """Build and train. resume_state: the checkpoint the run already loaded and checked (None:
-    look for one). stop: the run's StopRequest, installed since its start. quiet: a sweep job
-    (nothing on the console but errors). record: a sink of the run's own (build_sinks)."""
-    import torch
-    import torch.distributed
+class Launch:
+    """Builds a run from its config (data, model, trainer, sinks) and trains it. What it built
+    stays here, so the run finishes the sinks with its record whatever happened (also when
+    building or training raised)."""
 
-    from ablate.train.distributed import setup_distributed
+    def __init__(self, cfg: Any, ctx: RunContext, record: Optional[Sink] = None):
+        self.cfg, self.ctx = cfg, ctx
+        self.record = record  # the run's own sink of its running record (build_sinks)
+        self.info: Optional[RunInfo] = None
+        self.sinks: Optional[Sinks] = None  # rank 0's
 
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
-    dist = setup_distributed(cfg)
-    tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0 and not quiet)
-    if data.meta["vocab_size"] != tok.vocab_size:
-        raise ConfigError("the data cache and the tokenizer disagree on the vocab size")
-    trainer, spec = build_trainer(cfg, data, tok.vocab_size, tok.token_byte_lengths(), run_dir, dist,
-                                  job_started)
-    if stop is not None:
-        trainer.stop = stop
-    start = trainer.try_resume(resume_state) or 0
-    if start and dist.rank == 0:  # rows after the checkpoint are re-logged by this run
-        from ablate.rundir import METRICS, truncate_metrics
+    def train(self) -> Outcome:
+        """Build and train, from ctx.resume_state when the run continues one (else from the
+        newest valid checkpoint, if any). ctx.stop is installed since the run's start."""
+        import torch
+        import torch.distributed
 
-        truncate_metrics(Path(run_dir) / METRICS, start)
-    info = run_info(cfg, spec, tok, data, trainer)
-    sinks = build_sinks(cfg, run_dir, variant, sweep_name, start, info, quiet, record) if dist.rank == 0 else None
-    if sinks is not None:
-        built["sinks"] = sinks
-        sinks.start(info)
-    trainer.sinks = sinks
-    try:
-        outcome = trainer.fit(start)
-        if dist.initialized:  # until rank 0 has written its checkpoint: torchrun stops every rank
-            torch.distributed.barrier()  # as soon as one exits non-zero, as a stopped run does (130)
-    finally:
-        dist.close()
-    return outcome, info
+        from ablate.train.distributed import setup_distributed
+
+        cfg, ctx = self.cfg, self.ctx
+        if cfg.train.threads > 0:
+            torch.set_num_threads(cfg.train.threads)
+        dist = setup_distributed(cfg)
+        tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0 and not ctx.multirun)
+        if data.meta["vocab_size"] != tok.vocab_size:
+            raise ConfigError("the data cache and the tokenizer disagree on the vocab size")
+        trainer, spec = build_trainer(cfg, data, tok.vocab_size, tok.token_byte_lengths(), ctx.run_dir,
+                                      dist, ctx.job_started)
+        trainer.stop = ctx.stop
+        start = trainer.try_resume(ctx.resume_state) or 0
+        if start and dist.rank == 0:  # rows after the checkpoint are re-logged by this run
+            from ablate.rundir import truncate_metrics
+
+            truncate_metrics(ctx.run_dir / METRICS, start)
+        self.info = run_info(cfg, spec, tok, data, trainer)
+        if dist.rank == 0:
+            self.sinks = build_sinks(cfg, ctx, start, self.info, self.record)
+            self.sinks.start(self.info)
+        trainer.sinks = self.sinks
+        try:
+            outcome = trainer.fit(start)
+            if dist.initialized:  # until rank 0 has written its checkpoint: torchrun stops every rank
+                torch.distributed.barrier()  # as soon as one exits non-zero, as a stopped run does (130)
+        finally:
+            dist.close()
+        return outcome

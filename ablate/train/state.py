@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ablate.vocab import TOKENS, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS
+
 
 def _no_metrics() -> dict:
-    return {"train_loss": None, "val_loss": None, "val_bpb": None, "tokens_per_s": None}
+    return {TRAIN_LOSS: None, VAL_LOSS: None, VAL_BPB: None, TOKENS_PER_S: None}
 
 
 @dataclass
@@ -31,13 +33,13 @@ class RunState:
         return self.resumed_tokens + (step - self.resumed_step) * self.tokens_per_step
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "tokens": self.tokens_at(self.step),
+        return {"step": self.step, TOKENS: self.tokens_at(self.step),
                 "schedule_steps": self.schedule_steps, "warmup_steps": self.warmup_steps,
                 "last": dict(self.last)}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = self.resumed_step = int(state["step"])
-        self.resumed_tokens = int(state.get("tokens", self.step * self.tokens_per_step))
+        self.resumed_tokens = int(state.get(TOKENS, self.step * self.tokens_per_step))
         self.schedule_steps = int(state.get("schedule_steps", self.schedule_steps))
         self.warmup_steps = int(state.get("warmup_steps", self.warmup_steps))
         self.last.update(state.get("last", {}))

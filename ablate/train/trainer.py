@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -19,21 +19,24 @@ from ablate.data.batches import Batches, val_windows
 from ablate.data.cache import TokenData
 from ablate.model.roles import unique_parameters
 from ablate.model.spec import flops_per_token
+from ablate.record import Outcome, TrainResult
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
 from ablate.train.allocator import keep_freed_memory
 from ablate.train.backends import (RecompileWatch, check_sdpa_backend, compile_model, configure_backends,
                                    graphs_compiled, reset_compile_state)
-from ablate.train.distributed import (StopRequest, all_ranks_mean, all_ranks_min, any_rank,
-                                      load_model_and_optimizer_state, model_and_optimizer_state)
+from ablate.train.distributed import (all_ranks_mean, all_ranks_min, any_rank, load_model_and_optimizer_state,
+                                      model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
 from ablate.train.microbatch import resolve_micro_batch
 from ablate.train.optimizer import build_optimizer, optimizer_step, restore_implementation, set_lr
 from ablate.train.peak import Peak, device_peak, mfu
 from ablate.train.policy import Cadence, Guard, Verdict
 from ablate.train.schedule import lr_at, resolved_warmup
+from ablate.train.signals import Phase, StopRequest
 from ablate.train.state import RunState
 from ablate.train.throughput import Throughput
+from ablate.vocab import GRAD_NORM, LR, MFU, TOKENS, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS, Status
 
 
 def process_age_s() -> Optional[float]:
@@ -62,32 +65,6 @@ def resolve_precision(name: str, device: torch.device) -> str:
     if name == "auto":
         return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     return name
-
-
-@dataclass
-class Outcome:
-    status: str  # completed | diverged | interrupted | preempted
-    step: int  # optimizer steps done
-    tokens: int
-    reason: str = ""
-    train_loss: Optional[float] = None
-    val_loss: Optional[float] = None
-    val_bpb: Optional[float] = None
-    tokens_per_s: Optional[float] = None
-    skipped_steps: int = 0
-    resumed_from: Optional[int] = None
-    first_step_s: Optional[float] = None  # seconds from the job's start to the first finished step
-    # compile_s, mfu, peak_flops(_source), compile_fallback(_reason), deterministic, tf32:
-    # summary.json keys beside tokens_per_s
-    extra: dict = field(default_factory=dict)
-
-    def record(self, steps: int) -> dict:
-        """The outcome as summary.json keys."""
-        return {"status": self.status, "reason": self.reason, "step": self.step, "steps": steps,
-                "tokens": self.tokens, "train_loss": self.train_loss, "val_loss": self.val_loss,
-                "val_bpb": self.val_bpb, "tokens_per_s": self.tokens_per_s,
-                "skipped_steps": self.skipped_steps, "resumed_from": self.resumed_from,
-                "time_to_first_step_s": self.first_step_s, **self.extra}
 
 
 @dataclass
@@ -281,7 +258,7 @@ class Trainer:
         the run ended (completed, diverged, interrupted or preempted, with a checkpoint)."""
         self.segment = self._begin(start_step)
         old_handlers = self.stop.install()
-        self.stop.phase = "training"
+        self.stop.phase = Phase.TRAINING
         self.recompiles.__enter__()
         try:
             self._start(start_step)
@@ -290,13 +267,13 @@ class Trainer:
                 if ended is not None:
                     return self._outcome(*ended)
             self.save_checkpoint()
-            return self._outcome("completed", "")
+            return self._outcome(Status.COMPLETED, "")
         except KeyboardInterrupt:
             self.save_checkpoint()
-            return self._outcome("interrupted", "KeyboardInterrupt")
+            return self._outcome(Status.INTERRUPTED, "KeyboardInterrupt")
         finally:
             self.recompiles.__exit__()
-            self.stop.phase = "wait"  # the outcome is known: a late signal must not interrupt its record
+            self.stop.phase = Phase.WAIT  # the outcome is known: a late signal must not interrupt its record
             StopRequest.restore(old_handlers)
 
     def step(self) -> Optional[tuple[str, str]]:
@@ -316,7 +293,7 @@ class Trainer:
             if verdict.stop:
                 self._log_row(step + 1, seg.loss, gnorm, lr, None)
                 self.finish_diagnostics(updated=False)  # the failing step's profile
-                return "diverged", verdict.stop
+                return Status.DIVERGED, verdict.stop
         if verdict.skip:  # OLMo-core SkipStep: drop this update, keep going, count it
             self.optimizer.zero_grad(set_to_none=True)
         else:
@@ -380,9 +357,9 @@ class Trainer:
         checkpoint is written before its row, so a logged evaluation always has one."""
         n = self.state.step
         metrics = self._evaluate() if self.cadence.evaluates(n) else None
-        if metrics is not None and not math.isfinite(metrics["val_loss"]):
+        if metrics is not None and not math.isfinite(metrics[VAL_LOSS]):
             self._log_eval(metrics)
-            return "diverged", "non-finite validation loss"
+            return Status.DIVERGED, "non-finite validation loss"
         if self.cadence.saves(n):
             self.save_checkpoint()
         if metrics is not None:
@@ -390,8 +367,7 @@ class Trainer:
         if any_rank(self.stop.signum is not None, self.world, self.device):  # same step on all ranks
             self.stop.signum = self.stop.signum or signal.SIGTERM
             self.save_checkpoint()
-            status = "interrupted" if self.stop.signum == signal.SIGINT else "preempted"
-            return status, f"signal {signal.Signals(self.stop.signum).name}"
+            return self.stop.status, self.stop.reason
         return None
 
     def _evaluate(self) -> dict:
@@ -406,16 +382,15 @@ class Trainer:
     def _log_eval(self, metrics: dict) -> None:
         if self.is_main:
             step = self.state.step
-            self.sinks.log({"step": step, "tokens": self.state.tokens_at(step), **metrics})
+            self.sinks.log({"step": step, TOKENS: self.state.tokens_at(step), **metrics})
 
     def _log_row(self, step, loss, gnorm, lr, tps):
         if not self.is_main:
             return
-        row = {"step": step, "tokens": self.state.tokens_at(step), "train_loss": loss,
-               "grad_norm": gnorm, "lr": lr}
+        row = {"step": step, TOKENS: self.state.tokens_at(step), TRAIN_LOSS: loss, GRAD_NORM: gnorm, LR: lr}
         if tps is not None:
-            row["tokens_per_s"] = tps
-            row["mfu"] = self.mfu(tps)
+            row[TOKENS_PER_S] = tps
+            row[MFU] = self.mfu(tps)
         self.sinks.log(row)
 
     def _sync(self) -> None:
@@ -441,26 +416,21 @@ class Trainer:
                       f"{self.recompiles.reason}; tokens/s is not the compiled speed",
                       file=sys.stderr, flush=True)
 
-    def _outcome(self, status: str, reason: str) -> Outcome:
+    def _outcome(self, status: Status, reason: str) -> Outcome:
         seg, last, speed = self.segment, self.state.last, self.segment.speed
-        tps = speed.tokens_per_s if speed.tokens_per_s is not None else last["tokens_per_s"]
+        tps = speed.tokens_per_s if speed.tokens_per_s is not None else last[TOKENS_PER_S]
         compile_s = None
         if (self.compiled or self.cfg.compile_optimizer) and speed.warm_s is not None and speed.step_s is not None:
             # the warm-up steps' extra time: compiling, mostly (an uncompiled run's is ~0.01 s)
             compile_s = max(0.0, speed.warm_s - speed.WARM_STEPS * speed.step_s)
         peak = self.peak() if self.is_main else None
-        extra = {"compile": bool(self.compiled), "compile_optimizer": bool(self.cfg.compile_optimizer),
-                 "compile_s": compile_s,
-                 "mfu": self.mfu(tps) if self.is_main else None,
-                 "peak_flops": peak.flops if peak else None,
-                 "peak_flops_source": peak.source if peak else None,
-                 "compile_fallback": bool(self.recompiles.hits), **self.backend_settings}
-        if self.recompiles.hits:
-            extra["compile_fallback_reason"] = self.recompiles.reason
         step = self.state.step
-        return Outcome(
-            status=status, step=step, tokens=self.state.tokens_at(step), reason=reason,
-            train_loss=seg.loss if seg.loss is not None else last["train_loss"],
-            val_loss=last["val_loss"], val_bpb=last["val_bpb"], tokens_per_s=tps,
-            skipped_steps=self.guard.skipped, resumed_from=seg.resumed_from, first_step_s=seg.first_step_s,
-            extra=extra)
+        result = TrainResult(
+            tokens=self.state.tokens_at(step), train_loss=seg.loss if seg.loss is not None else last[TRAIN_LOSS],
+            val_loss=last[VAL_LOSS], val_bpb=last[VAL_BPB], tokens_per_s=tps, skipped_steps=self.guard.skipped,
+            resumed_from=seg.resumed_from, time_to_first_step_s=seg.first_step_s, compile_s=compile_s,
+            mfu=self.mfu(tps) if self.is_main else None, peak_flops=peak.flops if peak else None,
+            peak_flops_source=peak.source if peak else None, compile_fallback=bool(self.recompiles.hits),
+            backend=self.backend_settings,
+            compile_fallback_reason=self.recompiles.reason if self.recompiles.hits else None)
+        return Outcome(status, reason, step, self.cfg.steps, result)

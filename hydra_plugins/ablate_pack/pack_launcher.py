@@ -102,7 +102,10 @@ def _preempted(ret: Any) -> bool:
         value = ret.return_value  # re-raises a failed job's exception
     except BaseException:  # noqa: BLE001 - a failed job is not requeued
         return False
-    return isinstance(value, dict) and value.get("status") == "preempted"
+    from ablate.record import RunRecord
+    from ablate.vocab import Status
+
+    return isinstance(value, RunRecord) and value.status == Status.PREEMPTED
 
 
 def groups_of(items: Sequence[Any], size: int) -> List[list]:

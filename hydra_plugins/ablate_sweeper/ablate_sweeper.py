@@ -21,8 +21,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-VARIANT_ENV = "ABLATE_VARIANT"  # the variant's name (what differs from the baseline)
-JOB_ENV = "ABLATE_JOB"  # the variant and its seed: the job directory's name
+from ablate.context import JOB_ENV, VARIANT_ENV
 
 
 @dataclass
@@ -169,6 +168,7 @@ class AblateSweeper(Sweeper):
 
         from ablate.sweep import report as R
         from ablate.sweep.placement import pack_launcher, placement
+        from ablate.vocab import Status
 
         progress.expect(jobs, configs)
         batches = [_job_overrides(j) for j in jobs]
@@ -193,7 +193,7 @@ class AblateSweeper(Sweeper):
         for first in range(0, len(batches), size):
             end = first + size
             if _stopped(results, kind):
-                results += [R.JobResult(j, "not run") for j in jobs[first:end]]
+                results += [R.JobResult(j, Status.NOT_RUN) for j in jobs[first:end]]
                 continue
             began = time.monotonic()
             chunk = self._launch_batch(batches[first:end], start + first, jobs[first:end],
