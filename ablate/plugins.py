@@ -7,8 +7,10 @@ A plugin is an importable module (on PYTHONPATH or installed) that declares each
     my_pkg/my_norm.py     register_option("norm", "crmsnorm", CRMSNorm, params=lambda spec, d: d)
 
 The option is then an option of its config group (`norm=crmsnorm`), with the config values its
-registration gives (config={...}). Without `params=` its parameters are counted on its class,
-built on the meta device. A `conf/` directory beside the module may add config files of its own
+registration gives (config={...}) and its own settings (settings={"g0_scale": 1.0}: typed keys of
+its node, `norm.g0_scale=2`, passed to its class as keyword arguments). Its module may set its own
+parameters (`init_parameters(init)`, after the role defaults). Without `params=` its parameters
+are counted on its class, built on the meta device. A `conf/` directory beside the module may add config files of its own
 (e.g. `conf/arch/<preset>.yaml`), put on Hydra's search path; a file for an option it registers
 (`conf/norm/crmsnorm.yaml`) is used instead of the registration's config values.
 

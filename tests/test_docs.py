@@ -301,12 +301,13 @@ def doc_runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def plugin_setup(work: Path) -> None:
-    """Run the shell lines of docs/extending.md's plugin example (not its `ablate` lines) in
-    `work`, so the commands that name `plugins=[my_pkg.my_norm]` find the documented plugin."""
+    """Run the shell lines of docs/extending.md's plugin examples (not their `ablate` lines) in
+    `work`, so the commands that name `plugins=[my_pkg.my_norm]` find the documented plugins."""
     text = (ROOT / "docs" / "extending.md").read_text(encoding="utf-8")
-    block = re.search(r"```bash\n(mkdir -p my_pkg.*?)\n```", text, re.S)
-    assert block, "docs/extending.md lost its plugin example (the doc test builds it)"
-    subprocess.run(["bash", "-euc", "ablate() { :; }\n" + block.group(1)], cwd=work, check=True)
+    blocks = re.findall(r"```bash\n(mkdir -p my_pkg.*?)\n```", text, re.S)
+    assert blocks, "docs/extending.md lost its plugin example (the doc test builds it)"
+    for block in blocks:
+        subprocess.run(["bash", "-euc", "ablate() { :; }\n" + block], cwd=work, check=True)
 
 
 # --- tests ---

@@ -1,4 +1,4 @@
-"""Issue 16: `ablate export RUN_DIR OUT_DIR`. Special tokens are the run tokenizer's end-of-text
+"""`ablate export RUN_DIR OUT_DIR`. Special tokens are the run tokenizer's end-of-text
 id, the tokenizer is written where a byte-level BPE represents it exactly, and the saved folder
 is smoke-tested by generating from it; architectures no HF family represents are refused."""
 
@@ -55,13 +55,25 @@ def test_llama_run_exports_with_byte_tokens_and_a_wrong_family_is_one_line(tmp_p
     assert config["model_type"] == "llama"
     assert config["bos_token_id"] == config["eos_token_id"] == config["pad_token_id"] == 256
     assert (out / "tokenizer.json").is_file() and "generation check:" in res.stdout
-    # issue 22: the tokenizer knows the model's context (not transformers' "no limit", 1e30)
+    # the tokenizer knows the model's context (not transformers' "no limit", 1e30)
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64
     assert transformers.AutoTokenizer.from_pretrained(out).model_max_length == config["max_position_embeddings"]
     # the architecture is not GPT-2's: refused in one line, nothing written
     bad = run_ablate("export", str(run_dir), str(tmp_path / "g"), "--family", "gpt2")
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot export as HF gpt2")
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()
+
+
+def test_a_dyt_run_is_refused_in_one_line_since_no_family_has_dyt(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "hf"
+    r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", "norm=dyt", "train.steps=2",
+                   f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr
+    res = run_ablate("export", str(run_dir), str(out))
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "error: no Hugging Face family matches this architecture: no family has norm='dyt', "
+        "settings={'norm': {'alpha0': 0.5}}")
+    assert not out.exists()
 
 
 def test_an_unknown_family_is_refused_before_the_run_is_read(tmp_path):

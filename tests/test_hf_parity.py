@@ -159,7 +159,7 @@ def test_gpt2_style_with_grouped_kv_heads_is_not_gpt2():
 
 
 def test_a_model_no_family_has_is_refused_by_its_keys():
-    """Issue 22: the refusal names what keeps the model out (the closest family's differences, or
+    """The refusal names what keeps the model out (the closest family's differences, or
     the key no family has), not every family's requirements."""
     spec = ModelSpec(**{**BASE, **CASES["llama-gqa"][1], "norm": "layernorm"})
     with pytest.raises(ConfigError) as e:

@@ -11,7 +11,7 @@ from torch import nn
 from ablate.model import options
 from ablate.model.attention import CausalSelfAttention
 from ablate.model.ffn import build_ffn
-from ablate.model.norms import LayerNorm, RMSNorm
+from ablate.model.norms import DyT, LayerNorm, RMSNorm
 from ablate.model.options import norm_factory
 from ablate.model.positions import (alibi_bias, alibi_slopes, apply_rope, rope_tables,
                                     sinusoidal_table)
@@ -52,10 +52,31 @@ def test_layernorm_formula_with_and_without_beta():
         assert (norm.bias is not None) == bias
 
 
-@pytest.mark.parametrize("cls", [LayerNorm, RMSNorm])
-def test_norm_computes_in_fp32_for_bf16_inputs(cls):
+def test_dyt_formula_with_and_without_beta():
+    """Zhu et al. 2025: y = gamma * tanh(alpha * x) + beta, alpha one scalar; written out in
+    float64 NumPy, and alpha's gradient from its derivative sum(gamma * x * (1 - tanh^2))."""
+    import numpy as np
+
     torch.manual_seed(0)
-    norm = cls(64, eps=1e-5)
+    x = torch.randn(3, 5, 8) * 3
+    for bias in (True, False):
+        norm = randomize_(DyT(8, bias=bias, alpha0=0.7))
+        a, g = norm.alpha.item(), norm.weight.detach().double().numpy()
+        b = norm.bias.detach().double().numpy() if bias else 0.0
+        t = np.tanh(a * x.double().numpy())
+        y = norm(x)
+        np.testing.assert_allclose(y.detach().double().numpy(), g * t + b, rtol=1e-5, atol=1e-6)
+        y.sum().backward()
+        expected = (g * x.double().numpy() * (1 - t ** 2)).sum()
+        assert norm.alpha.grad.item() == pytest.approx(expected, rel=1e-4)
+        assert norm.alpha.shape == (1,) and (norm.bias is not None) == bias
+    assert DyT(8, alpha0=0.7).alpha.item() == pytest.approx(0.7)  # built alone, alpha is alpha0
+
+
+@pytest.mark.parametrize("norm", options.names("norm"))
+def test_norm_computes_in_fp32_for_bf16_inputs(norm):
+    torch.manual_seed(0)
+    norm = norm_factory(make_spec(norm=norm))(64)
     x = (torch.randn(4, 64) * 100 + 300).to(torch.bfloat16)  # a large mean stresses bf16 stats
     y = norm(x)
     assert y.dtype == torch.bfloat16
@@ -122,6 +143,26 @@ def test_sinusoidal_is_added_to_embeddings_and_has_no_parameters():
     scaled = spec.init_std * sinusoidal_table(5, 32)
     torch.testing.assert_close(pos.add_to_embeddings(x), scaled.expand(2, 5, 32))
     assert sum(p.numel() for p in pos.parameters()) == 0
+
+
+@pytest.mark.parametrize("pos", options.names("pos"))
+def test_positions_at_an_offset_are_those_of_the_longer_window(pos):
+    """T tokens at offset k get what the last T of a (k + T)-token window get: the embeddings'
+    rows k .. k + T - 1, and the attention context's query rows over all k + T keys."""
+    spec = make_spec(pos=pos)
+    module = options.get("pos", pos).build(spec)
+    randomize_(module)
+    cpu, T, k = torch.device("cpu"), 5, 3
+    x = torch.randn(2, k + T, 32)
+    at_k = module.add_to_embeddings(x[:, k:], offset=k)
+    torch.testing.assert_close(at_k, module.add_to_embeddings(x)[:, k:])
+    at, full = module.context(T, cpu, torch.float32, offset=k), module.context(k + T, cpu, torch.float32)
+    if full.rope is not None:
+        for part_at, part_full in zip(at.rope, full.rope):
+            torch.testing.assert_close(part_at, part_full[k:])
+    if full.bias is not None:
+        torch.testing.assert_close(at.bias, full.bias[:, k:, :])  # (H, T, k + T)
+    assert (at.rope is None, at.bias is None) == (full.rope is None, full.bias is None)
 
 
 def rope_complex(x: torch.Tensor, pos: int, base: float) -> torch.Tensor:
@@ -260,6 +301,37 @@ def test_norm_position_ordering(norm_pos, norm, expected):
     block.attn, block.ffn = Double(), PlusOne()
     x = torch.tensor([[[1.0, -2.0, 0.5, 3.0] * 8]])
     torch.testing.assert_close(block(x, None), expected(x))
+
+
+class Zero(nn.Module):
+    def forward(self, x, ctx=None):
+        return torch.zeros_like(x)
+
+
+@pytest.mark.parametrize("norm_pos", options.names("norm_pos"))
+def test_every_block_scales_its_branches_by_the_multiplier(norm_pos):
+    """At branch_multiplier 0 no sublayer reaches the block's output (it is the same with
+    sublayers that output nothing); at 1 they do."""
+    spec = make_spec(norm_pos=norm_pos)
+    block = randomize_(options.get("norm_pos", norm_pos).build(spec, norm_factory(spec)))
+    x = torch.randn(2, 4, 32)
+    outputs = {}
+    for m in (0.0, 1.0):
+        for sub in ("zero", "active"):
+            block.attn, block.ffn = (Zero(), Zero()) if sub == "zero" else (Double(), PlusOne())
+            block.branch_multiplier = m
+            outputs[m, sub] = block(x, None)
+    torch.testing.assert_close(outputs[0.0, "active"], outputs[0.0, "zero"])
+    assert not torch.allclose(outputs[1.0, "active"], outputs[1.0, "zero"])
+
+
+def test_pre_norm_branches_are_scaled_by_the_multiplier():
+    spec = make_spec(norm_pos="pre")
+    block = options.get("norm_pos", "pre").build(spec, norm_factory(spec))
+    block.attn, block.ffn, block.branch_multiplier = Double(), PlusOne(), 0.5
+    x = torch.tensor([[[1.0, -2.0, 0.5, 3.0] * 8]])
+    y = x + 0.5 * 2 * _ln(x)
+    torch.testing.assert_close(block(x, None), y + 0.5 * (_ln(y) + 1))
 
 
 def test_only_post_norm_drops_the_final_norm():

@@ -1,11 +1,13 @@
-"""Issue 16: your own variant without forking. A norm defined in a directory outside the package
-(on PYTHONPATH) is loaded by `plugins=[...]` or an `ablate.plugins` entry point, its conf file is
-found on Hydra's search path, and it is run and swept against the built-ins."""
+"""Your own variant without forking. A norm defined in a directory outside the package (on
+PYTHONPATH) is loaded by `plugins=[...]` or an `ablate.plugins` entry point, its conf file is
+found on Hydra's search path, and it is run and swept against the built-ins; an option with its
+own setting and its own init takes the same path as the built-in norm=dyt."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +43,7 @@ register_option("norm", "crmsnorm", CRMSNorm, params=lambda spec, d: d)  # one g
 
 
 def make_plugin(root: Path, conf_file: bool = False) -> dict:
-    """conf_file: also a conf/norm/crmsnorm.yaml, as plugins needed before issue 24 (still used)."""
+    """conf_file: also a conf/norm/crmsnorm.yaml, the older way to give an option its config values (still used)."""
     pkg = root / "my_pkg"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -135,7 +137,7 @@ def test_axes_refuses_other_overrides_and_missing_plugins_in_one_line():
         assert len(res.stderr.strip().splitlines()) == 1
 
 
-# ---- issue 24: an option is one declaration ----------------------------------------------------
+# ---- an option is one declaration ----------------------------------------------------------------
 # A norm with a bias and a gated activation, one registration each, from outside the package and
 # with no config file: structurally LayerNorm and SwiGLU, so every count must equal theirs.
 OUR_OPTIONS = '''\
@@ -202,3 +204,50 @@ def test_options_from_outside_are_counted_listed_tested_and_trained_like_builtin
     assert summary["status"] == "completed"
     assert summary["params"] == tiny["built_params"]["total"] == tiny["params"]["total"]
     assert summary["flops_per_token"] == tiny["flops_per_token"]
+
+
+# ---- an option with its own setting and its own init: docs/extending.md's ScaleNorm ----------------
+def documented_plugin(root: Path, module: str) -> dict:
+    """my_pkg/<module>.py as docs/extending.md writes it (its heredoc), under `root`."""
+    text = (ROOT / "docs" / "extending.md").read_text(encoding="utf-8")
+    code = re.search(rf"cat > my_pkg/{module}\.py <<'PY'\n(.*?)\nPY\n", text, re.S)
+    assert code, f"docs/extending.md lost its my_pkg/{module}.py example"
+    (root / "my_pkg").mkdir(parents=True, exist_ok=True)
+    (root / "my_pkg" / "__init__.py").write_text("")
+    (root / "my_pkg" / f"{module}.py").write_text(code.group(1) + "\n")
+    return {"PYTHONPATH": str(root)}
+
+
+def test_a_plugin_norm_with_its_own_setting_and_init_runs_end_to_end(tmp_path):
+    env = documented_plugin(tmp_path / "src", "scale_norm")
+    plugin = ["plugins=[my_pkg.scale_norm]", "norm=scalenorm"]
+    # its init: g = g0_scale * sqrt(d) in every norm of the model the run would build
+    probe = ("from ablate.compose import compose_config as c; from ablate.model.spec import ModelSpec as S; "
+             "from ablate.model.transformer import build_model as b; import sys; "
+             "m = b(S.from_config(c(sys.argv[1:]))); "
+             "print(sorted({round(p.item(), 4) for n, p in m.named_parameters() if n.endswith('.g')}))")
+    for g0_scale, expected in ((None, [round(32 ** 0.5, 4)]), ("2", [round(2 * 32 ** 0.5, 4)])):
+        setting = [f"norm.g0_scale={g0_scale}"] if g0_scale else []
+        res = subprocess.run([sys.executable, "-c", probe, *TINY, *plugin, *setting], cwd=ROOT,
+                             env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and res.stdout.strip() == str(expected), res.stdout + res.stderr
+    # its setting: a typed key of its config group, an unknown one refused listing the valid ones
+    bad = run_ablate("run", *TINY, *plugin, "norm.g0=2", f"out_dir={tmp_path / 'none'}", env=env)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "error: unknown config key 'norm.g0' (none is close; norm has: eps, g0_scale, name)")
+    # a real run, counted as inspect counts it; then the fairness checks (it normalizes)
+    run_dir = tmp_path / "run"
+    res = run_ablate("run", *TINY, "train.steps=2", *plugin, "norm.g0_scale=2", f"hydra.run.dir={run_dir}",
+                     env=env)
+    assert res.returncode == 0, res.stderr
+    assert "g0_scale: 2.0" in (run_dir / "config.yaml").read_text()
+    inspected = json.loads(run_ablate("inspect", *TINY, *plugin, "norm.g0_scale=2", "--json", "--build",
+                                      env=env).stdout)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["params"] == inspected["built_params"]["total"]
+    assert inspected["spec"]["settings"] == {"norm": {"g0_scale": 2.0}}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          "tests/test_fairness.py", "-k", "option_changes_only_its_axis and scalenorm"],
+                         cwd=ROOT, env={**os.environ, **env, "ABLATE_TEST_PLUGINS": "my_pkg.scale_norm"},
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout + res.stderr

@@ -3,9 +3,9 @@
 A declaration carries everything the project knows about an option, side by side (as OLMo-core's
 config classes hold `build()` and `num_params()`): its axis and name, its implementation (a class
 or function, or its "module:attr" path, imported on first use so that `ablate axes`, `inspect` and
-config checks need no torch), the parameters it adds as a function of the ModelSpec, and the
-values its config group sets, and its own settings (`settings={"alpha0": 0.5}`: keys that only
-this option has, typed by their defaults). The name lists, the Hydra config groups, `inspect`'s
+config checks need no torch), the parameters it adds as a function of the ModelSpec, the values
+its config group sets, and its own settings (`settings={"alpha0": 0.5}`: keys that only this
+option has, typed by their defaults). The name lists, the Hydra config groups, `inspect`'s
 counts and FLOPs, `ablate axes` and the tests all read these declarations. The built-in options
 are declared in ablate/model/options.py; a plugin module (ablate/plugins.py) calls the same function.
 
