@@ -18,6 +18,7 @@ from ablate.model.norms import DyT
 from ablate.model.roles import Role, param_groups, role_of
 from ablate.model.spec import ModelSpec, count_params
 from ablate.model.transformer import build_model, built_counts
+from ablate.axes import group_options
 from tests.conftest import TINY, compose, find_run_dirs, run_ablate
 
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=32",
@@ -56,6 +57,17 @@ def test_dyt_follows_bias_as_layernorms_beta():
     assert all(n.bias is None for n in dyts(off)) and dyts(off)
     on = count_params(ModelSpec.from_config(compose(SMALL + ["norm=dyt"])))["norm"]
     assert on - count_params(off.spec)["norm"] == 32 * len(dyts(off))  # one beta of width d per norm
+
+
+@pytest.mark.parametrize("arch", group_options("arch"))
+def test_dyt_replaces_the_norm_of_every_preset(arch):
+    """Every norm of the preset's model is a DyT (beta as the preset's bias), its count exact."""
+    cfg = compose(SMALL + [f"arch={arch}", "norm=dyt", "model.n_heads=4"])  # gqa: 2 KV heads
+    spec = ModelSpec.from_config(cfg)
+    model = build_model(spec)
+    layer_norms = [m for m in model.modules() if m.__class__.__name__ in ("LayerNorm", "RMSNorm")]
+    assert cfg.norm.name == "dyt" and dyts(model) and not layer_norms
+    assert all((n.bias is not None) == spec.bias for n in dyts(model))
 
 
 def test_a_spec_carries_settings_generically_and_round_trips():
