@@ -29,7 +29,8 @@ def _print_report(r: dict) -> None:
         print_text(con, markup)
 
     s = r["spec"]
-    axes = " ".join(f"{k}={v}" for k, v in r["axes"].items())
+    settings = [f"{a}.{k}={v}" for a, values in s.get("settings", {}).items() for k, v in values.items()]
+    axes = " ".join([f"{k}={v}" for k, v in r["axes"].items()] + settings)  # norm.alpha0=0.5 with dyt
     say(f"[bold]{escape(axes)}[/bold]")
     say(f"d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads x head_dim "
         f"{r['head_dim']}, {s['n_kv_heads']} KV heads, d_ff {s['d_ff']}, max_seq_len {s['max_seq_len']}")
