@@ -1,5 +1,6 @@
 """Diagnostics that show why a variant wins or fails: gradient norms by layer, residual-stream
-RMS, max attention logit, dead FFN units, update-to-weight ratios and a loss-spike count.
+RMS, max attention logit, dead FFN units, update-to-weight ratios and the loss-spike count (the
+guard's: ablate/train/policy.py). Their plots are ablate/tracking/diagnostics_plots.py.
 
 The trainer calls `Diagnostics(trainer, step)` every `train.diagnostics_every` steps, after the
 backward pass and before clipping and the optimizer step (gradients are the raw ones, like the
@@ -17,31 +18,15 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ablate.vocab import GRAD_NORM, TOKENS
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
 PREFIX = "diag/"
-SPIKE_WINDOW = 50  # the trainer's running window of recent losses
-SPIKE_Z = 4.0  # a spike: loss above mean + SPIKE_Z * std of the window
-SPIKE_MIN_HISTORY = 10
-
-
-# ---- loss spikes (torch-free) --------------------------------------------------------------
-
-def is_loss_spike(history: Sequence[float], loss: float, z: float = SPIKE_Z,
-                  min_history: int = SPIKE_MIN_HISTORY) -> bool:
-    """Whether `loss` exceeds the mean of the recent losses by more than z standard deviations
-    (with a floor of 1% of the mean, so a flat loss curve does not count noise as spikes)."""
-    n = len(history)
-    if n < min_history or not math.isfinite(loss):
-        return False
-    mean = sum(history) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in history) / n)
-    return loss - mean > max(z * std, 0.01 * abs(mean))
 
 
 # ---- gradient norms by component -----------------------------------------------------------
@@ -226,7 +211,7 @@ class Diagnostics:
             before.clear()
             keys = list(values)
             nums = torch.stack([values[k].detach().float().reshape(()) for k in keys]).tolist()
-            row: dict[str, Any] = {"step": step, "tokens": step * trainer.tokens_per_step}
+            row: dict[str, Any] = {"step": step, TOKENS: step * trainer.tokens_per_step}
             for k, v in zip(keys, nums):
                 if not (k.startswith("update_ratio/") and math.isnan(v)):
                     row[PREFIX + k] = v
@@ -246,7 +231,7 @@ def grad_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[dic
     model(x, y).loss.backward()
     norms = {k: float(v) for k, v in grad_norms(model).items()}
     model.zero_grad(set_to_none=True)
-    return [{"layer": i, "grad_norm": norms[f"block{i}"], "attn": norms.get(f"block{i}.attn"),
+    return [{"layer": i, GRAD_NORM: norms[f"block{i}"], "attn": norms.get(f"block{i}.attn"),
              "ffn": norms.get(f"block{i}.ffn")} for i in range(len(model.blocks))]
 
 
@@ -255,7 +240,7 @@ def profile_from_row(row: dict) -> dict:
     layers, i = [], 0
     while f"{PREFIX}grad_norm/block{i}" in row:
         g = f"{PREFIX}grad_norm/block{i}"
-        layers.append({"layer": i, "grad_norm": float(row[g]), "attn": row.get(g + ".attn"),
+        layers.append({"layer": i, GRAD_NORM: float(row[g]), "attn": row.get(g + ".attn"),
                        "ffn": row.get(g + ".ffn")})
         i += 1
     return {"layers": layers}
@@ -263,116 +248,16 @@ def profile_from_row(row: dict) -> dict:
 
 def profile_json(profile: dict) -> dict:
     """The public JSON shape: {"layers": [{"layer": 0, "grad_norm": ...}, ...]}."""
-    return {"layers": [{"layer": r["layer"], "grad_norm": r["grad_norm"]} for r in profile["layers"]]}
+    return {"layers": [{"layer": r["layer"], GRAD_NORM: r[GRAD_NORM]} for r in profile["layers"]]}
 
 
 def format_profile(profile: dict) -> str:
     rows = profile["layers"]
-    top = max((r["grad_norm"] for r in rows if math.isfinite(r["grad_norm"])), default=0.0) or 1.0
+    top = max((r[GRAD_NORM] for r in rows if math.isfinite(r[GRAD_NORM])), default=0.0) or 1.0
     lines = ["gradient norm by layer at initialization (one batch)",
              f"{'layer':>5}  {'block':>10}  {'attn':>10}  {'ffn':>10}"]
     for r in rows:
-        bar = "#" * int(round(30 * r["grad_norm"] / top)) if math.isfinite(r["grad_norm"]) else "?"
-        lines.append(f"{r['layer']:>5}  {r['grad_norm']:>10.4g}  {r['attn'] or 0:>10.4g}  "
+        bar = "#" * int(round(30 * r[GRAD_NORM] / top)) if math.isfinite(r[GRAD_NORM]) else "?"
+        lines.append(f"{r['layer']:>5}  {r[GRAD_NORM]:>10.4g}  {r['attn'] or 0:>10.4g}  "
                      f"{r['ffn'] or 0:>10.4g}  {bar}")
     return "\n".join(lines)
-
-
-# ---- plots for `ablate compare --plot` -----------------------------------------------------
-
-def diag_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if any(k.startswith(PREFIX) for k in r)]
-
-
-def _by_layer(row: dict, key: str) -> tuple[list[int], list[float]]:
-    pts = []
-    for k, v in row.items():
-        if k.startswith(f"{PREFIX}{key}/block") and "." not in k[len(PREFIX + key) + 6:]:
-            try:
-                pts.append((int(k[len(PREFIX + key) + 6:]), float(v)))
-            except ValueError:
-                continue
-    pts.sort()
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
-def _over_steps(rows: list[dict], key_prefix: str, reduce: Callable) -> tuple[list, list]:
-    xs, ys = [], []
-    for r in rows:
-        vals = [float(v) for k, v in r.items() if k.startswith(PREFIX + key_prefix)
-                and isinstance(v, (int, float))]
-        if vals:
-            xs.append(r["step"])
-            ys.append(reduce(vals))
-    return xs, ys
-
-
-def plot_diagnostics(runs: dict[str, list[dict]], path) -> Optional[str]:
-    """One figure of diagnostics for several runs ({label: metrics.jsonl rows}); returns the
-    path written, or None when no run has diagnostics rows."""
-    runs = {label: diag_rows(rows) for label, rows in runs.items()}
-    runs = {label: rows for label, rows in runs.items() if rows}
-    if not runs:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    (a_grad, a_rms, a_logit), (a_dead, a_upd, a_spk) = axes
-    for i, (label, rows) in enumerate(runs.items()):
-        color = f"C{i % 10}"
-        first, last = rows[0], rows[-1]
-        xs, ys = _by_layer(first, "grad_norm")
-        a_grad.plot(xs, ys, "--o", color=color, ms=3, label=f"{label} (step {first['step']})")
-        if last is not first:
-            xs, ys = _by_layer(last, "grad_norm")
-            a_grad.plot(xs, ys, "-o", color=color, ms=3, label=f"{label} (step {last['step']})")
-        xs, ys = _by_layer(last, "resid_rms")
-        a_rms.plot(xs, ys, "-o", color=color, ms=3, label=label)
-        a_logit.plot(*_over_steps(rows, "max_attn_logit/", max), color=color, label=label)
-        xs, ys = _over_steps(rows, "dead_ffn_frac/", lambda v: sum(v) / len(v))
-        if xs:
-            a_dead.plot(xs, ys, color=color, label=label)
-        xs, ys = _over_steps(rows, "update_ratio/", lambda v: math.exp(sum(map(math.log, v)) / len(v))
-                             if all(u > 0 for u in v) else float("nan"))
-        a_upd.plot(xs, ys, color=color, label=label)
-        a_spk.step(*_over_steps(rows, "loss_spikes", max), where="post", color=color, label=label)
-    for ax, title, xl, log in (
-            (a_grad, "grad norm by block (dashed: first, solid: last row)", "block", True),
-            (a_rms, "residual-stream RMS after each block (last row)", "block", True),
-            (a_logit, "max attention logit (max over blocks)", "step", False),
-            (a_dead, "dead FFN units (mean over blocks; ReLU family)", "step", False),
-            (a_upd, "update / weight ratio (geo. mean over groups)", "step", True),
-            (a_spk, "loss spikes (cumulative)", "step", False)):
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel(xl)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if not ax.lines:
-            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center",
-                    transform=ax.transAxes, color="0.5")
-        if log and ax.lines:
-            ax.set_yscale("log")
-        if ax.lines:
-            ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
-
-
-def plot_comparison_diagnostics(cmp, plot_path) -> Optional[str]:
-    """For `ablate compare --plot FILE.png`: FILE_diag.png with the diagnostics of one run per
-    variant (its first completed seed), when any run logged them; else None."""
-    runs = {}
-    for group, row in zip(cmp.groups, cmp):
-        ordered = sorted(group.runs, key=lambda r: (r.status != "completed", str(r.seed)))
-        for r in ordered:
-            if diag_rows(r.rows):
-                runs[f"{row.variant} (seed {r.seed[0]})"] = r.rows
-                break
-    path = Path(plot_path)
-    return plot_diagnostics(runs, path.with_name(f"{path.stem}_diag{path.suffix}")) if runs else None

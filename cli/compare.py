@@ -111,7 +111,7 @@ def _plot(report: Report, options: CompareOptions) -> None:
 
     plot_comparison(report.comparison, options.plot, keys=options.plot_keys or DEFAULT_KEYS)
     typer.echo(f"plot: {options.plot}", err=quiet)
-    from ablate.diagnostics import plot_comparison_diagnostics
+    from ablate.tracking.diagnostics_plots import plot_comparison_diagnostics
 
     diag_plot = plot_comparison_diagnostics(report.comparison, options.plot)  # runs with train.diagnostics_every
     if diag_plot:

@@ -1,15 +1,33 @@
 """The trainer's policies, one job each (as torchtitan's components): when a step logs, evaluates
 and saves a checkpoint (Cadence), and whether a step's loss ends the run or skips its update
-(Guard). Pure Python: the loop in trainer.py asks them and does the work."""
+(Guard, with the rule that counts loss spikes). Pure Python: the loop in trainer.py asks them and
+does the work."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from enum import Enum
+from typing import Any, Optional, Sequence
 
-from ablate.diagnostics import is_loss_spike
+SPIKE_WINDOW = 50  # the guard's running window of recent losses
+SPIKE_Z = 4.0  # a spike: loss above mean + SPIKE_Z * std of the window
+SPIKE_MIN_HISTORY = 10
+
+
+def is_loss_spike(history: Sequence[float], loss: float, z: float = SPIKE_Z,
+                  min_history: int = SPIKE_MIN_HISTORY) -> bool:
+    """Whether `loss` exceeds the mean of the recent losses by more than z standard deviations
+    (with a floor of 1% of the mean, so a flat loss curve does not count noise as spikes): the
+    count diagnostics log (`diag/loss_spikes`); it never stops a run."""
+    n = len(history)
+    if n < min_history or not math.isfinite(loss):
+        return False
+    mean = sum(history) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in history) / n)
+    return loss - mean > max(z * std, 0.01 * abs(mean))
+
 
 # With train.skip_spikes, this many skipped updates in a row end the run as diverged: a spike is
 # a few bad batches; a loss that stays above its old level is a lasting shift, and skipping it
@@ -44,10 +62,18 @@ class Cadence:
         return bool(self.ckpt_every) and step % self.ckpt_every == 0 and step < self.steps
 
 
-@dataclass
+class Action(Enum):
+    """What a step's verdict does with its update."""
+
+    UPDATE = "update"
+    SKIP = "skip"  # drop this step's update (train.skip_spikes): OLMo-core's SkipStep
+    DIVERGE = "diverge"  # the run ends here, diverged
+
+
+@dataclass(frozen=True)
 class Verdict:
-    stop: Optional[str] = None  # why the run diverged here
-    skip: bool = False  # drop this step's update (train.skip_spikes)
+    action: Action = Action.UPDATE
+    reason: str = ""  # why it diverged (DIVERGE)
 
 
 class Guard:
@@ -59,8 +85,8 @@ class Guard:
 
     def __init__(self, threshold: float, skip_spikes: bool):
         self.threshold, self.skip_spikes = threshold, skip_spikes
-        self.recent: deque[float] = deque(maxlen=50)  # recent accepted train losses
-        self.loss_spikes = 0  # losses far above the recent window (ablate.diagnostics.is_loss_spike)
+        self.recent: deque[float] = deque(maxlen=SPIKE_WINDOW)  # recent accepted train losses
+        self.loss_spikes = 0  # losses far above the recent window (is_loss_spike)
         self.skipped = 0
         self.skips_in_a_row = 0
 
@@ -73,10 +99,11 @@ class Guard:
                                    f"(train.skip_spikes): a lasting shift; {reason}")
         self.loss_spikes += is_loss_spike(self.recent, loss)
         if reason and not skip:
-            return Verdict(stop=reason)
-        if not skip:
-            self.recent.append(loss)
-        return Verdict(skip=skip)
+            return Verdict(Action.DIVERGE, reason)
+        if skip:
+            return Verdict(Action.SKIP)
+        self.recent.append(loss)
+        return Verdict()
 
     def _reason(self, step: int, loss: float, gnorm: float) -> Optional[str]:
         if not math.isfinite(loss):
@@ -89,8 +116,9 @@ class Guard:
                 return f"spike: loss {loss:.3f} > {self.threshold} x running mean {mean:.3f} at step {step}"
         return None
 
-    def updated(self, skipped: bool) -> None:
-        if skipped:
+    def updated(self, verdict: Verdict) -> None:
+        """After the step's update was applied or skipped as `verdict` said."""
+        if verdict.action is Action.SKIP:
             self.skipped += 1
             self.skips_in_a_row += 1
         else:

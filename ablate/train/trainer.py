@@ -31,7 +31,7 @@ from ablate.train.evaluate import evaluate
 from ablate.train.microbatch import resolve_micro_batch
 from ablate.train.optimizer import build_optimizer, optimizer_step, restore_implementation, set_lr
 from ablate.train.peak import Peak, device_peak, mfu
-from ablate.train.policy import Cadence, Guard, Verdict
+from ablate.train.policy import Action, Cadence, Guard, Verdict
 from ablate.train.schedule import lr_at, resolved_warmup
 from ablate.train.signals import Phase, StopRequest
 from ablate.train.state import RunState
@@ -65,6 +65,29 @@ def resolve_precision(name: str, device: torch.device) -> str:
     if name == "auto":
         return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     return name
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the run ends at a step: its status and why."""
+
+    status: Status
+    reason: str
+
+
+@dataclass
+class Measured:
+    """One step's loss and grad norm on the device, read on the host (a sync) once, when asked."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    lr: float
+    _read: Optional[tuple[float, float]] = None
+
+    def read(self) -> tuple[float, float]:
+        if self._read is None:
+            self._read = (float(self.loss), float(self.grad_norm))
+        return self._read
 
 
 @dataclass
@@ -263,52 +286,89 @@ class Trainer:
         try:
             self._start(start_step)
             while self.state.step < self.cfg.steps:
-                ended = self.step()
-                if ended is not None:
-                    return self._outcome(*ended)
+                ending = self.step()
+                if ending is not None:
+                    return self._outcome(ending)
             self.save_checkpoint()
-            return self._outcome(Status.COMPLETED, "")
+            return self._outcome(Ending(Status.COMPLETED, ""))
         except KeyboardInterrupt:
             self.save_checkpoint()
-            return self._outcome(Status.INTERRUPTED, "KeyboardInterrupt")
+            return self._outcome(Ending(Status.INTERRUPTED, "KeyboardInterrupt"))
         finally:
             self.recompiles.__exit__()
             self.stop.phase = Phase.WAIT  # the outcome is known: a late signal must not interrupt its record
             StopRequest.restore(old_handlers)
 
-    def step(self) -> Optional[tuple[str, str]]:
-        """One optimizer step and what follows it by the cadence: the guard's verdict, the
-        update (or its skip), the log row, evaluation, a checkpoint and a pending stop signal.
-        Returns (status, reason) when the run ends here."""
-        seg, step = self.segment, self.state.step
-        seg.speed.step_started()
-        seg.loss = None
-        lm_loss, grad_norm, lr = self.train_step(step)
+    def step(self) -> Optional[Ending]:
+        """One optimizer step and what follows it, in order; how the run ends here, or None.
+        An evaluation's checkpoint is written before its row, so a logged evaluation has one."""
+        n = self.state.step  # optimizer steps done before this one
+        measured = self._train(n)  # forward, backward, clipping
+        verdict = self._judge(n, measured)  # the guard, where this step reads its loss
+        if verdict.action is Action.DIVERGE:
+            return self._diverged(n, measured, verdict.reason)
+        self._update(verdict)  # applied, or skipped (train.skip_spikes); the step is done
+        self._log_train(measured)  # by the cadence
+        self.finish_diagnostics(updated=verdict.action is Action.UPDATE)
+        metrics = self._evaluate() if self.cadence.evaluates(n + 1) else None
+        if metrics is not None and not math.isfinite(metrics[VAL_LOSS]):
+            self._log_eval(metrics)
+            return Ending(Status.DIVERGED, "non-finite validation loss")
+        if self.cadence.saves(n + 1):
+            self.save_checkpoint()
+        if metrics is not None:
+            self._log_eval(metrics)
+        if self._stop_requested():
+            self.save_checkpoint()
+            return Ending(self.stop.status, self.stop.reason)
+        return None
+
+    def _train(self, n: int) -> Measured:
+        self.segment.speed.step_started()
+        self.segment.loss = None
+        loss, grad_norm, lr = self.train_step(n)
         self._check_compiled()
-        gnorm = None
-        verdict = Verdict()
-        if self._syncs(step):
-            seg.loss, gnorm = float(lm_loss), float(grad_norm)
-            verdict = self.guard.judge(step + 1, seg.loss, gnorm)
-            if verdict.stop:
-                self._log_row(step + 1, seg.loss, gnorm, lr, None)
-                self.finish_diagnostics(updated=False)  # the failing step's profile
-                return Status.DIVERGED, verdict.stop
-        if verdict.skip:  # OLMo-core SkipStep: drop this update, keep going, count it
+        return Measured(loss, grad_norm, lr)
+
+    def _judge(self, n: int, measured: Measured) -> Verdict:
+        """The guard's verdict on step n + 1 where it reads its loss on the host (_syncs), else
+        the update is applied unjudged."""
+        if not self._syncs(n):
+            return Verdict()
+        self.segment.loss, grad_norm = measured.read()
+        return self.guard.judge(n + 1, self.segment.loss, grad_norm)
+
+    def _diverged(self, n: int, measured: Measured, reason: str) -> Ending:
+        """The failing step's row and diagnostics profile; its update is not applied."""
+        loss, grad_norm = measured.read()
+        self._log_row(n + 1, loss, grad_norm, measured.lr, None)
+        self.finish_diagnostics(updated=False)
+        return Ending(Status.DIVERGED, reason)
+
+    def _update(self, verdict: Verdict) -> None:
+        if verdict.action is Action.SKIP:  # OLMo-core SkipStep: drop this update, keep going, count it
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.apply_update()
-        self.guard.updated(skipped=verdict.skip)
+        self.guard.updated(verdict)
         self.state.step += 1
         self._step_finished()
-        if self.cadence.logs(self.state.step):
-            if seg.loss is None:
-                seg.loss, gnorm = float(lm_loss), float(grad_norm)
-            tps = seg.speed.log(self.state.step)
-            self.state.last.update(train_loss=seg.loss, tokens_per_s=tps)
-            self._log_row(self.state.step, seg.loss, gnorm, lr, tps)
-        self.finish_diagnostics(updated=not verdict.skip)
-        return self._after_step()
+
+    def _log_train(self, measured: Measured) -> None:
+        step = self.state.step
+        if not self.cadence.logs(step):
+            return
+        self.segment.loss, grad_norm = measured.read()
+        tps = self.segment.speed.log(step)
+        self.state.last.update({TRAIN_LOSS: self.segment.loss, TOKENS_PER_S: tps})
+        self._log_row(step, self.segment.loss, grad_norm, measured.lr, tps)
+
+    def _stop_requested(self) -> bool:
+        """A stop signal reached some rank: every rank stops at this same step."""
+        if not any_rank(self.stop.signum is not None, self.world, self.device):
+            return False
+        self.stop.signum = self.stop.signum or signal.SIGTERM
+        return True
 
     def _begin(self, start_step: int) -> Segment:
         self.state.step = start_step
@@ -351,24 +411,6 @@ class Trainer:
             seg.first_step_s = (time.time() - self.job_started if self.job_started is not None
                                 else process_age_s() or (time.perf_counter() - seg.started))
         self._announce_fallback()
-
-    def _after_step(self) -> Optional[tuple[str, str]]:
-        """Evaluation, a checkpoint and a pending stop signal, by the cadence. An evaluation's
-        checkpoint is written before its row, so a logged evaluation always has one."""
-        n = self.state.step
-        metrics = self._evaluate() if self.cadence.evaluates(n) else None
-        if metrics is not None and not math.isfinite(metrics[VAL_LOSS]):
-            self._log_eval(metrics)
-            return Status.DIVERGED, "non-finite validation loss"
-        if self.cadence.saves(n):
-            self.save_checkpoint()
-        if metrics is not None:
-            self._log_eval(metrics)
-        if any_rank(self.stop.signum is not None, self.world, self.device):  # same step on all ranks
-            self.stop.signum = self.stop.signum or signal.SIGTERM
-            self.save_checkpoint()
-            return self.stop.status, self.stop.reason
-        return None
 
     def _evaluate(self) -> dict:
         """Validation metrics at this step, kept as the run's last; their time is not training's."""
@@ -416,7 +458,7 @@ class Trainer:
                       f"{self.recompiles.reason}; tokens/s is not the compiled speed",
                       file=sys.stderr, flush=True)
 
-    def _outcome(self, status: Status, reason: str) -> Outcome:
+    def _outcome(self, ending: Ending) -> Outcome:
         seg, last, speed = self.segment, self.state.last, self.segment.speed
         tps = speed.tokens_per_s if speed.tokens_per_s is not None else last[TOKENS_PER_S]
         compile_s = None
@@ -433,4 +475,4 @@ class Trainer:
             peak_flops_source=peak.source if peak else None, compile_fallback=bool(self.recompiles.hits),
             backend=self.backend_settings,
             compile_fallback_reason=self.recompiles.reason if self.recompiles.hits else None)
-        return Outcome(status, reason, step, self.cfg.steps, result)
+        return Outcome(ending.status, ending.reason, step, self.cfg.steps, result)
