@@ -11,8 +11,9 @@ Each part has one owner, which fills it in:
 
 summary.json's keys are public (docs/running.md) and its JSON is flat, as it always was: the
 groups that only organise the record here (RunInfo, TrainResult, ...) are flattened into it
-(`flat()`), and a group that is not known yet (a run that failed before it was built) leaves
-its keys out. A field made with `optional()` is left out, not null, while it is None. Nested
+(`flat(...)`), and a group none of whose fields is known yet (a run that failed before it was
+built) leaves its keys out. A field made with `optional()` is left out, not null, while it is
+None. Nested
 objects (`params_breakdown`, `data`, `provenance`, `wandb`) stay nested. A record written by an
 older version (fewer keys) reads with those fields None; keys this version does not know are
 dropped on reading.
@@ -32,9 +33,9 @@ from ablate.rundir import SUMMARY, owner_alive, read_json, write_json
 from ablate.vocab import METRICS, Status
 
 
-def flat() -> Any:
-    """A group of fields written into the enclosing JSON object; left out while None."""
-    return field(default=None, metadata={"flat": True})
+def flat(group: type) -> Any:
+    """A group of fields written into the enclosing JSON object; left out while none is known."""
+    return field(default_factory=group, metadata={"flat": True})
 
 
 def optional() -> Any:
@@ -148,7 +149,7 @@ class TrainResult:
     peak_flops: Optional[float] = None
     peak_flops_source: Optional[str] = None
     compile_fallback: Optional[bool] = None
-    backend: Optional[BackendSettings] = flat()
+    backend: BackendSettings = flat(BackendSettings)
     compile_fallback_reason: Optional[str] = optional()
 
 
@@ -184,17 +185,17 @@ class RunRecord:
     data_seed: Optional[int] = None
     overrides: Optional[list[str]] = None  # the overrides that name the variant
     sweep: Optional[str] = None
-    process: Optional[Process] = flat()
+    process: Process = flat(Process)
     host: Optional[str] = None
     started: Optional[str] = None
     wall_time_s: Optional[float] = None  # every segment of a resumed run, summed
     previous_status: Optional[Status] = optional()  # the record this run re-entered
     extended_from: Optional[int] = optional()  # the steps an extended run had finished
-    info: Optional[RunInfo] = flat()
+    info: RunInfo = flat(RunInfo)
     reason: Optional[str] = optional()
     step: Optional[int] = optional()
     steps: Optional[int] = optional()
-    result: Optional[TrainResult] = flat()
+    result: TrainResult = flat(TrainResult)
     error: Optional[str] = optional()
     finished: Optional[str] = optional()
 
@@ -210,7 +211,7 @@ class RunRecord:
     def metric(self, name: str) -> Optional[float]:
         """A metric's final value (ablate.vocab METRICS: val_loss, tokens_per_s, ...); None
         when the run has none."""
-        if name not in METRICS or self.result is None:
+        if name not in METRICS:
             return None
         value = getattr(self.result, name, None)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -220,8 +221,7 @@ class RunRecord:
         kill, a node failure) is KILLED."""
         if self.status != Status.RUNNING:
             return self.status
-        who = {"pid": self.process.pid if self.process else None, "host": self.host,
-               "job": self.process.job if self.process else None}
+        who = {"pid": self.process.pid, "host": self.host, "job": self.process.job}
         return Status.KILLED if owner_alive(who) is False else self.status
 
     def to_json(self) -> dict:
@@ -266,15 +266,21 @@ def to_plain(obj: Any) -> dict:
     out: dict = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if value is None and (f.metadata.get("flat") or f.metadata.get("optional")):
-            continue
         if f.metadata.get("flat"):
-            out.update(to_plain(value))
+            out.update(to_plain(value) if known(value) else {})
+        elif value is None and f.metadata.get("optional"):
+            continue
         elif dataclasses.is_dataclass(value):
             out[f.name] = to_plain(value)
         else:
             out[f.name] = value.value if isinstance(value, Enum) else value
     return out
+
+
+def known(group: Any) -> bool:
+    """Whether any field of a group (its flattened groups' included) is known."""
+    return any(known(v) if dataclasses.is_dataclass(v) else v is not None
+               for v in (getattr(group, f.name) for f in dataclasses.fields(group)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -288,22 +294,13 @@ def _dataclass_of(tp: Any) -> Optional[type]:
     return args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0]) else None
 
 
-def _keys(cls: type) -> set[str]:
-    """The JSON keys of a group, its flattened groups' included."""
-    out = set()
-    for f in dataclasses.fields(cls):
-        out |= _keys(_dataclass_of(_types(cls)[f.name])) if f.metadata.get("flat") else {f.name}
-    return out
-
-
 def _from_json(cls: type, data: dict) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
         tp = _types(cls)[f.name]
         sub = _dataclass_of(tp)
         if f.metadata.get("flat"):
-            if _keys(sub) & data.keys():
-                kwargs[f.name] = _from_json(sub, data)
+            kwargs[f.name] = _from_json(sub, data)  # its keys are the enclosing object's
         elif data.get(f.name) is not None:
             kwargs[f.name] = _value(tp, sub, data[f.name], f.name)
     return cls(**kwargs)

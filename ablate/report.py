@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ablate.record import RunRecord, TrainResult, WandbInfo
+from ablate.record import RunRecord, WandbInfo
 from ablate.vocab import TRAIN_LOSS, VAL_BPB, VAL_LOSS
 
 log = logging.getLogger("ablate")
@@ -37,8 +37,8 @@ def summary_table(record: RunRecord, run_dir: Path):
     t.add_row("status", f"[{color}]{record.status}[/{color}]" + escape((f" ({record.reason})" if record.reason else "")
                                                             + (f" ({record.error})" if record.error else "")))
     t.add_row("axes", " ".join(f"{k}={v}" for k, v in (record.axes or {}).items()))
-    info, result = record.info, record.result or TrainResult()
-    if info is not None:
+    info, result = record.info, record.result
+    if info.params is not None:
         t.add_row("params", f"{info.params or 0:,} ({info.non_embedding_params or 0:,} non-embedding)")
         t.add_row("FLOPs/token", f"{info.flops_per_token or 0:,}")
     if record.step is not None:
@@ -46,15 +46,14 @@ def summary_table(record: RunRecord, run_dir: Path):
     for metric in (TRAIN_LOSS, VAL_LOSS, VAL_BPB):
         t.add_row(metric, _fmt(getattr(result, metric)))
     if result.tokens_per_s:
-        t.add_row("tokens/s", f"{result.tokens_per_s:,.0f} on {info.device if info else '?'} "
-                              f"({info.precision if info else ''})")
+        t.add_row("tokens/s", f"{result.tokens_per_s:,.0f} on {info.device or '?'} ({info.precision or ''})")
     if result.mfu is not None:
         t.add_row("MFU", f"{100 * result.mfu:.1f}%")
     if result.time_to_first_step_s is not None:
         t.add_row("first step after", f"{result.time_to_first_step_s:.2f} s")
     t.add_row("wall time", f"{record.wall_time_s or 0:.1f} s")
     t.add_row("run dir", escape(str(run_dir)))
-    wandb = _wandb_row(info.wandb if info else None)
+    wandb = _wandb_row(info.wandb)
     if wandb:  # said at the start too, but that has scrolled away
         t.add_row("W&B", escape(wandb))
     return t

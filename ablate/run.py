@@ -28,7 +28,7 @@ from ablate.axes import CONF_DIR
 from ablate.config import axis_values, register_configs, validate
 from ablate.context import ProcessEnv, RunContext
 from ablate.errors import AblateError
-from ablate.record import Process, RunRecord
+from ablate.record import Process, RunRecord, known
 from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, write_atomic
 from ablate.tracking.sinks import Sink
 from ablate.train.signals import Phase, StopRequest, Stopped
@@ -196,7 +196,7 @@ def _run_ranks(cfg, ctx: RunContext) -> tuple[RunRecord, int]:
         record.error = f"torchrun exited with code {code} before rank 0 recorded the outcome; see {log}"
         print(f"error: {record.error}", file=sys.stderr)
     if written is not None:  # this launch's "running" record: make it truthful
-        record.finished, record.process = time.strftime("%Y-%m-%dT%H:%M:%S"), None
+        record.finished, record.process = time.strftime("%Y-%m-%dT%H:%M:%S"), Process()
         record.write(ctx.run_dir)
     return record, code or 1
 
@@ -261,18 +261,17 @@ def _close_record(record: RunRecord, cfg, ctx: RunContext, continued: Optional[R
                   clock: WallClock) -> None:
     """The end of the record: wall time, finish time; the process is gone."""
     wall = clock.total()
-    result = record.result
-    if continued is not None:
+    if continued is not None:  # the same run continued: its wall time is the sum of its segments
+        result, earlier = record.result, continued.result
         if ctx.resume_state["step"] >= cfg.train.steps:  # its last checkpoint was final: this segment did nothing
             wall = clock.earlier
-            if result is not None and continued.result is not None:
-                result.tokens_per_s, result.mfu = continued.result.tokens_per_s, continued.result.mfu
-        first = continued.result.time_to_first_step_s if continued.result is not None else None
-        if first is not None and result is not None:
-            result.time_to_first_step_s = first
+            if known(result) and known(earlier):
+                result.tokens_per_s, result.mfu = earlier.tokens_per_s, earlier.mfu
+        if known(result) and earlier.time_to_first_step_s is not None:
+            result.time_to_first_step_s = earlier.time_to_first_step_s
     record.wall_time_s = wall
     record.finished = time.strftime("%Y-%m-%dT%H:%M:%S")
-    record.process = None
+    record.process = Process()
 
 
 def _warn_warmup(train: Any, console: bool) -> None:

@@ -49,3 +49,62 @@ def test_status_is_its_string_everywhere():
     assert Status.COMPLETED == "completed" and f"{Status.DIVERGED}" == "diverged"
     assert json.dumps({"status": Status.PREEMPTED}) == '{"status": "preempted"}'
     assert "interrupted" in STOPPED and "completed" not in STOPPED
+
+
+# A string equal to a metric's name that does not name the metric: (file, string) -> why.
+NOT_THE_METRIC = {
+    ("ablate/train/optimizer.py", "lr"): "torch's param_group key, the optimizer's own API",
+    ("ablate/data/cache.py", "tokens"): "the token cache's meta.json: the tokens of each split",
+    ("ablate/bench.py", "tokens"): "a synthetic corpus's meta.json, as the token cache writes it",
+    ("ablate/compose.py", "tokens"): "reads the token cache's meta.json",
+    ("ablate/train/launch.py", "tokens"): "reads the token cache's meta.json",
+    ("cli/data.py", "tokens"): "prints the token cache's meta.json",
+}
+
+
+def vocabulary_literals(root=None) -> list[str]:
+    """`file:line: 'string'` for each string constant in ablate/, cli/ and hydra_plugins/ (outside
+    ablate/vocab.py) equal to a run status or a metric name. Not counted: docstrings (prose) and
+    the text of f-strings (`f"lr{lr:g}"` is a label, not the metric); a key inside a longer string
+    (`"train.lr"`, `"val/loss"`) is not equal to a name."""
+    import ast
+    from pathlib import Path
+
+    from ablate.vocab import METRICS
+
+    root = Path(root or Path(__file__).resolve().parent.parent)
+    names = {s.value for s in Status} | set(METRICS)
+    found = []
+    for path in sorted(p for d in ("ablate", "cli", "hydra_plugins") for p in (root / d).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "ablate/vocab.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        prose = set()
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                prose.add(id(body[0].value))
+            if isinstance(node, ast.JoinedStr):
+                prose.update(id(v) for v in node.values)
+        found += [f"{rel}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                  and id(node) not in prose and (rel, node.value) not in NOT_THE_METRIC]
+    return sorted(found)
+
+
+def test_statuses_and_metric_names_are_written_only_in_the_vocabulary():
+    found = vocabulary_literals()
+    assert found == [], "use the ablate.vocab constants (Status, VAL_LOSS, ...):\n" + "\n".join(found)
+
+
+def test_the_literal_scan_finds_a_status_and_a_metric_but_not_prose(tmp_path):
+    (tmp_path / "ablate").mkdir()
+    (tmp_path / "ablate" / "m.py").write_text(
+        '"""A completed run."""\n'
+        'def f(row, lr):\n'
+        '    """Returns val_loss."""\n'
+        '    key = f"lr{lr:g}"  # a label\n'
+        '    return row["val_loss"] if row["status"] == "completed" else "train.lr"\n')
+    assert vocabulary_literals(tmp_path) == ["ablate/m.py:5: 'completed'", "ablate/m.py:5: 'val_loss'"]

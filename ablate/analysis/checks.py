@@ -45,7 +45,7 @@ def mixed_settings(runs: Sequence[Run]) -> dict[str, dict[str, int]]:
     swept: set[str] = set()
     by_sweep: dict[Path, list[Run]] = {}
     for r in runs:
-        if r.config and r.summary.get("sweep"):
+        if r.config and r.record.sweep:
             by_sweep.setdefault(r.dir.parent, []).append(r)
     for rs in by_sweep.values():
         swept |= set().union(*(r.config for r in rs)) - alike(rs)
@@ -86,14 +86,14 @@ def _lookup(run: Run, key: str) -> tuple[bool, Any]:
     """(found, value) of `key` for a run: an axis name (its option), `variant`, `seed`, `status`,
     or any config key (train.steps)."""
     if key in AXES:
-        axes = run.summary.get("axes") or {}
+        axes = run.record.axes or {}
         if key in axes:
             return True, axes[key]
         if f"{key}.name" in run.config:
             return True, run.config[f"{key}.name"]
         return False, None
     if key in ("variant", "status"):
-        return True, run.status if key == "status" else run.summary.get("variant")
+        return True, run.status if key == "status" else run.record.variant
     if key in run.config:
         return True, run.config[key]
     if key in run.summary and not isinstance(run.summary[key], (dict, list)):

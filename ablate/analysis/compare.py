@@ -243,7 +243,7 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
         left = [f"{c} {st}" for st, c in counts.items() if st != Status.COMPLETED]
         coverage = f"{len(g.values)} of {len(g.runs)} seeds" + ("; " + ", ".join(left) if left else "")
         notes.append(f"{g.label}: {coverage}; its mean is over the completed seeds only")
-    params, base_params = g.first("params"), base.first("params") if base else None
+    params, base_params = g.first(_params), base.first(_params) if base else None
     p_delta = (params - base_params) if (params is not None and base_params and g is not base) else None
     p_pct = (100 * p_delta / base_params) if p_delta is not None else None
     tps, unsteady = _speed(g)
@@ -253,16 +253,20 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
                values=[g.values[s] for s in order], vs=_versus(base, g, alpha), status=counts,
                params=params, params_delta=p_delta, params_delta_pct=p_pct,
                size_differs=p_pct is not None and abs(p_pct) > SIZE_NOTE_PCT,
-               flops_per_token=g.first("flops_per_token"), tokens_per_s=tps, tokens_per_s_unsteady=unsteady,
-               axes=g.runs[0].summary.get("axes"), dirs=[str(r.dir) for r in g.runs], rung=rung,
+               flops_per_token=g.first(lambda r: r.record.info.flops_per_token), tokens_per_s=tps,
+               tokens_per_s_unsteady=unsteady, axes=g.runs[0].record.axes, dirs=[str(r.dir) for r in g.runs], rung=rung,
                prev=g.prev.label if rung and g.prev else None,
                vs_prev=_versus(g.prev, g, alpha) if rung else Versus())
+
+
+def _params(r: Run) -> Optional[int]:
+    return r.record.info.params
 
 
 def _speed(g: Group) -> tuple[Optional[float], bool]:
     """The median of the completed seeds' tokens/s (a seed timed on a busy host drags a mean, not
     a median), and whether the seeds' figures differ by more than SPEED_SPREAD x (max/min)."""
-    tps = [t for t in (number(r.summary.get(TOKENS_PER_S)) for r in g.runs if r.status == Status.COMPLETED) if t]
+    tps = [t for t in (r.record.metric(TOKENS_PER_S) for r in g.runs if r.status == Status.COMPLETED) if t]
     if not tps:
         return None, False
     return statistics.median(tps), max(tps) > SPEED_SPREAD * min(tps)
@@ -307,5 +311,5 @@ def per_seed_rows(cmp: Comparison) -> list[SeedRow]:
             out.append(SeedRow(row.variant, row.baseline, r.seed[0],
                                str(r.status) if r.status != Status.COMPLETED or v is not None else f"no {cmp.metric}",
                                cmp.metric, v, (v - ref) if v is not None and ref is not None else None,
-                               number(r.summary.get("params")), number(r.summary.get(TOKENS_PER_S)), str(r.dir)))
+                               number(_params(r)), r.record.metric(TOKENS_PER_S), str(r.dir)))
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ablate.analysis.checks import alike
 from ablate.analysis.load import CompareError, Run
@@ -21,11 +21,9 @@ class Group:
     values: dict = field(default_factory=dict)  # seed -> metric value (completed runs only)
     prev: Optional["Group"] = None  # a study rung: the rung before it in the same sweep
 
-    def first(self, key: str) -> Any:
-        for r in self.runs:
-            if r.summary.get(key) is not None:
-                return r.summary[key]
-        return None
+    def first(self, read: Callable[[Run], Any]) -> Any:
+        """The first of its runs' values that is known (`read`: a run's value from its record)."""
+        return next((v for v in map(read, self.runs) if v is not None), None)
 
 
 def label_groups(groups: list[Group]) -> None:
@@ -35,16 +33,16 @@ def label_groups(groups: list[Group]) -> None:
     same = alike([r for g in groups for r in g.runs]) if len(groups) > 1 else None
     for g in groups:
         r = g.runs[0]
-        if r.summary.get("sweep") or same is None or not r.config:
-            g.label = str(r.summary.get("variant") or r.dir.name)
+        if r.record.sweep or same is None or not r.config:
+            g.label = str(r.record.variant or r.dir.name)
         else:
-            g.label = ",".join(o for o in (r.summary.get("overrides") or [])
+            g.label = ",".join(o for o in (r.record.overrides or [])
                                if names_variant(o) and not _set_alike(o, r.config, same)) or "baseline"
     seen: dict[str, int] = {}
     for g in groups:  # same name, different config (two sweeps' baselines): keep them apart
         n = seen[g.label] = seen.get(g.label, 0) + 1
         if n > 1:
-            sweep = g.runs[0].summary.get("sweep")
+            sweep = g.runs[0].record.sweep
             g.label = f"{g.label} [{sweep}]" if sweep else f"{g.label} ({n})"
 
 
@@ -69,7 +67,7 @@ def pick_baseline(groups: list[Group], baseline: Optional[str],
                                    "give one run directory or a variant name")
             return hits[0], "--baseline"
         hits = [g for g in groups if g.label == baseline] or \
-               [g for g in groups if any(r.summary.get("variant") == baseline for r in g.runs)]
+               [g for g in groups if any(r.record.variant == baseline for r in g.runs)]
         if len(hits) != 1:
             names = ", ".join(g.label for g in groups)
             why = "matches no variant" if not hits else "matches several variants"
@@ -81,16 +79,16 @@ def pick_baseline(groups: list[Group], baseline: Optional[str],
     named = [g for g in groups if g.label == "baseline"]
     if len(named) == 1:
         g = named[0]
-        if g.runs[0].summary.get("axes") == base_axes:
+        if g.runs[0].record.axes == base_axes:
             return g, "no axis changed"
-        if g.runs[0].summary.get("sweep"):
+        if g.runs[0].record.sweep:
             return g, "the sweep's baseline job: every swept key at its first value"
         return g, "no override beyond those every run shares"
-    cands = named or [g for g in groups if g.runs[0].summary.get("axes") == base_axes]
+    cands = named or [g for g in groups if g.runs[0].record.axes == base_axes]
     reason = "no axis changed"
     if len(cands) > 1:  # the one with the fewest extra overrides, if that is unique
-        fewest = min(len(g.runs[0].summary.get("overrides") or []) for g in cands)
-        cands = [g for g in cands if len(g.runs[0].summary.get("overrides") or []) == fewest]
+        fewest = min(len(g.runs[0].record.overrides or []) for g in cands)
+        cands = [g for g in cands if len(g.runs[0].record.overrides or []) == fewest]
         reason = "no axis changed; fewest other overrides"
     if len(cands) == 1:
         return cands[0], reason
@@ -126,7 +124,7 @@ def study_ladder(groups: list[Group], notes: list[str]) -> list[Group]:
     sweeps: list[Path] = []
     for g in groups:
         r = g.runs[0]
-        names, name = _ladder(r.dir.parent, cache), r.summary.get("variant")
+        names, name = _ladder(r.dir.parent, cache), r.record.variant
         if names and name in names:
             rungs.setdefault((r.dir.parent, names.index(name)), g)
             if r.dir.parent not in sweeps:

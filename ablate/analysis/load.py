@@ -8,12 +8,14 @@ import json
 import re
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ablate.errors import AblateError
+from ablate.record import RunRecord
 from ablate.rundir import CONFIG, METRICS, SUMMARY
-from ablate.vocab import names_variant
+from ablate.vocab import Status, names_variant
 
 
 class CompareError(AblateError):
@@ -80,20 +82,25 @@ def flatten(d: Any, prefix: str = "") -> dict:
 @dataclass
 class Run:
     dir: Path
-    summary: dict
+    record: RunRecord  # summary.json
     config: dict  # flattened config.yaml; {} when missing
     rows: list[dict]
-    status: str
+    status: Status  # the record's live status (a running record whose process is gone: killed)
+
+    @cached_property
+    def summary(self) -> dict:
+        """summary.json's keys and values, for a key the user names (--metric, --where)."""
+        return self.record.to_json()
 
     @property
     def seed(self) -> tuple:
-        return (self.summary.get("seed"), self.summary.get("data_seed"))
+        return (self.record.seed, self.record.data_seed)
 
     def variant_key(self) -> tuple:
         if self.config:
             return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in self.config.items()
                                 if names_variant(k)))
-        return (("variant", self.summary.get("variant", str(self.dir))),)
+        return (("variant", self.record.variant or str(self.dir)),)
 
     def value(self, metric: str) -> Optional[float]:
         """The run's final value of `metric`: summary.json's, else the last logged one."""
@@ -117,8 +124,6 @@ def find_runs(paths: Sequence[Path | str], warn: Callable[[str], None] = print_w
     """Every run directory (a directory holding summary.json) under the given paths."""
     import yaml
 
-    from ablate.record import live_status
-
     if not paths:
         raise CompareError("give at least one run or sweep directory")
     dirs: dict[Path, None] = {}
@@ -137,9 +142,7 @@ def find_runs(paths: Sequence[Path | str], warn: Callable[[str], None] = print_w
     runs = []
     for d in dirs:
         try:
-            summary = json.loads((d / SUMMARY).read_text(encoding="utf-8"))
-            if not isinstance(summary, dict):
-                raise ValueError("not an object")
+            record = RunRecord.from_json(json.loads((d / SUMMARY).read_text(encoding="utf-8")))
         except (OSError, ValueError) as e:
             warn(f"{d / SUMMARY}: unreadable ({e}); run skipped")
             continue
@@ -149,8 +152,7 @@ def find_runs(paths: Sequence[Path | str], warn: Callable[[str], None] = print_w
                 config = flatten(yaml.safe_load((d / CONFIG).read_text(encoding="utf-8")) or {})
             except (OSError, yaml.YAMLError):
                 warn(f"{d / CONFIG}: unreadable; the run is grouped by its variant name")
-        status = live_status(d) or str(summary.get("status", "unknown"))
-        runs.append(Run(d, summary, config, read_metrics(d / METRICS, warn), status))
+        runs.append(Run(d, record, config, read_metrics(d / METRICS, warn), record.live_status()))
     if not runs:
         raise CompareError(f"no readable runs under {', '.join(map(str, paths))}")
     return runs

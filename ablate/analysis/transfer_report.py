@@ -70,9 +70,9 @@ def to_points(runs: Sequence[Run], record: dict) -> list[Point]:
     out = []
     for r in runs:
         loss = r.value(VAL_LOSS) if r.status == Status.COMPLETED else None
-        fpt, tokens = number(r.summary.get("flops_per_token")), number(r.summary.get(TOKENS))
-        out.append(Point(str(r.summary.get("variant") or r.dir.name), r.summary.get("seed"),
-                         float(r.config.get("train.lr") or number(r.summary.get(LR)) or 0.0),
+        fpt, tokens = number(r.record.info.flops_per_token), r.record.metric(TOKENS)
+        out.append(Point(str(r.record.variant or r.dir.name), r.record.seed,
+                         float(r.config.get("train.lr") or 0.0),
                          _rung_of(r, record.get("rungs") or []),
                          loss if loss is not None and math.isfinite(loss) else None, _first_val(r),
                          fpt * tokens if fpt and tokens else None, _max_logit(r), str(r.dir)))

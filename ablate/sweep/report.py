@@ -84,8 +84,7 @@ def done_earlier(before: Optional[tuple], run_dir: Optional[str]) -> bool:
     record = _record(run_dir)
     if record is None or (record.status, record.step) != (status, step):
         return False
-    resumed_from = record.result.resumed_from if record.result is not None else None
-    return summary_stamp(run_dir) == stamp or resumed_from == step
+    return summary_stamp(run_dir) == stamp or record.result.resumed_from == step
 
 
 def _duration(seconds: float) -> str:
