@@ -227,7 +227,7 @@ def test_a_wrong_declared_count_is_refused_before_training(monkeypatch):
 
 @pytest.mark.parametrize("call, message", [
     (("nope", "x", None), "register_option: unknown axis 'nope'; axes: norm, norm_pos, act"),
-    (("norm", "x", None, {"gated": True}), "norm option 'x' got 'gated'; norm takes params and config keys eps"),
+    (("norm", "x", None, {"gated": True}), "norm option 'x' got 'gated'; norm takes normalizes, params and config keys eps"),
     (("act", "x", None, {"config": {"eps": 1e-6}}), "act option 'x' got 'eps'"),
     (("norm", "rmsnorm", None), "norm: option 'rmsnorm' registered twice"),
 ])
