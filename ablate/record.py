@@ -13,10 +13,9 @@ summary.json's keys are public (docs/running.md) and its JSON is flat, as it alw
 groups that only organise the record here (RunInfo, TrainResult, ...) are flattened into it
 (`flat(...)`), and a group none of whose fields is known yet (a run that failed before it was
 built) leaves its keys out. A field made with `optional()` is left out, not null, while it is
-None. Nested
-objects (`params_breakdown`, `data`, `provenance`, `wandb`) stay nested. A record written by an
-older version (fewer keys) reads with those fields None; keys this version does not know are
-dropped on reading.
+None. Nested objects (`params_breakdown`, `data`, `provenance`, `wandb`) stay nested. A record
+written by an older version (fewer keys) reads with those fields None; keys this version does
+not know are dropped on reading.
 """
 
 from __future__ import annotations
