@@ -5,43 +5,15 @@ prints it in every format) and what its figure draws."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, print_warning
 from ablate.analysis.render import FORMATS
 from ablate.analysis.stats import ALPHA
-from ablate.analysis.table import Table
+from ablate.analysis.table import Report, ReportKind  # noqa: F401 (the report's types, re-exported)
 from ablate.vocab import VAL_LOSS
-
-
-class ReportKind(str, Enum):
-    COMPARISON = "comparison"  # one row per variant
-    PER_SEED = "per_seed"  # one row per run
-    LR_GRID = "lr_grid"
-    LADDER = "ladder"
-
-    __str__ = str.__str__
-    __format__ = str.__format__
-
-
-@dataclass
-class Report:
-    kind: ReportKind
-    table: Table
-    comparison: Any = None  # compare.Comparison of an ordinary report: its plots read it
-    points: list = field(default_factory=list)  # transfer_report.Point: every run of a grid or ladder
-    ladder: Any = None  # transfer_report.LadderFit: the ladder's fitted curves, for its figure
-
-    @property
-    def rows(self) -> list:
-        return self.table.rows
-
-    @property
-    def notes(self) -> list[str]:
-        return self.table.notes
 
 
 @dataclass(frozen=True)

@@ -141,3 +141,31 @@ def lines(*parts: Optional[str]) -> str:
 def column_names(columns: Sequence[Column]) -> str:
     """The columns' headers for a line of prose, each kept on one line when it wraps (no-break spaces)."""
     return ", ".join(c.head.replace(" ", "\u00a0") for c in columns if c.head)
+
+
+# A report is one Table and what its figure draws; its kind says which (report.py chooses it).
+class ReportKind(str, Enum):
+    COMPARISON = "comparison"  # one row per variant
+    PER_SEED = "per_seed"  # one row per run
+    LR_GRID = "lr_grid"
+    LADDER = "ladder"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+@dataclass
+class Report:
+    kind: ReportKind
+    table: Table
+    comparison: Any = None  # compare.Comparison of an ordinary report: its plots read it
+    points: list = field(default_factory=list)  # transfer_report.Point: every run of a grid or ladder
+    ladder: Any = None  # transfer_report.LadderFit: the ladder's fitted curves, for its figure
+
+    @property
+    def rows(self) -> list:
+        return self.table.rows
+
+    @property
+    def notes(self) -> list[str]:
+        return self.table.notes

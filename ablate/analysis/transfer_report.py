@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, number
-from ablate.analysis.report import Report, ReportKind
 from ablate.analysis.stats import ALPHA, mean_std, seed_test
-from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Table, lines, num
+from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Report, ReportKind, Table, lines, num
 from ablate.vocab import LADDER_TOKENS_KEY, LR, TOKENS, VAL_LOSS, Status
 
 MIN_RUNGS = 3  # fewer: the rung table, no fit and no projection
@@ -180,7 +179,7 @@ class GridRow(JsonRow):
 
 def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str] = None,
                    alpha: float = ALPHA) -> Report:
-    from ablate.analysis import transfer as T
+    import ablate.analysis.transfer as T
 
     names, base = _by_variant(points, baseline)
     grid = [float(x) for x in record["grid"]]
@@ -353,7 +352,7 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
 def _fit(names: list, base: str, losses: dict, computes: list, notes: list) -> tuple[dict, Optional[float]]:
     """Each variant's L(C) with one shared L_inf, and the projected compute (10x the largest
     rung's); none with fewer than MIN_RUNGS rungs finished by every variant."""
-    from ablate.analysis import transfer as T
+    import ablate.analysis.transfer as T
 
     rungs = len(computes)
     if not (rungs >= MIN_RUNGS and all(c is not None for c in computes)
@@ -375,7 +374,7 @@ def _ladder_row(n: str, base: str, rungs: list, losses: dict, computes: list, fi
                 target: Optional[float], alpha: float) -> LadderRow:
     """One variant's ladder row: per rung its loss, its delta and multiplier vs the baseline,
     each multiplier's interval its delta's (transfer.multiplier_ci)."""
-    from ablate.analysis import transfer as T
+    import ablate.analysis.transfer as T
 
     mult = None
     if fits and n != base:
@@ -447,7 +446,7 @@ def _outside(loss: Optional[float], base_means: Sequence[Optional[float]]) -> Op
 
 def _best_per_rung(points: Sequence[Point], grid: Sequence[float], names: list, rungs: list) -> dict:
     """(variant, rung) -> T.BestLR of its LR scan (the seeds present at every grid LR)."""
-    from ablate.analysis import transfer as T
+    import ablate.analysis.transfer as T
 
     grid = [float(x) for x in grid]
     cells: dict = {(n, r): {lr: {} for lr in grid} for n in names for r in rungs}
