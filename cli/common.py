@@ -3,9 +3,43 @@ Below every command module (they import it; it imports none of them)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
+
+
+class ReaderGoneSafe:
+    """stdout that outlives its reader: once a pipe's reader has gone (`ablate run ... | head`),
+    what follows is written to /dev/null instead of ending a run as failed with BrokenPipeError.
+    The run's log file and summary.json keep everything."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())  # the buffer's rest goes there too
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def survive_closed_stdout() -> None:
+    if not isinstance(sys.stdout, ReaderGoneSafe):
+        sys.stdout = ReaderGoneSafe(sys.stdout)
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -8,7 +8,8 @@ import importlib
 
 import typer
 
-from cli.common import call_hydra, check_flags, check_flags_config, compose_checked, fail, finished_here
+from cli.common import (call_hydra, check_flags, check_flags_config, compose_checked, fail, finished_here,
+                        survive_closed_stdout)
 
 app = typer.Typer(
     help="Architecture ablations of decoder-only transformer language models.",
@@ -29,6 +30,7 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                         help="Print the version and exit.")) -> None:
     """Architecture ablations of decoder-only transformer language models."""
+    survive_closed_stdout()
 
 
 def config_groups_help() -> str:
