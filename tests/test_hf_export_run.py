@@ -17,7 +17,7 @@ def test_trained_run_exports_to_hf_folder(tmp_path):
     r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr
     out = export(run_dir, tmp_path / "hf", check=False).path
-    ours = load_run_model(run_dir)
+    ours = load_run_model(run_dir).model
     ref = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(ref).__name__ == "LlamaForCausalLM" and ref.config.num_key_value_heads == 2
     idx = torch.randint(0, 257, (2, 32))

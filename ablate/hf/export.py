@@ -5,42 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from ablate.errors import CheckpointError, ConfigError
 from ablate.hf.convert import to_hf_model
 from ablate.hf.families import FAMILIES, transformers_module
 from ablate.hf.tokenizer import eot_id, hf_tokenizer
-from ablate.model.spec import ModelSpec
-
-
-def load_run_model(run_dir) -> Any:
-    """The model of an ablate run directory: its config.yaml and newest usable checkpoint."""
-    from omegaconf import OmegaConf
-
-    from ablate.model.transformer import Transformer
-    from ablate.plugins import load as load_plugins
-    from ablate.train import checkpoint
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise CheckpointError(f"{run_dir}: no config.yaml (not an ablate run directory)")
-    cfg = OmegaConf.load(run_dir / "config.yaml")
-    load_plugins(cfg.get("plugins") or [])  # a plugin's option builds as it did in the run
-    spec = ModelSpec.from_config(cfg)
-    state = checkpoint.latest_valid(run_dir)
-    if state is None:
-        raise CheckpointError(f"{run_dir}: no checkpoint to export")
-    model = Transformer(spec)
-    model.load_state_dict(state["model"])
-    return model.eval()
-
-
-def run_tokenizer_name(run_dir) -> str:
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
-    return str(OmegaConf.select(cfg, "tokenizer.name", default="byte"))
+from ablate.run_model import load_run_model
 
 
 def _greedy_ours(model, prompt: list, n: int) -> list:
@@ -87,8 +58,8 @@ def export(run_dir, out_dir, family: Optional[str] = None, check: bool = True) -
 
     if family is not None and family not in FAMILIES:  # before the run's model is loaded
         raise ConfigError(f"unknown --family '{family}'; choose one of {', '.join(FAMILIES.names())}")
-    model = load_run_model(run_dir)
-    name = run_tokenizer_name(run_dir)
+    loaded = load_run_model(run_dir)
+    model, name = loaded.model, loaded.tokenizer
     eos = eot_id(name)
     transformers_module().utils.logging.disable_progress_bar()  # our lines, not loading bars
     hf = to_hf_model(model, family)  # refuses an architecture no family represents

@@ -1,0 +1,92 @@
+"""A run directory's trained model: its config.yaml, its record and one checkpoint's weights.
+
+    loaded = load_run_model(run_dir)            # the newest usable checkpoint
+    loaded = load_run_model(run_dir, step=200)  # that step's checkpoint
+    loaded.model(idx).logits                    # eval mode, on the CPU, in fp32
+
+Used by `ablate export`, `ablate sample` and `ablate eval`. What cannot be loaded is refused
+with one line (CheckpointError): not a run directory, a run that kept no checkpoint, a diverged
+run (its weights are the ones that diverged), a --step with no checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ablate.errors import CheckpointError
+from ablate.model.spec import ModelSpec
+from ablate.record import read_record
+from ablate.rundir import CONFIG
+from ablate.vocab import Status
+
+
+@dataclass
+class LoadedRun:
+    model: Any  # ablate.model.transformer.Transformer, in eval mode
+    cfg: Any  # the run's composed config (an OmegaConf DictConfig of config.yaml)
+    spec: ModelSpec
+    tokenizer: str  # tokenizer.name: byte, gpt2, cl100k, ...
+    step: int  # the step of the checkpoint the weights come from
+    run_dir: Path
+
+
+def run_config(run_dir) -> Any:
+    """A run directory's config.yaml; CheckpointError when it is not a run directory."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir}: no {CONFIG} (not an ablate run directory)")
+    return OmegaConf.load(path)
+
+
+def tokenizer_name(cfg) -> str:
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.select(cfg, "tokenizer.name", default="byte"))
+
+
+def check_not_diverged(run_dir) -> None:
+    record = read_record(Path(run_dir))
+    if record is not None and record.status == Status.DIVERGED:
+        at = f" at step {record.step}" if record.step is not None else ""
+        raise CheckpointError(f"{run_dir}: the run diverged{at} ({record.reason or 'no reason recorded'}); "
+                              "its weights are not a trained model: train it again (e.g. a lower train.lr)")
+
+
+def _checkpoint_state(run_dir: Path, step: Optional[int]) -> dict:
+    from ablate.train import checkpoint
+
+    found = checkpoint.list_checkpoints(run_dir)
+    if not found:
+        raise CheckpointError(f"{run_dir}: no checkpoint: the run kept none (train.ckpt_every / "
+                              "keep_ckpts) or was stopped before its first evaluation")
+    if step is None:
+        return checkpoint.latest_valid(run_dir)  # found is not empty: a state or CheckpointError
+    paths = dict(found)
+    if step not in paths:
+        raise CheckpointError(f"{run_dir}: no checkpoint of step {step}; there are: "
+                              f"{', '.join(str(s) for s in paths)}")
+    state = checkpoint.load_file(paths[step])
+    if not isinstance(state, dict) or state.get("step") != step:
+        raise CheckpointError(f"{paths[step]}: does not hold step {step}")
+    return state
+
+
+def load_run_model(run_dir, step: Optional[int] = None) -> LoadedRun:
+    """The run's model with the weights of its newest usable checkpoint (or of `step`).
+    Raises CheckpointError (one line) for what cannot be loaded."""
+    from ablate.model.transformer import Transformer
+    from ablate.plugins import load as load_plugins
+
+    run_dir = Path(run_dir)
+    cfg = run_config(run_dir)
+    check_not_diverged(run_dir)
+    state = _checkpoint_state(run_dir, step)
+    load_plugins(cfg.get("plugins") or [])  # a plugin's option builds as it did in the run
+    spec = ModelSpec.from_config(cfg)
+    model = Transformer(spec)
+    model.load_state_dict(state["model"])
+    return LoadedRun(model.eval(), cfg, spec, tokenizer_name(cfg), int(state["step"]), run_dir)
