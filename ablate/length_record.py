@@ -3,8 +3,9 @@
 
 An additive record beside summary.json (a run's training results never change). Each result is
 keyed by (length, stride, RoPE scaling): evaluating the same key again returns the stored result,
-another key adds an entry. A length the model cannot reach (a learned position table past its
-rows) is a result too: status n/a with its reason.
+another key adds an entry. A result belongs to one step's weights: a run trained further is
+evaluated again, and that result replaces the older one. A length the model cannot reach (a
+learned position table past its rows) is a result too: status n/a with its reason.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ class LengthRecord:
         if self.get(result.key) is None:
             self.results.append(result)
             self.results.sort(key=lambda r: (r.key.stride or 0, r.key.rope_scaling or "", r.key.length))
+
+    def put(self, result: LengthResult) -> None:
+        """The result of the run's current weights: it replaces a stored result of the same key
+        only when that one came from other weights (a step before the run was trained further)."""
+        stored = self.get(result.key)
+        if stored is not None and stored.step != result.step:
+            self.results.remove(stored)
+        self.add(result)
 
     def to_json(self) -> dict:
         return {"version": VERSION, "train_seq_len": self.train_seq_len,

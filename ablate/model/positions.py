@@ -8,7 +8,8 @@ Each option is a module with two hooks, so the forward pass shows where position
                                  or ALiBi's additive bias (with the causal -inf folded in, for SDPA).
 offset is the position of the first of the T tokens (0 in training; a KV cache's length when
 decoding): x's tokens sit at positions offset .. offset + T - 1, and the keys they attend to at
-0 .. offset + T - 1. Declared (name, parameter count) in ablate/model/options.py.
+0 .. offset + T - 1. `max_positions` is how far an option reaches (None: any length; a learned
+table: its rows). Declared (name, parameter count) in ablate/model/options.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class Positional(nn.Module):
         super().__init__()
         self.spec = spec
 
+    @property
+    def max_positions(self) -> Optional[int]:
+        """The longest sequence this option can place (None: any length)."""
+        return None
+
     def add_to_embeddings(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         return x
 
@@ -50,6 +56,10 @@ class Learned(Positional):
         super().__init__(spec)
         self.emb = nn.Embedding(spec.max_seq_len, spec.d_model)
         tag(self.emb.weight, Role.POSITION)
+
+    @property
+    def max_positions(self):
+        return self.emb.num_embeddings
 
     def add_to_embeddings(self, x, offset=0):
         return x + self.emb.weight[offset: offset + x.shape[1]]  # (B, T, d) + (T, d)
@@ -95,11 +105,14 @@ class Sinusoidal(Positional):
         return x + self.table[offset:end].to(x.dtype)
 
 
-def rope_tables(T: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(T: int, head_dim: int, base: float, device=None,
+                position_divisor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """RoFormer (Su et al. 2021) in the half-split layout used by GPT-NeoX and Llama:
-    theta_i = base^(-2i/head_dim); dims i and i + head_dim/2 rotate together."""
+    theta_i = base^(-2i/head_dim); dims i and i + head_dim/2 rotate together. Position p turns
+    by (p / position_divisor) * theta_i (a divisor > 1: position interpolation)."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
-    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv_freq)  # (T, hd/2)
+    positions = torch.arange(T, dtype=torch.float32, device=device) / position_divisor
+    angles = torch.outer(positions, inv_freq)  # (T, hd/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, hd)
     return angles.cos(), angles.sin()
 
@@ -111,17 +124,60 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).to(x.dtype)
 
 
+ROPE_SCALINGS = ("pi", "ntk")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE stretched at evaluation time to reach past the training length, no training:
+    pi:F   position interpolation (Chen et al. 2023): positions divided by F;
+    ntk:F  NTK-aware (bloc97 2023): base * F^(d/(d-2)), d = head_dim: the fastest rotation
+           stays, the slowest is slowed by exactly F."""
+
+    kind: str  # one of ROPE_SCALINGS
+    factor: float  # >= 1
+
+    @classmethod
+    def parse(cls, text: str) -> "RopeScaling":
+        """`pi:2` or `ntk:4.0`; ValueError (one line) for anything else."""
+        kind, _, value = text.strip().partition(":")
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = math.nan
+        if kind not in ROPE_SCALINGS or not math.isfinite(factor):
+            raise ValueError(f"--rope-scaling must be pi:FACTOR or ntk:FACTOR (e.g. pi:2), got '{text}'")
+        if factor < 1:
+            raise ValueError(f"--rope-scaling factor must be >= 1 (it stretches RoPE to longer contexts), got {value}")
+        return cls(kind, factor)
+
+    def __str__(self) -> str:  # the key a result is recorded under: pi:2.0
+        return f"{self.kind}:{self.factor!r}"
+
+    def base_and_divisor(self, base: float, head_dim: int) -> tuple[float, float]:
+        """(RoPE base, position divisor) under this scaling."""
+        if self.kind == "pi":
+            return base, self.factor
+        if head_dim <= 2:
+            raise ValueError(f"ntk scaling needs a head dim above 2, got {head_dim}")
+        return base * self.factor ** (head_dim / (head_dim - 2)), 1.0
+
+
 class RoPE(Positional):
     """Rotary embeddings on queries and keys: q.k depends only on the offset between positions."""
 
     def __init__(self, spec):
         super().__init__(spec)
         self._cache: dict = {}
+        self.scaling: Optional[RopeScaling] = None  # set by evaluation only (ablate/lengths.py)
 
     def context(self, T, device, dtype, offset=0):
-        key = (offset + T, device)
+        key = (offset + T, device, self.scaling)
         if key not in self._cache:
-            self._cache = {key: rope_tables(offset + T, self.spec.head_dim, self.spec.rope_base, device)}
+            base, divisor = self.spec.rope_base, 1.0
+            if self.scaling is not None:
+                base, divisor = self.scaling.base_and_divisor(base, self.spec.head_dim)
+            self._cache = {key: rope_tables(offset + T, self.spec.head_dim, base, device, divisor)}
         cos, sin = (t[offset:] for t in self._cache[key])  # (T, hd) each
         return AttnContext(rope=(cos.to(dtype), sin.to(dtype)))
 

@@ -19,21 +19,23 @@ from ablate.vocab import VAL_BPB, VAL_LOSS
 @torch.no_grad()
 def evaluate(model, tokens: np.ndarray, windows: list[tuple[int, int]], byte_lengths: np.ndarray,
              device: torch.device, batch_size: int, autocast=nullcontext) -> dict:
+    """windows: (start, length) scores every target of each window; (start, length, scored)
+    only its last `scored` targets (a sliding window's new tokens, ablate/lengths.py)."""
     was_training = model.training
     model.eval()
     total_nats, total_tokens, total_bytes = 0.0, 0, 0
-    # Group windows by length (all but possibly the last are full) and run them in batches.
-    by_len: dict[int, list[int]] = {}
-    for start, length in windows:
-        by_len.setdefault(length, []).append(start)
-    for length, starts in by_len.items():
+    # Group windows by shape (all but possibly the first and last are alike) and run them in batches.
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for start, length, *scored in windows:
+        by_shape.setdefault((length, scored[0] if scored else length), []).append(start)
+    for (length, scored), starts in by_shape.items():
         offsets = np.arange(length + 1)
         for i in range(0, len(starts), batch_size):
             s = np.asarray(starts[i:i + batch_size])
             w = torch.from_numpy(tokens[s[:, None] + offsets].astype(np.int64))
-            x, y = w[:, :-1].to(device), w[:, 1:]
+            x, y = w[:, :-1].to(device), w[:, length + 1 - scored:]
             with autocast():
-                logits = model(x).logits
+                logits = model(x).logits[:, length - scored:]
             nats = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum")
             total_nats += nats.item()
             total_tokens += y.numel()
