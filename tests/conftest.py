@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# One thread per process (before torch is imported; subprocesses inherit it): two xdist workers
+# on two cores, each running an `ablate` subprocess, would otherwise spin four or more OpenMP
+# threads on two cores, which slows every run by an order of magnitude.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # A model and a training budget small enough for a few seconds on 2 CPU cores. On the CPU even
 # where a GPU exists: these tests check CPU semantics (bit-exact resume, gloo for nproc=2).
@@ -105,8 +109,73 @@ def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dic
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
+def start_ablate(*args: str, cwd: Path | None = None) -> subprocess.Popen:
+    """The real CLI started in the background (for tests that signal or kill it), pipes captured."""
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=cwd or ROOT, env=dict(os.environ),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def train_rows(run_dir: Path) -> int:
+    """How many training steps metrics.jsonl holds so far (0 before it exists)."""
+    try:
+        return sum('"train_loss"' in line for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def weights_hash(run_dir: Path) -> str:
+    """A hash of the model weights in a run's newest checkpoint (bit-exact comparisons)."""
+    import hashlib
+
+    from ablate.train import checkpoint
+
+    state = checkpoint.load_file(checkpoint.list_checkpoints(run_dir)[-1][1])
+    h = hashlib.sha256()
+    for name, t in sorted(state["model"].items()):
+        h.update(name.encode() + t.cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def stop_after_first_checkpoint(args, sig, run_dir: Path) -> tuple[int, str]:
+    """Start the CLI with `args`, send `sig` once `run_dir` holds a checkpoint: (exit code, stderr)."""
+    import time
+
+    from ablate.train import checkpoint
+
+    proc = start_ablate(*args)
+    end = time.time() + 120
+    while not checkpoint.list_checkpoints(run_dir) and time.time() < end and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be stopped: " + proc.stderr.read()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def no_login_env(tmp_path: Path) -> dict:
+    """No key, no netrc (HOME is empty), no WANDB_MODE: the user's first laptop run."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {"HOME": str(home), "WANDB_MODE": "", "WANDB_API_KEY": "", "NETRC": str(home / ".netrc")}
+
+
+@pytest.fixture
+def clean_dynamo():
+    """torch.compile's caches empty before and after the test (a compiled model of an earlier
+    test must not be reused, nor this test's left behind)."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 def find_run_dirs(root: Path) -> list[Path]:
