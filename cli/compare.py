@@ -37,7 +37,8 @@ def register(app: typer.Typer) -> None:
             "per line where they do not fit) instead of leaving the least needed out."),
         plot: Optional[Path] = typer.Option(
             None, "--plot", help="Write curves vs tokens and each variant's difference from the "
-            "baseline to this .png file (and FILE_diag.png with the diagnostics, when runs logged them)."),
+            "baseline to this .png file (and FILE_diag.png with the diagnostics, when runs logged them; "
+            "FILE_lengths.png: loss vs evaluation length, when runs have length_eval.json)."),
         plot_keys: Optional[List[str]] = typer.Option(
             None, "--plot-key", help="Plot this metrics.jsonl key instead (repeatable; a grid), "
             "e.g. --plot-key train_loss --plot-key diag/max_attn_logit/block0."),
@@ -85,15 +86,20 @@ def _compare(paths: List[Path], options: CompareOptions) -> None:
 def _print(report: Report, options: CompareOptions) -> None:
     from ablate.analysis import render as R
 
-    if options.json:
+    if options.json:  # the loss at other lengths: each row's length_eval
         typer.echo(R.to_json(report.rows))
     elif options.fmt == "table":
-        R.print_table(report.table, wide=options.wide)
-    else:
-        if options.fmt == "csv":  # stdout stays pure CSV: what to read beside it goes to stderr
-            for line in report.table.head_lines() + [f"note: {n}" for n in report.notes]:
+        for i, table in enumerate(report.tables):
+            if i:  # the loss at other lengths, one table per protocol
+                typer.echo("")
+            R.print_table(table, wide=options.wide)
+    elif options.fmt == "csv":  # one table: the lengths are more fields of the main rows
+        for table in report.tables:  # stdout stays pure CSV: what to read beside it goes to stderr
+            for line in table.head_lines() + [f"note: {n}" for n in table.notes]:
                 typer.echo(line, err=True)
         typer.echo(R.render(report.table, options.fmt), nl=False)
+    else:
+        typer.echo("\n".join(R.render(table, options.fmt) for table in report.tables), nl=False)
 
 
 def _plot(report: Report, options: CompareOptions) -> None:
@@ -116,3 +122,7 @@ def _plot(report: Report, options: CompareOptions) -> None:
     diag_plot = plot_comparison_diagnostics(report.comparison, options.plot)  # runs with train.diagnostics_every
     if diag_plot:
         typer.echo(f"plot: {diag_plot}", err=quiet)
+    if report.lengths is not None:
+        from ablate.tracking.length_plots import plot_lengths
+
+        typer.echo(f"plot: {plot_lengths(report.lengths, options.plot)}", err=quiet)

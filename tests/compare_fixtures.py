@@ -105,7 +105,7 @@ def write_study(root, ladder=LADDER, values=VALUES, skip=()):
 # ---- the golden outputs' tree -------------------------------------------------------------------
 def make_fixture(root: Path) -> Path:
     """Variants x seeds with a diverged and a failed run (ab), a study ladder (study), a pair
-    that differs in train.steps (mixed)."""
+    that differs in train.steps (mixed), variants with a loss at other lengths (lengths)."""
     ab = root / "ab"
     for s, v in BASE.items():
         write_run(ab, f"base_s{s}", {}, s, v)
@@ -118,6 +118,7 @@ def make_fixture(root: Path) -> Path:
         write_run(ab, f"rope_s{s}", {"pos": "rope"}, s, v)
     write_run(ab, "rope_s7", {"pos": "rope"}, 7, None, status=Status.FAILED.value)
     write_study(root / "study")
+    write_length_runs(root / "lengths")
     for name, steps in (("a", 6), ("b", 8)):
         d = write_run(root / "mixed", name, {}, 0, 3.0 + steps / 100)
         for record in ("config.yaml", "summary.json"):  # its config and its override, as `ablate run` writes them
@@ -170,3 +171,46 @@ def write_ladder_sweep(root: Path, seeds: int = 2) -> Path:
                 summary.update(flops_per_token=compute / 1e6, tokens=1e6)
                 (sweep / name / "summary.json").write_text(json.dumps(summary))
     return sweep
+
+
+# ---- the loss at other context lengths ----------------------------------------------------------
+TRAIN_LEN = 64
+NA = "a learned position table has 128 rows (model.max_seq_len=128)"  # what `ablate eval` says
+# variant change -> protocol (stride) -> length -> loss per seed 0, 1, 2 (None: not evaluated;
+# NA: n/a). The learned baseline cannot reach 256; rope grows past its training length, alibi not.
+LENGTH_LOSS = {
+    (): {None: {64: [3.00, 3.10, 3.05], 128: [3.02, 3.11, 3.08], 256: [NA] * 3, 512: [NA] * 3},
+         32: {128: [2.98, 3.07, 3.04], 256: [NA] * 3}},
+    (("pos", "rope"),): {None: {64: [2.95, 3.04, 3.01], 128: [3.10, 3.22, 3.15], 256: [3.60, 3.75, 3.66],
+                                512: [4.30, 4.41, None]},
+                         32: {128: [3.05, 3.15, 3.10], 256: [3.50, 3.62, 3.55]}},
+    (("pos", "alibi"),): {None: {64: [2.97, 3.08, 3.02], 128: [2.96, 3.05, 3.03], 256: [2.95, 3.05, 3.01],
+                                 512: [2.95, 3.04, 3.02]},
+                          32: {128: [2.94, 3.02, 2.99], 256: [2.91, 3.00, 2.97]}},
+}
+
+
+def write_lengths(run_dir: Path, losses: dict, train_seq_len: int = TRAIN_LEN, stride=None,
+                  rope_scaling=None) -> None:
+    """Add results to a run's length_eval.json as `ablate eval` writes them: length -> loss (a
+    str: n/a with that reason)."""
+    from ablate.length_record import EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths
+    from ablate.length_record import write_lengths as write
+
+    record = read_lengths(run_dir) or LengthRecord(train_seq_len)
+    for length, v in losses.items():
+        key = EvalKey(length, stride, rope_scaling)
+        record.add(LengthResult(key, EvalStatus.NOT_AVAILABLE, reason=v) if isinstance(v, str) else
+                   LengthResult(key, EvalStatus.OK, loss=v, scored_tokens=4096, step=6))
+    write(run_dir, record)
+
+
+def write_length_runs(root: Path, table: dict = LENGTH_LOSS) -> Path:
+    """Variants x 3 seeds trained at TRAIN_LEN, each with its length_eval.json (`table`)."""
+    for change, protocols in table.items():
+        name = "_".join(v for _, v in change) or "base"
+        for seed in range(3):
+            d = write_run(root, f"{name}_s{seed}", dict(change), seed, protocols[None][TRAIN_LEN][seed])
+            for stride, by_length in protocols.items():
+                write_lengths(d, {n: v[seed] for n, v in by_length.items() if v[seed] is not None}, stride=stride)
+    return root

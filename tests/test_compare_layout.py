@@ -40,7 +40,8 @@ def reports(root) -> dict[str, Table]:
             "per run": comparison_table(compare_dirs([root / "ab"]), per_seed=True),
             "study": comparison_table(compare_dirs([root / "study"])),
             "LR grid": build_report([root / "grid"], CompareOptions()).table,
-            "ladder": build_report([root / "ladder"], CompareOptions()).table}
+            "ladder": build_report([root / "ladder"], CompareOptions()).table,
+            **{f"lengths {i}": t for i, t in enumerate(build_report([root / "lengths"], CompareOptions()).lengths.tables)}}
 
 
 def on_terminal(table: Table, width: int, wide: bool = False) -> str:
@@ -102,6 +103,17 @@ def test_the_comparison_puts_the_ci_on_its_own_line_and_names_what_it_leaves_out
     assert "hidden" not in on_terminal(comparison_table(cmp), 120)  # 120 columns hold it all
 
 
+def test_the_length_table_keeps_every_length_and_leaves_out_the_shortest_lengths_ci_first(root):
+    table = build_report([root / "lengths"], CompareOptions()).lengths.tables[0]
+    rope = next(r for r in table.rows if r.variant == "pos=rope").cells[1].vs.test
+    ci = f"[{rope.ci_low:+.4f}, {rope.ci_high:+.4f}]"
+    for width in WIDTHS:
+        text = on_terminal(table, width)
+        assert all(n in text for n in ("64", "128*", "256*", "512*")) and ci in text  # 128*'s CI: the last to go
+    assert "hidden to fit 80 columns: 95% CI 64 (" in " ".join(on_terminal(table, 80).split())
+    assert "hidden" not in on_terminal(table, 120)
+
+
 def test_piped_output_is_the_full_table_whatever_columns_says(root):
     res = run_ablate("compare", str(root / "ab"), env={"COLUMNS": "80"})
     assert res.returncode == 0, res.stderr
@@ -109,13 +121,14 @@ def test_piped_output_is_the_full_table_whatever_columns_says(root):
     assert "yes, better (paired t, p=0.00332, Holm p=0.00995)" in res.stdout and "hidden" not in res.stdout
 
 
-@pytest.mark.parametrize("path, width", [("ab", 80), ("ab", 100), ("ab", 120), ("grid", 80), ("ladder", 100)])
+@pytest.mark.parametrize("path, width", [("ab", 80), ("ab", 100), ("ab", 120), ("grid", 80), ("ladder", 100),
+                                         ("lengths", 80)])
 def test_a_real_terminal_shows_every_line_whole(root, path, width):
     code, text = run_on_terminal("compare", str(root / path), columns=width)
     assert code == 0, text
-    table = build_report([root / path], CompareOptions()).table
-    assert_fits(text.replace(str(root), "<root>"), width, table)
-    assert table.rows[-1].variant in text
+    for table in build_report([root / path], CompareOptions()).tables:  # the loss at other lengths too
+        assert_fits(text.replace(str(root), "<root>"), width, table)
+        assert table.title in " ".join(text.split()) and table.rows[-1].variant in text
 
 
 def test_the_report_is_chosen_from_the_runs_and_the_options(root):

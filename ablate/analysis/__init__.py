@@ -6,6 +6,7 @@
 - stats.py: the seed-noise test, Holm's correction, verdicts, seeds needed (typed results)
 - compare.py: compare_dirs, one Row per variant (SeedRow per run)
 - transfer.py, transfer_report.py: an --lr-grid or --ladder sweep's statistics and rows
+- length_eval.py: the loss at other context lengths (length_eval.json), tables under the comparison
 - table.py: the one table model (typed Columns over typed rows); columns.py: the comparison's
   columns; render.py: the one renderer of every format (terminal, markdown, LaTeX, csv, JSON)
 - report.py: which report compare gives (build_report) from its options (CompareOptions)

@@ -88,6 +88,7 @@ class Row(JsonRow):
     vs_prev: Versus = field(default_factory=Versus)
     mixed: list = field(default_factory=list)  # --allow-mixed: the settings the rows do not share
     baseline_reason: Optional[str] = None
+    length_eval: Optional[list] = None  # length_eval.LengthCell per protocol and length, when runs have them
 
     def as_dict(self) -> dict:
         """The row as `compare --json` writes it (the public keys)."""
@@ -101,6 +102,8 @@ class Row(JsonRow):
             d["prev"] = self.prev
             d.update(self.vs_prev.as_dict("_prev"))
         d.update(mixed=self.mixed, baseline_reason=self.baseline_reason)
+        if self.length_eval is not None:
+            d["length_eval"] = [c.as_dict() for c in self.length_eval]
         return d
 
 

@@ -49,6 +49,7 @@ def build_report(paths: Sequence[Path | str], options: CompareOptions,
     """The report on the runs under `paths` that match options.where."""
     from ablate.analysis.columns import comparison_table
     from ablate.analysis.compare import compare_runs, load_runs
+    from ablate.analysis.length_eval import add_lengths
 
     options.check()
     runs = load_runs(paths, options.where, warn)
@@ -56,8 +57,9 @@ def build_report(paths: Sequence[Path | str], options: CompareOptions,
     if transfer is not None:
         return transfer
     cmp = compare_runs(runs, options.metric, options.baseline, options.alpha, options.allow_mixed)
-    return Report(ReportKind.PER_SEED if options.per_seed else ReportKind.COMPARISON,
-                  comparison_table(cmp, options.per_seed), comparison=cmp)
+    if options.per_seed:
+        return Report(ReportKind.PER_SEED, comparison_table(cmp, per_seed=True), comparison=cmp)
+    return add_lengths(Report(ReportKind.COMPARISON, comparison_table(cmp), comparison=cmp), warn)
 
 
 def _transfer_report(paths: Sequence[Path | str], runs: list[Run], options: CompareOptions) -> Optional[Report]:

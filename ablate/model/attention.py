@@ -4,6 +4,11 @@ PyTorch SDPA everywhere it applies (flash / memory-efficient kernels on CUDA). O
 attention-logit soft-capping (Gemma 2) and ALiBi go through FlexAttention (ablate/model/flex.py);
 on CPU (FlexAttention has no CPU backward) soft-capping takes the explicit path and ALiBi SDPA
 with a float mask. The max-logit diagnostic needs the logits: explicit path.
+
+Decoding (Transformer.decode) gives each layer its slice of a KV cache (ablate/model/kv_cache.py)
+as `kv_cache` for one pass: the new keys and values join the cached ones there, and the new
+queries, at positions offset .. offset + T - 1, attend to all of them. A plain forward pass has
+no cache and takes exactly the paths above.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.model.flex import flex_attend, flex_supported
+from ablate.model.kv_cache import LayerKV
 from ablate.model.norms import RMSNorm
 from ablate.model.positions import AttnContext, apply_rope
 from ablate.model.roles import Role, linear
@@ -38,6 +44,7 @@ class CausalSelfAttention(nn.Module):
         self.softcap = spec.attn_softcap
         self.record_max_logit = False  # set by diagnostics; forces the explicit path
         self.max_logit: Optional[torch.Tensor] = None
+        self.kv_cache: Optional[LayerKV] = None  # set while decoding (KVCache.attached)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         B, T, _ = x.shape
@@ -50,25 +57,34 @@ class CausalSelfAttention(nn.Module):
         if ctx.rope is not None:
             cos, sin = ctx.rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is not None:  # decoding: the cached positions' keys, then these
+            k, v = self.kv_cache.update(k, v)  # (B, KV, offset + T, hd)
+        y = self._attend(q, k, v, ctx)  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
+        return self.resid_drop(self.proj(y))
+
+    def _attend(self, q, k, v, ctx: AttnContext) -> torch.Tensor:
+        """q: (B, H, T, hd) at positions S - T .. S - 1; k, v: (B, KV, S, hd) at 0 .. S - 1
+        (S == T without a cache)."""
+        T, S = q.shape[2], k.shape[2]
         p_drop = self.dropout if self.training else 0.0
         gqa = self.n_kv_heads != self.n_heads  # each KV head serves n_heads / n_kv_heads queries
         if (self.softcap is not None or ctx.alibi_slopes is not None) and not self.record_max_logit \
-                and flex_supported(q, p_drop):  # CUDA: one fused kernel, causal blocks skipped
-            y = flex_attend(q, k, v, self.softcap, ctx.alibi_slopes)  # GQA inside the kernel
-        elif self.softcap is not None or self.record_max_logit:
-            y = self._explicit(q, *self._repeat_kv(k, v), ctx.bias, p_drop)
-        else:
-            # SDPA broadcasts KV heads itself (enable_gqa: no copies; on CPU 0-3% faster than
-            # repeat_interleave, measured with `ablate bench`), except CUDA fp32, whose kernels
-            # lack GQA and would fall back to the math path.
-            native = gqa and not (q.is_cuda and q.dtype == torch.float32)
-            if gqa and not native:
-                k, v = self._repeat_kv(k, v)
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=ctx.bias, is_causal=ctx.bias is None, dropout_p=p_drop,
-                enable_gqa=native)
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
-        return self.resid_drop(self.proj(y))
+                and S == T and flex_supported(q, p_drop):  # CUDA: one fused kernel, causal blocks skipped
+            return flex_attend(q, k, v, self.softcap, ctx.alibi_slopes)  # GQA inside the kernel
+        if self.softcap is not None or self.record_max_logit:
+            return self._explicit(q, *self._repeat_kv(k, v), ctx.bias, p_drop)
+        # SDPA broadcasts KV heads itself (enable_gqa: no copies; on CPU 0-3% faster than
+        # repeat_interleave, measured with `ablate bench`), except CUDA fp32, whose kernels
+        # lack GQA and would fall back to the math path.
+        native = gqa and not (q.is_cuda and q.dtype == torch.float32)
+        if gqa and not native:
+            k, v = self._repeat_kv(k, v)
+        mask = ctx.bias  # ALiBi's, causal -inf included
+        if mask is None and S != T:  # cached keys: is_causal would align the queries at 0, not S - T
+            mask = ~future_mask(T, S, q.device)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p_drop, enable_gqa=native)
 
     def _repeat_kv(self, k, v):
         rep = self.n_heads // self.n_kv_heads
@@ -77,17 +93,21 @@ class CausalSelfAttention(nn.Module):
         return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, T, hd)
 
     def _explicit(self, q, k, v, bias, p_drop):
-        T = q.shape[2]
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
+        future = future_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, S)
         if self.record_max_logit:  # raw q.k logit (before capping, position bias), causal entries only
-            future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
             self.max_logit = scores.detach().masked_fill(future, float("-inf")).amax()
         if self.softcap is not None:
             scores = self.softcap * torch.tanh(scores / self.softcap)
         if bias is not None:
             scores = scores + bias
         else:
-            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-            scores = scores.masked_fill(causal, float("-inf"))
+            scores = scores.masked_fill(future, float("-inf"))
         probs = F.dropout(scores.softmax(dim=-1), p=p_drop, training=p_drop > 0)
         return probs @ v  # (B, H, T, hd)
+
+
+def future_mask(T: int, S: int, device) -> torch.Tensor:
+    """(T, S) bool, True where a key is in the query's future: queries at S - T .. S - 1, keys
+    at 0 .. S - 1 (S == T: the plain causal mask)."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).triu(S - T + 1)

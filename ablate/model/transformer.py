@@ -12,6 +12,7 @@ from torch import nn
 
 from ablate.errors import ConfigError
 from ablate.model import options
+from ablate.model.kv_cache import KVCache
 from ablate.model.loss import linear_cross_entropy
 from ablate.model.roles import Role, init_weights, linear, tag
 from ablate.model.spec import ModelSpec, count_params
@@ -63,8 +64,7 @@ class Transformer(nn.Module):
         return logits
 
     def hidden_states(self, idx: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """offset: the position of idx[:, 0] (a KV cache's length; attention then needs the
-        cached keys too, so only 0 runs today)."""
+        """offset: the position of idx[:, 0] (0, or a KV cache's length inside decode)."""
         B, T = idx.shape
         x = self.tok_emb(idx)  # (B, T, d)
         if self.emb_multiplier != 1.0:
@@ -94,6 +94,19 @@ class Transformer(nn.Module):
                           for k, head in enumerate(self.mtp, start=1)]
             loss = loss + self.spec.mtp_weight * torch.stack(mtp_losses).mean()
         return LMOutput(logits, loss, lm_loss)
+
+    def decode(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Next-token logits (B, T, V) of idx (B, T), the tokens at positions cache.length ..
+        cache.length + T - 1, attending to the cached ones; their keys and values join the cache.
+        Prefill with the prompt, then one token per step (ablate/model/kv_cache.py). Equals
+        forward(whole sequence).logits at those positions; MTP heads are not used."""
+        end, limit = cache.length + idx.shape[1], self.pos.max_positions
+        if limit is not None and end > limit:
+            raise ValueError(f"position {end - 1} is past the model's {limit} positions "
+                             f"(pos={self.spec.pos}: model.max_seq_len)")
+        with cache.attached([block.attn for block in self.blocks]):
+            h = self.hidden_states(idx, offset=cache.length)  # (B, T, d)
+        return self.unembed(h)  # (B, T, V)
 
     def fused_loss(self, h: torch.Tensor, targets: torch.Tensor) -> LMOutput:
         """forward's objective through linear_cross_entropy: the same values and gradients, no
