@@ -106,6 +106,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     eval_every: int = 200
     eval_tokens: int = 32768
+    # Context lengths evaluated on the final weights after training (ablate/lengths.py), into
+    # length_eval.json: the loss beyond (or below) train.seq_len. [] : none (`ablate eval` later).
+    eval_lengths: list[int] = field(default_factory=list)
     log_every: int = 10
     # Checkpoint every N steps (0: only the final one and on a stop signal); null: at every
     # evaluation, so a run killed without warning loses at most one eval interval.
@@ -237,6 +240,10 @@ def _check_train(t: Any) -> None:
         raise ConfigError(f"train.lr must be positive, got {t.lr}")
     if t.eval_every < 0 or (t.ckpt_every or 0) < 0:
         raise ConfigError("train.eval_every and train.ckpt_every must be >= 0")
+    if t.eval_lengths:
+        from ablate.lengths import check_lengths
+
+        check_lengths(list(t.eval_lengths), "train.eval_lengths")
     for key, choices in (("schedule", ("cosine", "linear", "constant")), ("precision", ("auto", "fp32", "bf16")),
                          ("strategy", ("ddp", "fsdp")), ("compile_backend", COMPILE_BACKENDS),
                          ("compile_mode", COMPILE_MODES), ("sdpa_backend", SDPA_BACKENDS),

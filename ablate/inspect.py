@@ -22,6 +22,12 @@ FLOPS_FORMULA = ("6*N + 12*L*d_attn*T (PaLM appendix B, training = forward + bac
 KV_FORMULA = "2 (K and V) * L * n_kv_heads * head_dim * bytes per element"
 
 
+def run_kv_cache_bytes_per_token(cfg: Any, precision: str) -> int:
+    """KV-cache bytes per token (KV_FORMULA) of cfg's model at a run's compute dtype
+    (train.precision resolved: bf16 or fp32), as `inspect --dtype` gives it."""
+    return kv_cache_bytes_per_token(ModelSpec.from_config(cfg), DTYPE_BYTES[precision])
+
+
 def ffn_sizes(cfg: Any) -> dict:
     """The FFN width each act option would get here, and why (the size-matching rule)."""
     m = cfg.model

@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ablate.errors import ConfigError
-from ablate.length_record import EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths, write_lengths
+from ablate.length_record import (LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths,
+                                  write_lengths)
 
 BEYOND = "*"  # marks a length beyond the training length
 
@@ -188,6 +189,8 @@ def format_run(ev: RunEval, protocol: str, scored: Optional[int] = None, title: 
     if n_stored:
         lines.append(f"  {n_stored} of {len(ev.results)} stored earlier in length_eval.json for these "
                      "weights: returned as stored, not evaluated again")
+    if n_stored < len(ev.results):
+        lines.append(f"  {len(ev.results) - n_stored} added to {Path(ev.run_dir) / LENGTH_EVAL}")
     return lines
 
 
@@ -209,3 +212,5 @@ def evaluate_at_end(trainer: Any, cfg: Any, val: np.ndarray, byte_lengths: np.nd
     if trainer.is_main:
         for line in format_run(ev, "windows", data.scored_tokens, title="length eval"):
             say(line)
+
+

@@ -16,11 +16,12 @@ from enum import Enum
 # often it is saved or evaluated. A run re-entered with other values of these is the same run.
 # train.eval_every is one: an evaluation reads fixed windows, draws no random numbers, and one
 # always runs at the last step, so neither the weights nor the final val_loss depend on it
-# (train.eval_tokens does not belong here: it sets what val_loss measures).
+# (train.eval_tokens does not belong here: it sets what val_loss measures). train.eval_lengths
+# is another: it evaluates the final weights after the last step, into its own record.
 NOT_TRAINING = ("hydra.", "hydra/", "launcher", "logger", "out_dir", "study", "plugins",
                 "train.progress", "train.threads", "train.resume", "train.extend", "train.log_every",
-                "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.diagnostics_every",
-                "data.num_proc", "data.cache_dir")
+                "train.eval_every", "train.eval_lengths", "train.ckpt_every", "train.keep_ckpts",
+                "train.diagnostics_every", "data.num_proc", "data.cache_dir")
 # Keys that choose how the same model and batches are computed (placement, kernels, compile,
 # the loss in chunks, the passes a batch is cut into): results differ by rounding only, so they
 # never name a variant, and a run re-entered with other values of them is the same experiment

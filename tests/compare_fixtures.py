@@ -34,7 +34,8 @@ def write_run(root: Path, name: str, change: dict, seed: int, val_loss, status=S
     (d / "config.yaml").write_text(yaml.safe_dump(config))
     summary = {"status": status, "variant": variant or ",".join(overrides), "axes": axes, "seed": seed,
                "data_seed": 0, "overrides": overrides, "sweep": sweep, "params": params,
-               "flops_per_token": 6 * params, "tokens_per_s": tokens_per_s, "val_loss": val_loss}
+               "flops_per_token": 6 * params, "precision": "fp32", "tokens_per_s": tokens_per_s,
+               "val_loss": val_loss}
     (d / "summary.json").write_text(json.dumps(summary))
     rows = rows if rows is not None else [
         {"step": s, "tokens": 128 * s, "train_loss": 5.0 - 0.1 * s, "grad_norm": 1.0 + 0.1 * s,

@@ -76,7 +76,7 @@ def test_table_names_the_test_the_size_change_and_the_divergence(runs):
     from rich.console import Console
 
     rows = compare_dirs([runs])
-    console = Console(width=250, record=True)
+    console = Console(width=280, record=True)
     print_comparison(rows, console)
     text = console.export_text()
     assert "paired t, p=0.00" in text and "Welch t, p=" in text
@@ -148,7 +148,7 @@ def test_a_baseline_seed_that_failed_pairs_the_variant_on_the_rest(tmp_path):
     assert rms["coverage"] is None and by_name(rows)["baseline"]["coverage"] == "2 of 3 seeds; 1 failed"
     from rich.console import Console
 
-    console = Console(width=250, record=True)
+    console = Console(width=280, record=True)
     print_comparison(rows, console)
     assert "paired t on seeds 0,1, p=" in console.export_text()
 

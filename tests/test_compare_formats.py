@@ -238,7 +238,7 @@ def test_csv_markdown_and_latex_paste_as_they_are(runs):
     assert "yes, better" in rms
 
     tex = cli("compare", str(runs), "--format", "latex").stdout
-    assert r"\begin{tabular}{lrrrrrrlrrrl}" in tex and r"\bottomrule" in tex
+    assert r"\begin{tabular}{lrrrrrrlrrrrl}" in tex and r"\bottomrule" in tex
     assert r"qk\_norm=on" in tex and r"$\Delta$ vs baseline" in tex
     body = tex[tex.index(r"\begin{tabular}"):tex.index(r"\end{tabular}")]
     plain = re.sub(r"\$\\[A-Za-z]+\$", "", body)  # $\Delta$, $\pm$ ... are meant

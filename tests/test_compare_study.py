@@ -51,7 +51,7 @@ def test_study_rows_follow_the_ladder_with_each_steps_gain(tmp_path):
     assert rope["delta"] == pytest.approx(mean(VALUES["+rope"]) - mean(VALUES["gpt2"]))
     assert rope["p_value"] == pytest.approx(paired_by_hand(VALUES["+rope"], VALUES["gpt2"])[1], rel=1e-6)
 
-    console = Console(width=300, record=True)
+    console = Console(width=330, record=True)
     print_comparison(rows, console)
     text = console.export_text()
     assert "Δ vs previous rung" in text and "step beyond seed noise?" in text

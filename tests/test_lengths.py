@@ -159,29 +159,31 @@ def numpy_angles(T: int, d: int, base: float, divisor: float = 1.0) -> np.ndarra
     return np.concatenate([angles, angles], axis=1)
 
 
+def formula_angles(kind: str, factor: float, T: int, d: int, base: float) -> np.ndarray:
+    """pi (Chen et al. 2023): positions / F; ntk: base * F^(d/(d-2))."""
+    if kind == "pi":
+        return numpy_angles(T, d, base, divisor=factor)
+    return numpy_angles(T, d, base * factor ** (d / (d - 2)))
+
+
+@pytest.mark.parametrize("kind", ["pi", "ntk"])
 @pytest.mark.parametrize("factor", [1.0, 2.0, 4.0, 7.5])
-def test_position_interpolation_divides_the_positions(factor):
+def test_rope_scaling_turns_by_its_formula(kind, factor):
     model = tiny_model("rope")
     d, base = model.spec.head_dim, model.spec.rope_base
-    model.pos.scaling = RopeScaling.parse(f"pi:{factor}")
+    model.pos.scaling = RopeScaling.parse(f"{kind}:{factor}")
     cos, sin = model.pos.context(40, CPU, torch.float32).rope
-    expected = numpy_angles(40, d, base, divisor=factor)
+    expected = formula_angles(kind, factor, 40, d, base)
     np.testing.assert_allclose(cos.numpy(), np.cos(expected), atol=1e-5)
     np.testing.assert_allclose(sin.numpy(), np.sin(expected), atol=1e-5)
 
 
-@pytest.mark.parametrize("factor", [1.0, 2.0, 4.0, 7.5])
-def test_ntk_scales_the_base(factor):
-    model = tiny_model("rope")
-    d, base = model.spec.head_dim, model.spec.rope_base
-    model.pos.scaling = RopeScaling.parse(f"ntk:{factor}")
-    cos, sin = model.pos.context(40, CPU, torch.float32).rope
-    expected = numpy_angles(40, d, base * factor ** (d / (d - 2)))
-    np.testing.assert_allclose(cos.numpy(), np.cos(expected), atol=1e-5)
-    np.testing.assert_allclose(sin.numpy(), np.sin(expected), atol=1e-5)
-    plain = numpy_angles(40, d, base)  # NTK-aware: the fastest pair unchanged, the slowest F times slower
-    np.testing.assert_allclose(expected[:, 0], plain[:, 0])
-    np.testing.assert_allclose(expected[:, d // 2 - 1] * factor, plain[:, d // 2 - 1], rtol=1e-12)
+@pytest.mark.parametrize("factor", [2.0, 4.0, 7.5])
+def test_ntk_keeps_the_fastest_rotation_and_slows_the_slowest_by_the_factor(factor):
+    d, base = 8, 10000.0
+    ntk, plain = formula_angles("ntk", factor, 40, d, base), numpy_angles(40, d, base)
+    np.testing.assert_allclose(ntk[:, 0], plain[:, 0])
+    np.testing.assert_allclose(ntk[:, d // 2 - 1] * factor, plain[:, d // 2 - 1], rtol=1e-12)
 
 
 def test_rope_scaling_holds_only_during_its_evaluation(data):

@@ -230,6 +230,9 @@ def variant_columns(ctx: Ctx, study: bool) -> list[Column]:
                targets=frozenset())]  # csv only: the params column's raw fields
     tail += _versus_columns(ctx, prev=True) if study else []
     tail += [
+        # what attn=gqa/mqa are chosen for, beside their loss; the first a narrow terminal drops
+        Column("KV cache bytes/token", lambda r: num(r.kv_cache_bytes_per_token, ","), ("kv_cache_bytes_per_token",),
+               short="KV cache\nbytes/token", priority=6),
         Column("tokens/s", speed, (TOKENS_PER_S, "tokens_per_s_unsteady"), short="tok/s", markup=rich_speed, priority=5),
         Column("status", status, (Field("status", lambda r: ";".join(f"{n} {st}" for st, n in r.status.items())),),
                markup=rich_status, compact=partial(rich_status, sep="\n"), align=Align.LEFT, priority=2)]

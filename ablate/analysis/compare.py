@@ -29,6 +29,7 @@ from ablate.analysis.load import CompareError, Run, find_runs, number, print_war
 from ablate.analysis.stats import (ALPHA, MIN_SEEDS, NO_TEST, SeedTest, for_family, holm, mean_std, seed_test,
                                    verdict)
 from ablate.analysis.table import JsonRow
+from ablate.inspect import DTYPE_BYTES
 from ablate.rundir import CONFIG
 from ablate.vocab import TOKENS_PER_S, VAL_LOSS, Status
 
@@ -79,6 +80,7 @@ class Row(JsonRow):
     params_delta_pct: Optional[float]
     size_differs: bool
     flops_per_token: Optional[float]
+    kv_cache_bytes_per_token: Optional[int]  # at the run's compute dtype (inspect's formula)
     tokens_per_s: Optional[float]  # the median of the completed seeds' figures
     tokens_per_s_unsteady: bool  # they differ by more than SPEED_SPREAD x: they measured the machine
     axes: Optional[dict]
@@ -96,7 +98,7 @@ class Row(JsonRow):
                                            "seeds", "mean", "std", "values")}
         d.update(self.vs.as_dict())
         d.update({k: getattr(self, k) for k in ("status", "params", "params_delta", "params_delta_pct",
-                                                "size_differs", "flops_per_token", TOKENS_PER_S,
+                                                "size_differs", "flops_per_token", "kv_cache_bytes_per_token", TOKENS_PER_S,
                                                 "tokens_per_s_unsteady", "axes", "dirs")})
         if self.rung:
             d["prev"] = self.prev
@@ -256,7 +258,8 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
                values=[g.values[s] for s in order], vs=_versus(base, g, alpha), status=counts,
                params=params, params_delta=p_delta, params_delta_pct=p_pct,
                size_differs=p_pct is not None and abs(p_pct) > SIZE_NOTE_PCT,
-               flops_per_token=g.first(lambda r: r.record.info.flops_per_token), tokens_per_s=tps,
+               flops_per_token=g.first(lambda r: r.record.info.flops_per_token),
+               kv_cache_bytes_per_token=g.first(kv_cache_bytes_per_token), tokens_per_s=tps,
                tokens_per_s_unsteady=unsteady, axes=g.runs[0].record.axes, dirs=[str(r.dir) for r in g.runs], rung=rung,
                prev=g.prev.label if rung and g.prev else None,
                vs_prev=_versus(g.prev, g, alpha) if rung else Versus())
@@ -264,6 +267,39 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
 
 def _params(r: Run) -> Optional[int]:
     return r.record.info.params
+
+
+def compute_dtype(r: Run) -> Optional[str]:
+    """The run's compute dtype: its record's (resolved by the trainer), else its config's
+    train.precision, `auto` being fp32 on a CPU; None when it cannot be told."""
+    precision = r.record.info.precision or r.config.get("train.precision")
+    if precision == "auto":
+        device = r.record.info.device or r.config.get("train.device")
+        precision = "fp32" if str(device).startswith("cpu") else None
+    return precision if precision in DTYPE_BYTES else None
+
+
+def kv_cache_bytes_per_token(r: Run) -> Optional[int]:
+    """`ablate inspect`'s KV-cache bytes per token of the run's model (its config.yaml) at its
+    compute dtype. Keys its config lacks (saved before they existed) take today's defaults;
+    None without a config, or for one this version cannot build (a plugin's option not loaded)."""
+    from omegaconf import OmegaConf
+
+    from ablate.config import AblateConfig
+    from ablate.errors import AblateError
+    from ablate.inspect import run_kv_cache_bytes_per_token
+
+    dtype = compute_dtype(r)
+    if not r.config or dtype is None:
+        return None
+    cfg = OmegaConf.structured(AblateConfig)
+    OmegaConf.set_struct(cfg, False)  # an option's own settings are keys beyond the schema
+    try:
+        for key, value in r.config.items():
+            OmegaConf.update(cfg, key, value, force_add=True)
+        return run_kv_cache_bytes_per_token(cfg, dtype)
+    except (AblateError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _speed(g: Group) -> tuple[Optional[float], bool]:

@@ -12,6 +12,7 @@ from ablate.context import RunContext
 from ablate.errors import ConfigError
 from ablate.record import DataInfo, Git, Outcome, ParamsBreakdown, Provenance, RunInfo
 from ablate.rundir import METRICS
+from ablate.vocab import Status
 from ablate.tracking.sinks import Sink, Sinks
 
 
@@ -208,6 +209,12 @@ class Launch:
         trainer.sinks = self.sinks
         try:
             outcome = trainer.fit(start)
+            if outcome.status == Status.COMPLETED and cfg.train.eval_lengths:  # ablate/lengths.py
+                from ablate.lengths import evaluate_at_end
+                from ablate.tracking.sinks import say
+
+                evaluate_at_end(trainer, cfg, data.val, tok.token_byte_lengths(), ctx.run_dir,
+                                lambda line: say(line, console=not ctx.multirun))
             if dist.initialized:  # until rank 0 has written its checkpoint: torchrun stops every rank
                 torch.distributed.barrier()  # as soon as one exits non-zero, as a stopped run does (130)
         finally:
