@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ablate.errors import AblateError
-
 
 def lengths_path(plot: Path) -> Path:
     """FILE_lengths.png beside the comparison's FILE.png."""
@@ -19,17 +17,9 @@ def lengths_path(plot: Path) -> Path:
 
 def plot_lengths(lengths, plot: Path) -> Path:
     """Write the figure of a length_eval.LengthEval beside `plot`; returns its path."""
-    import matplotlib.pyplot as plt
+    from ablate.tracking.plots import save_figure
 
-    fig = lengths_figure(lengths)
-    path = lengths_path(plot)
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise AblateError(f"cannot write the plot {path}: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(lengths_figure(lengths), lengths_path(plot))
 
 
 def lengths_figure(lengths):

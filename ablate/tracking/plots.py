@@ -244,6 +244,13 @@ def plot_comparison(cmp, path: Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path
     for ax in flat[n:]:
         ax.set_visible(False)
     fig.suptitle(f"ablate compare ({len(cmp)} variants; band = min-max over seeds)")
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write and close a figure; a place that cannot be written is one line (AblateError)."""
+    import matplotlib.pyplot as plt
+
     try:
         fig.savefig(path, dpi=110)
     except OSError as e:
