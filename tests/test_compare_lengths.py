@@ -149,7 +149,7 @@ def test_a_run_without_a_length_another_run_has_is_named_not_silently_mixed(leng
     assert rope["mean"] == pytest.approx((4.30 + 4.41) / 2)
     notes = rep.lengths.tables[0].notes
     assert "pos=rope: seed 2 not evaluated at 512*; its mean there is over 2 of 3 seeds" in notes
-    assert "to evaluate the runs that lack a length: ablate eval RUN_DIR --lengths 512" in notes
+    assert f"to evaluate the runs that lack a length: ablate eval {lengths / 'rope_s2'} --lengths 512" in notes
 
 
 def test_a_variant_never_evaluated_at_a_length_says_so(tmp_path):
@@ -163,7 +163,16 @@ def test_a_variant_never_evaluated_at_a_length_says_so(tmp_path):
     assert rows["pos=alibi"][64]["status"] == "not evaluated"
     notes = rep.lengths.tables[0].notes
     assert "pos=rope: not evaluated at 128* (seed 0, 1)" in notes and "pos=alibi: not evaluated at 64 (seed 0)" in notes
-    assert notes[-1] == "to evaluate the runs that lack a length: ablate eval RUN_DIR --lengths 64,128"
+    assert notes[-1] == f"to evaluate the runs that lack a length: ablate eval {tmp_path} --lengths 64,128"
+
+
+def test_a_result_without_a_finite_loss_is_never_averaged_in(tmp_path):
+    for s in range(2):
+        write_lengths(write_run(tmp_path, f"base_s{s}", {}, s, 3.0), {64: 3.0 + s / 10, 128: 3.1})
+        write_lengths(write_run(tmp_path, f"rope_s{s}", {"pos": "rope"}, s, 3.0), {64: [math.nan, 2.9][s], 128: math.inf})
+    rope = entries(report(tmp_path).rows[1])
+    assert (rope[64]["n"], rope[64]["mean"], rope[64]["p_value"]) == (1, 2.9, None)
+    assert (rope[128]["status"], rope[128]["reason"], rope[128]["mean"]) == ("n/a", "no finite loss", None)
 
 
 def test_one_table_per_protocol_titled_by_it(lengths):

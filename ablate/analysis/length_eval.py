@@ -50,6 +50,7 @@ class LengthCell(JsonRow):
     std: Optional[float]
     ci: Optional[list]  # the mean's (1 - alpha) t interval over seeds
     vs: Any  # compare.Versus: the Δ vs the baseline, its test and Holm p (the main table's)
+    missing_dirs: list = field(default_factory=list)  # those runs' directories (for the note's command)
 
     def as_dict(self) -> dict:
         d = {"length": self.key.length, "stride": self.key.stride, "rope_scaling": self.key.rope_scaling,
@@ -118,7 +119,7 @@ def read_records(groups: list[Group], warn: Callable[[str], None] = print_warnin
 
 def _at(g: Group, key: EvalKey, records: dict) -> tuple[Group, set, list]:
     """The variant at `key`: a Group of its completed runs' losses by seed, the n/a reasons,
-    and the seeds of completed runs without a result there."""
+    and the completed runs without a result there."""
     values, reasons, missing = {}, set(), []
     for run in g.runs:
         if run.status != Status.COMPLETED:
@@ -126,12 +127,14 @@ def _at(g: Group, key: EvalKey, records: dict) -> tuple[Group, set, list]:
         record = records.get(run.dir)
         result = record.get(key) if record else None
         if result is None:
-            missing.append(run.seed[0])
+            missing.append(run)
         elif result.status == EvalStatus.NOT_AVAILABLE:
             reasons.add(result.reason or "not available")
-        elif result.loss is not None and math.isfinite(result.loss) and run.seed not in values:
+        elif result.loss is None or not math.isfinite(result.loss):
+            reasons.add("no finite loss")  # said as n/a: never averaged in
+        elif run.seed not in values:
             values[run.seed] = result.loss
-    return Group(g.runs, g.label, values), reasons, sorted(missing, key=str)
+    return Group(g.runs, g.label, values), reasons, sorted(missing, key=lambda r: str(r.seed))
 
 
 def _cells(groups: list[Group], base: Optional[Group], key: EvalKey, records: dict, alpha: float) -> list[LengthCell]:
@@ -155,7 +158,8 @@ def _cells(groups: list[Group], base: Optional[Group], key: EvalKey, records: di
         cells.append(LengthCell(key, g is base, bool(trains) and key.length > min(trains), status,
                                 "; ".join(sorted(reasons)) or None, len(vals),
                                 sum(r.status == Status.COMPLETED for r in g.runs), sorted((s[0] for s in mine.values), key=str),
-                                missing, mean, std, None if low is None else [low, high], vs))
+                                [r.seed[0] for r in missing], mean, std, None if low is None else [low, high], vs,
+                                [str(r.dir) for r in missing]))
     _correct([c.vs for c in cells], VAL_LOSS, alpha)
     return cells
 
@@ -187,8 +191,12 @@ def length_eval(cmp: Any, warn: Callable[[str], None] = print_warning) -> Option
 
 
 # ---- the notes ------------------------------------------------------------------------------------
-def _eval_command(key: EvalKey, lengths: list[int]) -> str:
-    return (f"ablate eval RUN_DIR --lengths {','.join(map(str, lengths))}"
+def _eval_command(key: EvalKey, lengths: list[int], dirs: list[str]) -> str:
+    """The command that fills the gaps: the one run, or the folder (a sweep) that holds them."""
+    import os
+
+    where = dirs[0] if len(set(dirs)) == 1 else os.path.commonpath(dirs)
+    return (f"ablate eval {where} --lengths {','.join(map(str, lengths))}"
             + (f" --stride {key.stride}" if key.stride else "")
             + (f" --rope-scaling {key.rope_scaling}" if key.rope_scaling else ""))
 
@@ -224,12 +232,13 @@ def protocol_notes(p: Protocol, records: dict) -> list[str]:
 
 def _missing_notes(p: Protocol) -> list[str]:
     """The runs that lack a length another run has: their variant's mean there is over the others."""
-    notes, lengths = [], set()
+    notes, lengths, dirs = [], set(), []
     for row in p.rows:
         for c in row.cells:
             if not c.missing_seeds or c.status == EvalStatus.NOT_AVAILABLE:
                 continue
             lengths.add(c.key.length)
+            dirs += c.missing_dirs
             seeds = ", ".join(map(str, c.missing_seeds))
             if c.n:
                 notes.append(f"{row.variant}: seed {seeds} not evaluated at {p.label(c.key)}; its mean there is "
@@ -237,7 +246,7 @@ def _missing_notes(p: Protocol) -> list[str]:
             else:
                 notes.append(f"{row.variant}: not evaluated at {p.label(c.key)} (seed {seeds})")
     if lengths:
-        notes.append(f"to evaluate the runs that lack a length: {_eval_command(p.keys[0], sorted(lengths))}")
+        notes.append(f"to evaluate the runs that lack a length: {_eval_command(p.keys[0], sorted(lengths), dirs)}")
     return notes
 
 
