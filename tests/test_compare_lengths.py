@@ -170,9 +170,20 @@ def test_a_result_without_a_finite_loss_is_never_averaged_in(tmp_path):
     for s in range(2):
         write_lengths(write_run(tmp_path, f"base_s{s}", {}, s, 3.0), {64: 3.0 + s / 10, 128: 3.1})
         write_lengths(write_run(tmp_path, f"rope_s{s}", {"pos": "rope"}, s, 3.0), {64: [math.nan, 2.9][s], 128: math.inf})
-    rope = entries(report(tmp_path).rows[1])
+    rep = report(tmp_path)
+    rope = entries(rep.rows[1])
     assert (rope[64]["n"], rope[64]["mean"], rope[64]["p_value"]) == (1, 2.9, None)
     assert (rope[128]["status"], rope[128]["reason"], rope[128]["mean"]) == ("n/a", "no finite loss", None)
+
+
+def test_a_test_on_fewer_than_three_seeds_is_said_as_in_the_main_table(tmp_path):
+    for s in range(2):
+        write_lengths(write_run(tmp_path, f"base_s{s}", {}, s, 3.0), {64: 3.0 + s / 10})
+        write_lengths(write_run(tmp_path, f"rope_s{s}", {"pos": "rope"}, s, 3.0), {64: 2.9 + s / 9})
+    rep = report(tmp_path)
+    assert entries(rep.rows[1])[64]["few_seeds"] and rep.rows[1]["few_seeds"]
+    assert "fewer than 3 seeds in a test: pos=rope; read the interval, not the p (run --seeds 3 or more)" in \
+        rep.lengths.tables[0].notes
 
 
 def test_one_table_per_protocol_titled_by_it(lengths):

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 from ablate.analysis.columns import VERDICT_COLORS, ci, delta, p_holm, rich_variant, variant_name
 from ablate.analysis.groups import Group
 from ablate.analysis.load import print_warning
+from ablate.analysis.stats import MIN_SEEDS
 from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Report, Table, lines, num
 from ablate.length_record import LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, read_lengths
 from ablate.vocab import VAL_LOSS, Status
@@ -226,6 +227,10 @@ def protocol_notes(p: Protocol, records: dict) -> list[str]:
         for reason in dict.fromkeys(c.reason for c in na):
             notes.append(f"{row.variant}: n/a at {', '.join(p.label(c.key) for c in na if c.reason == reason)} "
                          f"({reason})")
+    few = [row.variant for row in p.rows if any(c.vs.few_seeds for c in row.cells)]
+    if few:  # as the main table says it
+        notes.append(f"fewer than {MIN_SEEDS} seeds in a test: {', '.join(few)}; read the interval, not the p "
+                     f"(run --seeds {MIN_SEEDS} or more)")
     notes += _missing_notes(p)
     return notes
 
