@@ -55,6 +55,22 @@ def set_config(run_dir, key: str, value) -> None:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
+LONG = {"pos": "rope", "attn": "gqa", "qk_norm": "on", "act": "swiglu"}  # a long variant name
+LONG_NAME = "act=swiglu,attn=gqa,pos=rope,qk_norm=on"
+
+
+def write_three_variants(root: Path) -> Path:
+    """The baseline and norm=rmsnorm on seeds 0-2 (paired), and a long-named variant on seeds 3-5
+    (Welch), 0.4% bigger than the baseline (under the size note's threshold)."""
+    for s, v in BASE.items():
+        write_run(root, f"base_s{s}", {}, s, v)
+    for s, v in PAIRED.items():
+        write_run(root, f"rms_s{s}", {"norm": "rmsnorm"}, s, v)
+    for s, v in WELCH.items():
+        write_run(root, f"long_s{s}", LONG, s, v, params=1004)
+    return root
+
+
 def by_name(rows):
     """Rows (compare_dirs' or --json's) by variant, as the JSON keys."""
     rows = [r.as_dict() if hasattr(r, "as_dict") else r for r in rows]

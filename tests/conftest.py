@@ -109,6 +109,13 @@ def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dic
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
+def trained_run(run_dir: Path, *overrides: str) -> Path:
+    """`ablate run` with `overrides` into `run_dir`, finished (asserted)."""
+    res = run_ablate("run", *overrides, f"hydra.run.dir={run_dir}")
+    assert res.returncode == 0, res.stderr
+    return run_dir
+
+
 def start_ablate(*args: str, cwd: Path | None = None) -> subprocess.Popen:
     """The real CLI started in the background (for tests that signal or kill it), pipes captured."""
     return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=cwd or ROOT, env=dict(os.environ),
@@ -191,6 +198,14 @@ def compose(overrides=(), validate=True):
 @pytest.fixture
 def tiny():
     return list(TINY)
+
+
+@pytest.fixture
+def compare_runs(tmp_path):
+    """Run directories of three variants with known losses (compare_fixtures.write_three_variants)."""
+    from compare_fixtures import write_three_variants
+
+    return write_three_variants(tmp_path / "runs")
 
 
 def run_context(run_dir: Path, variant: str = "baseline", sweep: str | None = None):

@@ -1,5 +1,5 @@
-"""Issue 8: CPU training keeps freed memory (glibc malloc thresholds), so a training step's
-tensors are not page-faulted in again at every step."""
+"""ablate/train/allocator.py: CPU training keeps freed memory (glibc malloc thresholds), so a
+training step's tensors are not page-faulted in again at every step."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 
 from ablate.config import AXES
 from ablate.model import options
-from tests.conftest import TINY, compose, find_run_dirs, run_ablate
+from conftest import TINY, compose, find_run_dirs, run_ablate
 
 DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
     "norm": {"layernorm", "rmsnorm", "dyt"}, "norm_pos": {"pre", "post", "sandwich", "reordered"},

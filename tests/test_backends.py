@@ -1,4 +1,4 @@
-"""train.sdpa_backend and train.compile_mode (issue 17's levers): checked, set for the whole
+"""train.sdpa_backend and train.compile_mode (ablate/train/backends.py): checked, set for the whole
 process the same way every time, and equal in what they train. Their CUDA kernels are timed by
 `ablate bench --vs` and run for real in the cuda tier (tests/test_cuda_tier.py)."""
 

@@ -1,4 +1,4 @@
-"""Issue 8: `ablate bench` times the trainer's own step and reports tokens/s, MFU, memory;
+"""`ablate bench` times the trainer's own step and reports tokens/s, MFU, memory;
 --reference and --vs/--axes alternate contenders in one process. Ratios are reported, never
 asserted: timings on a shared machine are noise."""
 

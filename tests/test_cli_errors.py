@@ -1,4 +1,4 @@
-"""Issue 22's first-hour mistakes, each refused in one line that says what to do (exit 2, no
+"""A new user's first-hour mistakes, each refused in one line that says what to do (exit 2, no
 traceback, nothing written): a run directory pasted from a banner, a directory that cannot be
 made, flags written for overrides, `--seeds 0`; every error line begins `error: `; and
 `make clean` leaves the user's runs alone."""

@@ -1,4 +1,4 @@
-"""Issue 8: startup. `ablate --help` and `ablate axes` import no torch (so they answer fast);
+"""Startup. `ablate --help` and `ablate axes` import no torch (so they answer fast);
 time_to_first_step_s in summary.json counts from process start (imports, data, build)."""
 
 from __future__ import annotations

@@ -1,21 +1,23 @@
-"""`ablate compare` on synthetic run directories with known numbers: grouping, baseline,
-means, deltas, the paired/Welch choice and its p-values, statuses, bad input."""
+"""`ablate compare` on synthetic run directories with known numbers (ablate/analysis/compare.py):
+grouping, the baseline and why it was chosen, means, deltas, the paired/Welch choice, its
+p-values and confidence intervals against scipy, Holm's verdict and the seeds needed beside it,
+few seeds and size changes flagged, statuses, bad input."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from scipy import stats
 
 from ablate.analysis import CompareError, compare_dirs
 from ablate.analysis.render import print_comparison, to_json
-from ablate.analysis.stats import seed_test
-from tests.compare_fixtures import BASE, NOISY, PAIRED, WELCH, by_name, write_run  # noqa: F401
-from tests.conftest import run_ablate
+from ablate.analysis.stats import holm, seed_test, seeds_needed
+from compare_fixtures import BASE, LONG_NAME, NOISY, PAIRED, WELCH, by_name, cli, write_run, write_study
+from conftest import run_ablate
 
 
 @pytest.fixture
@@ -237,40 +239,98 @@ def test_cli_json_and_clear_errors(runs, tmp_path):
         assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
-def test_plot_draws_bands_diverged_runs_and_extra_keys(runs, tmp_path):
-    from ablate.errors import AblateError
-    from ablate.tracking.plots import plot_comparison
+def test_the_baseline_is_named_with_its_reason(compare_runs, tmp_path):
+    res = cli("compare", str(compare_runs))
+    assert res.stdout.splitlines()[0] == "baseline: baseline (no axis changed)"
+    res = cli("compare", str(compare_runs), "--baseline", "norm=rmsnorm")
+    assert res.stdout.splitlines()[0] == "baseline: norm=rmsnorm (--baseline)"
+    data = json.loads(cli("compare", str(compare_runs), "--json").stdout)
+    assert data[0]["baseline_reason"] == "no axis changed" and data[1]["baseline_reason"] is None
 
-    d = runs / "rms_s9"  # the diverged run has a curve that ends in inf
-    rows_ = [{"step": 1, "tokens": 128, "train_loss": 5.0, "grad_norm": 3.0, "diag/max_logit": 9.0},
-             {"step": 2, "tokens": 256, "train_loss": "inf", "grad_norm": "nan"}]
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_))
-    rows = compare_dirs([runs])
-    png = plot_comparison(rows, tmp_path / "c.png")
-    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
-    three = plot_comparison(rows, tmp_path / "d.png", keys=["train_loss", "grad_norm", "diag/max_logit"])
-    assert three.stat().st_size > png.stat().st_size  # a third panel
-    with pytest.raises(AblateError, match="nothing to plot: no run logged diag/none"):
-        plot_comparison(rows, tmp_path / "e.png", keys=["diag/none"])
-    assert not (tmp_path / "e.png").exists()
+    cmp = compare_dirs([write_study(tmp_path / "study")])
+    assert (cmp.baseline, cmp.baseline_reason) == ("gpt2", "the study's first rung")
 
 
-def test_loss_panel_is_fitted_to_the_end_of_training_where_variants_differ():
-    import matplotlib
+def test_confidence_intervals_match_scipy_and_holm_decides_the_verdict(compare_runs):
+    rows = by_name(compare_dirs([compare_runs]))
+    rms, long = rows["norm=rmsnorm"], rows[LONG_NAME]
+    a, b = [PAIRED[s] for s in (0, 1, 2)], [BASE[s] for s in (0, 1, 2)]
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)  # scipy's own interval
+    assert (rms["ci_low"], rms["ci_high"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    ci = stats.ttest_ind(list(WELCH.values()), list(BASE.values()), equal_var=False).confidence_interval(0.95)
+    assert (long["ci_low"], long["ci_high"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    # Holm by hand over the two tests: smallest p x 2, the other x 1, kept monotone
+    p1, p2 = sorted([rms["p_value"], long["p_value"]])
+    assert sorted([rms["p_holm"], long["p_holm"]]) == pytest.approx([min(1, 2 * p1), max(2 * p1, p2)])
+    assert holm([0.01, None, 0.04, 0.03]) == pytest.approx([0.03, None, 0.06, 0.06])
+    # a p below alpha that Holm lifts above it is noise, not "better"
+    r = seed_test({0: 3.0, 1: 3.1, 2: 3.05}, {0: 2.97, 1: 3.08, 2: 3.01})
+    assert 0.01 < r.p_value < 0.05
+    assert holm([r.p_value] * 3)[0] > 0.05
+    # effect sizes: paired d_z = mean diff / sd diff; Welch: Cohen's d with the pooled sd
+    d = np.array(a) - np.array(b)
+    assert rms["effect"] == pytest.approx(d.mean() / d.std(ddof=1))
+    w, bb = np.array(list(WELCH.values())), np.array(b)
+    pooled = math.sqrt((2 * w.var(ddof=1) + 2 * bb.var(ddof=1)) / 4)
+    assert long["effect"] == pytest.approx((w.mean() - bb.mean()) / pooled)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from ablate.tracking.plots import _fit_tail
+def test_seeds_needed_are_the_seeds_that_pass_the_holm_verdict_beside_them(tmp_path):
+    """Three variants tested against the baseline: each one's seeds needed are at alpha / 3
+    (Bonferroni: what Holm asks of the smallest p, so the verdict shown passes whatever the
+    others' p-values), and the header says for which verdict; one variant alone gets alpha."""
+    base = {0: 3.00, 1: 3.04, 2: 2.98, 3: 3.02}
+    offsets = {"norm=rmsnorm": (-0.030, -0.020, -0.045, -0.025), "act=relu": (0.02, 0.00, 0.03, 0.01),
+               "pos=rope": (-0.01, 0.012, -0.02, 0.0)}
+    for s, v in base.items():
+        write_run(tmp_path / "baseline", f"s{s}", {}, s, v)
+    for name, deltas in offsets.items():
+        key, value = name.split("=")
+        for s, d in enumerate(deltas):
+            write_run(tmp_path / name, f"s{s}", {key: value}, s, base[s] + d)
+    rows = by_name(compare_dirs([tmp_path]))
+    effects = {name: np.mean(d) / np.std(d, ddof=1) for name, d in offsets.items()}
+    for name, effect in effects.items():
+        assert rows[name]["effect"] == pytest.approx(effect)
+        assert rows[name]["seeds_needed_alpha"] == pytest.approx(0.05 / 3)
+        assert rows[name]["seeds_needed"] == seeds_needed(effect, 0.05 / 3)
+    alone = by_name(compare_dirs([tmp_path / "baseline", tmp_path / "norm=rmsnorm"]))["norm=rmsnorm"]
+    assert alone["seeds_needed_alpha"] == 0.05 and alone["seeds_needed"] == seeds_needed(effects["norm=rmsnorm"])
+    assert alone["seeds_needed"] < rows["norm=rmsnorm"]["seeds_needed"]  # a stricter bar takes more seeds
+    from rich.console import Console
 
-    xs = list(range(0, 1001, 100))
-    a = [5.5, 3.0, 2.6, 2.5, 2.45, 2.42, 2.40, 2.38, 2.37, 2.36, 2.35]  # a steep start
-    b = [v - 0.02 for v in a]
-    fig, ax = plt.subplots()
-    ax.plot(xs, a)
-    ax.plot(xs, b)
-    assert _fit_tail(ax, [(xs, a), (xs, b)], tail=0.2)
-    lo, hi = ax.get_ylim()
-    assert lo < 2.33 and 2.6 < hi < 2.7  # the tail from token 200 on, not the 5.5 at the start
-    assert not _fit_tail(ax, [([0, 1], [1.0, 1.0])], tail=0.2)  # flat: matplotlib's own range
-    plt.close(fig)
+    console = Console(width=400, record=True)
+    print_comparison(compare_dirs([tmp_path]), console)
+    assert "seeds needed (80% power, Holm p<0.05)" in console.export_text()
+
+
+def test_seeds_needed_fewer_than_three_seeds_and_the_size_threshold(tmp_path):
+    for s in (0, 1):
+        write_run(tmp_path, f"base_s{s}", {}, s, 3.0 + 0.1 * s, params=100_000)
+        write_run(tmp_path, f"rms_s{s}", {"norm": "rmsnorm"}, s, 2.93 + 0.1 * s + 0.01 * s, params=100_400)
+        write_run(tmp_path, f"sw_s{s}", {"act": "swiglu"}, s, 3.0 + 0.1 * s + 0.002 * (1 - 2 * s),
+                  params=100_600)
+    cmp = compare_dirs([tmp_path])
+    rows = by_name(cmp)
+    rms = rows["norm=rmsnorm"]
+    d = [-0.07, -0.06]
+    eff = (sum(d) / 2) / stats.tstd(d)
+    # two variants tested: the seeds that pass Holm whatever the other's p, at 0.05 / 2
+    assert rms["effect"] == pytest.approx(eff) and rms["seeds_needed"] == seeds_needed(eff, 0.025)
+    assert rms["seeds_needed_alpha"] == 0.025
+    assert rms["few_seeds"] and any("fewer than 3 seeds in the test: norm=rmsnorm (2)" in n for n in cmp.notes)
+    # 0.4% bigger: no size note; 0.6%: noted
+    assert not rms["size_differs"] and rows["act=swiglu"]["size_differs"]
+    size_note = next(n for n in cmp.notes if "differs in size" in n)
+    assert "more than 0.5%" in size_note and "act=swiglu (+600 params, +0.60%)" in size_note
+    assert "norm=rmsnorm" not in size_note
+    from rich.console import Console
+
+    console = Console(width=300, record=True)
+    print_comparison(cmp, console)
+    text = console.export_text()
+    assert "only 2 seeds" in text and "seeds needed" in text and f"{rms['ci_low']:+.4f}" in text
+    data = by_name(json.loads(cli("compare", str(tmp_path), "--json").stdout))
+    for key in ("ci_low", "ci_high", "p_holm", "effect", "seeds_needed", "seeds_needed_alpha", "few_seeds",
+                "size_differs"):
+        assert data["norm=rmsnorm"][key] == pytest.approx(rms[key])

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.compare_fixtures import make_fixture  # noqa: E402
+from compare_fixtures import make_fixture  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "compare"
 ROOT = "<root>"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import TINY, run_ablate
+from conftest import TINY, run_ablate
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 from ablate.analysis import compare_dirs
 from ablate.analysis.columns import comparison_table
 from ablate.analysis.render import print_comparison, to_csv, to_latex, to_markdown
-from tests.compare_fixtures import BASE, PAIRED, by_name, cli, write_run
+from compare_fixtures import BASE, PAIRED, by_name, cli, write_run
 
 # Measured on a loaded host: the baseline's three seeds, and act=swiglu's (steady) figure. Their
 # means read 3,168 against 6,336: "SwiGLU is 2x faster".

@@ -15,8 +15,8 @@ from scipy import stats
 
 from ablate.analysis import compare_dirs
 from ablate.analysis.render import print_comparison
-from tests.conftest import run_ablate
-from tests.compare_fixtures import LADDER, SWEEP, VALUES, write_run, write_study  # noqa: F401
+from conftest import run_ablate
+from compare_fixtures import LADDER, SWEEP, VALUES, write_run, write_study  # noqa: F401
 
 def paired_by_hand(after: dict, before: dict) -> tuple[float, float]:
     d = [after[s] - before[s] for s in sorted(set(after) & set(before))]

@@ -11,8 +11,8 @@ import pytest
 
 from ablate.analysis import CompareError, compare_dirs
 from ablate.vocab import variant_name
-from tests.conftest import TINY, run_ablate
-from tests.compare_fixtures import BASE, NOISY, PAIRED, by_name, set_config, write_run
+from conftest import TINY, run_ablate
+from compare_fixtures import BASE, NOISY, PAIRED, by_name, set_config, write_run
 
 SHARED = ["model.d_model=32", "train.steps=100"]  # given to the sweep and to the run alike
 

@@ -1,11 +1,10 @@
-"""Issue 14: every model compiles afresh. Dynamo caches compiled code per code object
+"""Every model compiles afresh. Dynamo caches compiled code per code object
 (Transformer.forward is one object for every variant) up to its recompile limit (8); past it,
 later models of the same process (in-process sweep jobs, `bench --axes` variants) silently ran
 eagerly. The `eager` backend exercises dynamo's guards and limit in seconds."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from conftest import scripted_trainer
@@ -14,13 +13,6 @@ from conftest import scripted_trainer
 VARIANTS = ["norm=rmsnorm", "act=swiglu", "act=relu", "pos=rope", "pos=alibi", "pos=nope",
             "tie=untied", "bias=off", "qk_norm=on", "norm_pos=sandwich"]
 COMPILED = ["train.steps=2", "train.compile=true", "train.compile_backend=eager", "model.n_layers=1"]
-
-
-@pytest.fixture
-def clean_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()  # a test that skipped the reset must not leave its cache behind
 
 
 def fit_each(tmp_path, variants):

@@ -1,4 +1,4 @@
-"""Issue 14: the cuda tier. What CPU tests cannot see: bf16 + torch.compile (Inductor) on a GPU,
+"""The cuda tier. What CPU tests cannot see: bf16 + torch.compile (Inductor) on a GPU,
 every axis option compiled, FlexAttention against the explicit path, deterministic CUDA training
 and resume, `bench --axes` without recompile fallback. Skipped where torch.cuda.is_available()
 is false (tests/conftest.py); run with `pytest -m cuda`."""
@@ -12,7 +12,8 @@ import statistics
 import pytest
 import torch
 
-from conftest import TINY, read_jsonl, run_ablate, scripted_trainer
+from conftest import (TINY, read_jsonl, read_summary as summary, run_ablate, scripted_trainer,
+                      stop_after_first_checkpoint, weights_hash)
 
 pytestmark = pytest.mark.cuda
 
@@ -20,10 +21,6 @@ pytestmark = pytest.mark.cuda
 GPU = [o for o in TINY if not o.startswith(("train.device", "train.steps", "model.n_heads"))] + [
     "train.device=cuda", "model.n_heads=4"]
 COMPILED = ["train.precision=bf16", "train.compile=true", "train.flex_attention=true"]
-
-
-def summary(run_dir) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def test_default_preset_bf16_compiled_run(tmp_path):
@@ -100,7 +97,6 @@ def test_flex_attention_matches_the_explicit_path_on_cuda(pos, softcap, n_kv):
 
 
 def _curve_and_weights(run_dir):
-    from test_reliability_resume import weights_hash
 
     rows = [(r["step"], r["train_loss"], r["grad_norm"]) for r in read_jsonl(run_dir / "metrics.jsonl")
             if "train_loss" in r]
@@ -121,14 +117,13 @@ def test_deterministic_cuda_runs_are_bit_identical(tmp_path):
 
 
 def test_deterministic_resume_is_bit_exact_on_cuda(tmp_path):
-    from test_reliability_resume import start_and_stop_after_first_checkpoint
 
     # enough steps after the first checkpoint (step 20) for the stop signal to land mid-run
     args = [*DETERMINISTIC, "train.steps=600", "train.ckpt_every=20"]
     res = run_ablate("run", *args, f"hydra.run.dir={tmp_path / 'ref'}")
     assert res.returncode == 0, res.stderr
     run = tmp_path / "run"
-    start_and_stop_after_first_checkpoint(("run", *args, f"hydra.run.dir={run}"), signal.SIGTERM, run)
+    stop_after_first_checkpoint(("run", *args, f"hydra.run.dir={run}"), signal.SIGTERM, run)
     res = run_ablate("run", *args, f"hydra.run.dir={run}")
     assert res.returncode == 0, res.stderr
     assert summary(run)["resumed_from"] and summary(run)["status"] == "completed"
@@ -158,7 +153,7 @@ def _bf16_curve(tmp_path, *overrides) -> list[float]:
                                      "train.sdpa_backend=flash", "train.sdpa_backend=efficient",
                                      "train.sdpa_backend=cudnn", "train.sdpa_backend=math"])
 def test_each_speed_setting_trains_the_same_curve_on_cuda(tmp_path, setting):
-    """Issue 17: an optimisation keeps a fixed-seed curve within bf16 noise of the default path
+    """An optimisation keeps a fixed-seed curve within bf16 noise of the default path
     (CUDA graphs, each attention kernel, the compiled optimizer step)."""
     ref = _bf16_curve(tmp_path / "ref")
     assert _bf16_curve(tmp_path / "opt", *setting.split()) == pytest.approx(ref, rel=2e-2)

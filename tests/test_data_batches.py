@@ -1,5 +1,5 @@
-"""Issue 4: paired batches (same data_seed -> identical batches whatever the architecture,
-the parallelism or a resume) and fixed validation windows, through the real trainer."""
+"""Paired batches (ablate/data/batches.py: same data_seed -> identical batches whatever the
+architecture, the parallelism or a resume) and fixed validation windows, through the real trainer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 4: sources, the token cache (layout, split, keys, reuse) and the hub code path on a
+"""Sources, the token cache (layout, split, keys, reuse) and the hub code path on a
 local `datasets` source. In-process; the CLI and concurrency are in test_data_cli.py."""
 
 from __future__ import annotations

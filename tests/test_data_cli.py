@@ -1,4 +1,4 @@
-"""Issue 4 through the real CLI: `ablate data prepare` / `ablate data info`, two concurrent
+"""Data through the real CLI: `ablate data prepare` / `ablate data info`, two concurrent
 prepares, offline tokenizers and hub, and bad input (one line, non-zero exit, nothing half-written)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 6: `ablate run ... train.nproc=N` runs N torch.distributed ranks through torchrun.
+"""`ablate run ... train.nproc=N` runs N torch.distributed ranks through torchrun.
 Two-process DDP on CPU (gloo) trains exactly like one process with the same global batch, and
 only rank 0 writes."""
 

@@ -1,4 +1,4 @@
-"""Issue 7: divergence is a result, not a crash. A run made to diverge (post-norm, a huge
+"""Divergence is a result, not a crash. A run made to diverge (post-norm, a huge
 learning rate, no warmup, no clipping) stops as `diverged` with its metrics kept and exit code 0,
 and a sweep containing it goes on with the other variants."""
 
@@ -33,9 +33,14 @@ def test_a_diverging_run_ends_diverged_with_metrics_intact_and_exit_0(tmp_path):
     assert summary["train_loss"] == rows[-1]["train_loss"]
 
 
-def make_trainer(tmp_path, *overrides, spike_at=None, spike=50.0):
-    """A tiny in-process Trainer whose measured loss is replaced by `spike` at one step."""
-    return scripted_trainer(tmp_path, *overrides, losses=lambda step: spike if step + 1 == spike_at else None)
+def make_trainer(tmp_path, *overrides, spike_at=None, spike=50.0, loss_from=None):
+    """A tiny in-process Trainer whose measured loss is replaced by `spike` at step `spike_at`
+    (a spike) or from step `loss_from` on (a lasting shift)."""
+    def losses(step):
+        hit = step + 1 == spike_at if loss_from is None else step + 1 >= loss_from
+        return spike if hit else None
+
+    return scripted_trainer(tmp_path, *overrides, losses=losses)
 
 
 def test_a_spike_stops_the_run_as_diverged(tmp_path):
@@ -64,6 +69,15 @@ def test_a_non_finite_loss_is_never_skipped(tmp_path):
     trainer = make_trainer(tmp_path, "train.skip_spikes=true", spike_at=15, spike=float("nan"))
     outcome = trainer.fit()
     assert outcome.status == "diverged" and "non-finite loss" in outcome.reason
+
+
+
+def test_skip_spikes_ends_a_lasting_loss_shift_as_diverged(tmp_path):
+    """The loss jumps at step 15 and stays there: 9 updates are skipped, the 10th ends the run."""
+    outcome = make_trainer(tmp_path, "train.skip_spikes=true", loss_from=15).fit()
+    assert outcome.status == "diverged", outcome
+    assert "10 updates in a row skipped as loss spikes" in outcome.reason
+    assert outcome.result.skipped_steps == 9 and outcome.step == 23
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Issue 4: val_loss (nats/token) and val_bpb = total nats / (ln 2 * UTF-8 bytes of the
-validated text), checked against hand computations on a tiny corpus."""
+"""The evaluation (ablate/train/evaluate.py): val_loss (nats/token) and val_bpb = total nats /
+(ln 2 * UTF-8 bytes of the validated text), checked against hand computations on a tiny corpus."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from ablate.config import AXES
 from ablate.model import options
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import build_model
-from tests.conftest import compose
+from conftest import compose
 
 PLUGINS = [m for m in os.environ.get("ABLATE_TEST_PLUGINS", "").split(",") if m]
 if PLUGINS:

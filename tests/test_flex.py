@@ -1,5 +1,5 @@
-"""Issue 8: the FlexAttention path (CUDA only) computes the same attention as the explicit
-path; on CPU the model never takes it (FlexAttention has no CPU backward). The CUDA kernels
+"""The FlexAttention path (ablate/model/flex.py, CUDA only) computes the same attention as the
+explicit path; on CPU the model never takes it (FlexAttention has no CPU backward). The CUDA kernels
 cannot run here, so the score modification is checked through flex's eager forward on CPU."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import compose, run_ablate, run_on_terminal
+from conftest import compose, run_ablate, run_on_terminal
 
 GPT2_SMALL = ["model=small", "tokenizer=gpt2", "model.vocab_size=50257"]
 

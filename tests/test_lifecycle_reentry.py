@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import TINY, find_run_dirs, run_ablate
+from conftest import TINY, find_run_dirs, run_ablate, trained_run
 
 from ablate.train import checkpoint
 
@@ -31,10 +31,7 @@ def unfinish(run) -> None:
 
 @pytest.fixture
 def finished(tmp_path):
-    run = tmp_path / "run"
-    res = run_ablate("run", *BASE, f"hydra.run.dir={run}")
-    assert res.returncode == 0, res.stderr
-    return run
+    return trained_run(tmp_path / "run", *BASE)
 
 
 def test_a_changed_config_is_refused_inside_the_job_and_the_run_keeps_its_record(finished):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate
+from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate, trained_run
 
 BASE = [o for o in TINY if not o.startswith("train.steps")] + ["train.threads=1", "train.steps=10"]
 
@@ -26,10 +26,7 @@ def snapshot(run_dir) -> dict:
 
 @pytest.fixture
 def finished(tmp_path):
-    run = tmp_path / "run"
-    res = run_ablate("run", *BASE, f"hydra.run.dir={run}")
-    assert res.returncode == 0, res.stderr
-    return run
+    return trained_run(tmp_path / "run", *BASE)
 
 
 def test_the_same_experiment_returns_the_recorded_result_and_writes_nothing(finished):

@@ -209,8 +209,7 @@ def test_ce_chunk_must_be_positive_and_fused_ce_is_not_part_of_the_variant(tmp_p
     from ablate.config import validate
     from ablate.errors import ConfigError
     from ablate.analysis import compare_dirs
-    from tests.test_compare_honest import set_config
-    from tests.test_compare_stats import BASE, PAIRED, write_run
+    from compare_fixtures import BASE, PAIRED, set_config, write_run
 
     with pytest.raises(ConfigError, match="train.ce_chunk must be a positive integer"):
         validate(compose(["train.ce_chunk=0"], validate=False))

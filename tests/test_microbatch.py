@@ -1,4 +1,4 @@
-"""train.micro_batch (issue 17): the global batch cut into fewer, larger forward passes trains
+"""train.micro_batch (ablate/train/microbatch.py): the global batch cut into fewer, larger forward passes trains
 the same model, and `auto` takes the largest pass that fits."""
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def test_analytic_params_equal_real(variant):
 
 
 def test_gated_ffn_is_size_matched_by_default():
-    from tests.conftest import compose
+    from conftest import compose
 
     for act in ("gelu", "swiglu"):
         cfg = compose([f"act={act}", "model.d_model=96", "model.ffn_multiple_of=8"])
@@ -77,7 +77,7 @@ def test_gated_ffn_is_size_matched_by_default():
 def test_gated_width_is_the_nearest_in_parameters(d_model, multiple, bias):
     """Among all multiples of model.ffn_multiple_of, the gated d_ff minimises |params - plain|."""
     from ablate.model.spec import ffn_layer_params
-    from tests.conftest import compose
+    from conftest import compose
 
     cfg = compose(["act=swiglu", f"model.d_model={d_model}", "model.n_heads=4",
                    f"model.ffn_multiple_of={multiple}", f"bias={'on' if bias else 'off'}"])

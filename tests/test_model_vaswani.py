@@ -17,7 +17,7 @@ from ablate.model.positions import sinusoidal_table
 from ablate.model.roles import param_seed
 from ablate.model.spec import ModelSpec, count_params
 from ablate.model.transformer import Transformer
-from tests.conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate
+from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate
 
 BASE = ModelSpec(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=256,
                  max_seq_len=32, init="xavier", depth_scaled_init=False)

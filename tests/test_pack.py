@@ -1,4 +1,4 @@
-"""Issue 17, goals 3-4: several sweep jobs share one device (`ablate sweep --jobs-per-gpu K`) and
+"""Several sweep jobs share one device (`ablate sweep --jobs-per-gpu K`) and
 `ablate bench --jobs-per-device` times a small sweep at K jobs at a time. No GPU here: the
 placement logic is tested on a fake 2-GPU machine; the runs pin the CPU, where K jobs per
 device means K processes sharing the cores."""

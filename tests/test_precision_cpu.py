@@ -48,7 +48,7 @@ def test_a_bf16_run_on_cpu_trains_and_says_so(tmp_path):
     assert losses["bf16"] != losses["fp32"]
 
 
-# ---- issue 14: train.deterministic and train.tf32 -------------------------------------------
+# ---- train.deterministic and train.tf32 -------------------------------------------
 
 def test_deterministic_runs_are_bit_identical_and_the_config_says_so(tmp_path):
     """Every op of the model has a deterministic CPU kernel (use_deterministic_algorithms would

@@ -1,4 +1,4 @@
-"""Issue 6: preemption. SIGTERM mid-run: the run checkpoints and stops as `preempted`; the same
+"""Preemption. SIGTERM mid-run: the run checkpoints and stops as `preempted`; the same
 run started again in its directory resumes and ends at the same final step. Under submitit
 (launcher=submitit_local: the SLURM code path without a cluster) the preempted job asks to be
 requeued through submitit's checkpoint protocol, is restarted and resumes by itself."""
@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import ROOT, TINY, find_run_dirs, read_jsonl, run_ablate
+from conftest import TINY, find_run_dirs, read_jsonl, run_ablate, start_ablate as start
 
 STEPS = 1500  # long enough to be interrupted after 30 steps (a tiny step takes ~1-5 ms)
 LONG = [o for o in TINY if not o.startswith("train.steps")] + [f"train.steps={STEPS}", "train.threads=1"]
@@ -30,11 +28,6 @@ def wait_for_steps(root, n=30, timeout=120):
                 return metrics.parent, summary["pid"]
         time.sleep(0.2)
     raise AssertionError("the run did not start")
-
-
-def start(*args, cwd=ROOT):
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=dict(os.environ),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow

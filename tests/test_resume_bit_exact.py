@@ -1,10 +1,9 @@
-"""Issue 7: a run killed (SIGKILL) or interrupted (Ctrl-C) and resumed in its directory ends
+"""A run killed (SIGKILL) or interrupted (Ctrl-C) and resumed in its directory ends
 with exactly the final loss and weights of the uninterrupted run, its metrics.jsonl has each
 step once, and a damaged newest checkpoint falls back to the previous one."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -15,7 +14,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, TINY, read_jsonl, run_ablate
+from conftest import (ROOT, TINY, read_jsonl, read_summary as summary, run_ablate, stop_after_first_checkpoint,
+                      weights_hash)
 
 from ablate.record import live_status
 from ablate.train import checkpoint
@@ -40,35 +40,11 @@ def read_rows(path) -> list[dict]:
     return rows
 
 
-def weights_hash(run_dir) -> str:
-    state = checkpoint.load_file(checkpoint.list_checkpoints(run_dir)[-1][1])
-    h = hashlib.sha256()
-    for name, t in sorted(state["model"].items()):
-        h.update(name.encode() + t.cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-def summary(run_dir) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
 def train_losses(run_dir) -> dict:
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_loss" in r]
     steps = [r["step"] for r in rows]
     assert steps == list(range(1, STEPS + 1)), "each step logged exactly once"
     return {r["step"]: r["train_loss"] for r in rows}
-
-
-def start_and_stop_after_first_checkpoint(args, sig, run_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=dict(os.environ),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    end = time.time() + 120
-    while not checkpoint.list_checkpoints(run_dir) and time.time() < end and proc.poll() is None:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be stopped: " + proc.stderr.read()
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, err
 
 
 def check_resume_is_exact(tmp_path, extra, sig):
@@ -77,7 +53,7 @@ def check_resume_is_exact(tmp_path, extra, sig):
     assert res.returncode == 0, res.stderr
 
     args = ("run", *BASE, *extra, f"hydra.run.dir={run}")
-    code, err = start_and_stop_after_first_checkpoint(args, sig, run)
+    code, err = stop_after_first_checkpoint(args, sig, run)
     stopped = max(s for s, _ in checkpoint.list_checkpoints(run))
     assert 0 < stopped < STEPS
     first = summary(run)

@@ -14,16 +14,9 @@ import time
 
 import yaml
 
-from conftest import ROOT, TINY, find_run_dirs, run_ablate
+from conftest import ROOT, TINY, find_run_dirs, run_ablate, train_rows
 
 LONG = [o for o in TINY if not o.startswith("train.steps")] + ["train.steps=300", "train.threads=1"]
-
-
-def train_rows(run_dir) -> int:
-    try:
-        return sum('"train_loss"' in line for line in (run_dir / "metrics.jsonl").read_text().splitlines())
-    except OSError:
-        return 0
 
 
 def test_a_stopped_run_prints_and_accepts_its_resume_command(tmp_path):

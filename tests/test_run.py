@@ -1,34 +1,21 @@
-"""Issue 2: `ablate run` end to end through the real CLI, the run directory contract, and the
-Hydra pass-through."""
+"""`ablate run` (ablate/run.py) end to end through the real CLI: the run directory contract, the
+Hydra pass-through, bad options refused before training, and a torchrun launch that reports only
+the summary its rank 0 wrote."""
 
 from __future__ import annotations
 
 import json
 import math
 
-import pytest
 import yaml
 
-from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate
+from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate, run_context
 
-GPT2_OPTIONS = ["norm=layernorm", "norm_pos=pre", "act=gelu", "pos=learned", "attn=mha",
-                "tie=tied", "bias=on", "dropout=off", "qk_norm=off"]
+from ablate.rundir import SUMMARY, write_json
+
 METRIC_KEYS = {"step", "tokens", "train_loss", "grad_norm", "lr", "tokens_per_s"}
 SUMMARY_KEYS = {"status", "train_loss", "val_loss", "val_bpb", "params", "flops_per_token",
                 "tokens_per_s", "wall_time_s", "axes", "seed", "data_seed", "variant"}
-
-
-def test_default_config_is_the_gpt2_baseline():
-    cfg = compose([])
-    assert {a: cfg[a].name for a in ("norm", "norm_pos", "act", "pos", "attn", "tie", "bias",
-                                     "dropout", "qk_norm")} == dict(o.split("=") for o in GPT2_OPTIONS)
-    assert cfg.data.name == "shakespeare" and cfg.tokenizer.name == "byte"
-
-
-@pytest.mark.parametrize("override", GPT2_OPTIONS)
-def test_each_baseline_option_composes(override):
-    group, option = override.split("=")
-    assert compose([override])[group].name == option
 
 
 def test_end_to_end_run_writes_the_documented_files(tmp_path):
@@ -98,3 +85,33 @@ def test_wrong_type_is_refused_before_training(tmp_path):
     assert res.returncode != 0
     assert "train.steps" in res.stderr and "Traceback" not in res.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_a_torchrun_launch_reports_only_the_summary_it_wrote(tmp_path, monkeypatch, capsys):
+    """torchrun failing before rank 0 writes anything: the summary of an earlier run in the
+    directory is neither reported as this launch's outcome nor changed."""
+    from ablate import run
+    from ablate.train import distributed
+
+    stale = {"status": "completed", "step": 6}
+    write_json(tmp_path / SUMMARY, stale)
+    monkeypatch.setattr(distributed, "launch_ranks", lambda *args, **kwargs: 1)
+    record, code = run._run_ranks(compose(TINY), run_context(tmp_path))
+    assert record.status == "failed" and code == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: torchrun exited with code 1 before rank 0 recorded the outcome; see {tmp_path / 'torchrun.log'}"]
+    assert json.loads((tmp_path / SUMMARY).read_text()) == stale
+
+
+def test_a_rank_0_killed_mid_run_leaves_a_failed_summary_not_running(tmp_path, monkeypatch):
+    from ablate import run
+    from ablate.train import distributed
+
+    def killed(*args, **kwargs):  # rank 0 recorded "running", then the OOM killer came
+        write_json(tmp_path / SUMMARY, {"status": "running", "pid": 1})
+        return 137
+
+    monkeypatch.setattr(distributed, "launch_ranks", killed)
+    record, code = run._run_ranks(compose(TINY), run_context(tmp_path))
+    assert code == 137 and record.status == "failed" and "code 137" in record.error
+    assert json.loads((tmp_path / SUMMARY).read_text())["status"] == "failed"

@@ -1,4 +1,4 @@
-"""Issue 7: a catalogue of bad inputs. Each is refused by the real CLI with a non-zero exit, one
+"""A catalogue of bad inputs. Each is refused by the real CLI with a non-zero exit, one
 `error: ...` line on stderr naming the problem, no traceback, and nothing written: the output
 directory, which already holds a finished run (and a damaged one), is byte-for-byte unchanged."""
 

@@ -1,4 +1,4 @@
-"""Issue 7: the W&B key never appears in config.yaml, summary.json, logs, console output or the
+"""The W&B key never appears in config.yaml, summary.json, logs, console output or the
 W&B run's config. W&B stays offline (WANDB_MODE=offline): nothing here contacts the network."""
 
 from __future__ import annotations

@@ -4,27 +4,19 @@ one line on the console and a non-zero exit code; torchrun's own output stays in
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY, find_run_dirs, run_ablate
+from conftest import TINY, find_run_dirs, read_summary as summary, run_ablate, start_ablate as start, train_rows
 
 from ablate.train import checkpoint
 
 LONG = [o for o in TINY if not o.startswith("train.steps")] + ["train.steps=100000", "train.threads=1"]
 SHORT = LONG[:-2] + ["train.steps=200", "train.threads=1"]  # long enough to be stopped, short to resume
-
-
-def start(*args):
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=dict(os.environ),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(condition, proc, timeout=120):
@@ -33,17 +25,6 @@ def wait_for(condition, proc, timeout=120):
         assert proc.poll() is None, "the run ended first: " + proc.stderr.read()
         assert time.time() < end, "timed out"
         time.sleep(0.02)
-
-
-def train_rows(run_dir) -> int:
-    try:
-        return sum('"train_loss"' in line for line in (run_dir / "metrics.jsonl").read_text().splitlines())
-    except OSError:
-        return 0
-
-
-def summary(run_dir) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def processes_in(run_dir) -> list[int]:

@@ -93,3 +93,24 @@ def test_seeds_needed_for_a_holm_family_is_at_bonferronis_alpha():
     assert four.seeds_needed_alpha == 0.0125 and four.p_value == test.p_value
     welch = for_family(seed_test({0: 3.0, 1: 3.1}, {2: 2.9, 3: 3.05}), 0.05, 2)
     assert welch.test == "Welch t" and welch.seeds_needed == seeds_needed(welch.effect, 0.025, paired=False)
+
+
+def test_seeds_needed_matches_textbook_sample_sizes_and_a_monte_carlo_power():
+    # G*Power / Cohen's tables: paired dz=0.5 -> 34 pairs; dz=1.0 -> 10; two groups d=1.0 -> 17, d=0.5 -> 64
+    assert seeds_needed(0.5) == 34 and seeds_needed(-1.0) == 10
+    assert seeds_needed(1.0, paired=False) == 17 and seeds_needed(0.5, paired=False) == 64
+    assert seeds_needed(0.0) is None and seeds_needed(math.inf) == 2
+    assert seeds_needed(0.01) is None  # beyond the limit: said, not invented
+    # Monte Carlo: simulate paired differences with that effect; a two-sided t-test at n seeds
+    # rejects >= 80% of the time, at n - 1 seeds less often
+    rng = np.random.default_rng(0)
+    effect = 1.3
+    n = seeds_needed(effect)
+
+    def power(k, trials=40_000):
+        x = rng.normal(effect, 1.0, size=(trials, k))
+        t = x.mean(1) / (x.std(1, ddof=1) / math.sqrt(k))
+        return float(np.mean(np.abs(t) > stats.t.ppf(0.975, k - 1)))
+
+    assert power(n) >= 0.8 - 0.01 and power(n - 1) < 0.8 + 0.01
+    assert power(n) - power(n - 1) > 0.02

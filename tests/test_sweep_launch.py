@@ -1,4 +1,4 @@
-"""Issue 6: sweeps that really run. One sweep directory, one job directory per variant named by
+"""Sweeps that really run. One sweep directory, one job directory per variant named by
 its change, the comparison at the end; a failing job does not stop the others; the slurm
 launcher renders the sbatch script it would submit."""
 

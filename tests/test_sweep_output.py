@@ -1,4 +1,4 @@
-"""Issue 16: what a sweep prints. One line per job as it ends (name, status, final val_loss,
+"""What a sweep prints. One line per job as it ends (name, status, final val_loss,
 time, jobs left, ETA) and none of Hydra's launcher chatter; --strict fails the sweep when any
 job did not complete; any installed Hydra sweeper runs through `ablate sweep`."""
 
@@ -29,11 +29,11 @@ def test_one_line_per_job_no_hydra_chatter_and_strict_fails_on_a_diverged_job(tm
     val = json.loads((sweep_dir / "0_baseline" / "summary.json").read_text())["val_loss"]
     assert re.fullmatch(rf"\[1/2\] baseline  completed  val_loss {val:.4f}  \d+s  1 left  ETA \d+s",
                         lines[0]), lines[0]
-    # issue 22: the loss it measured before diverging is not a result: `-`, as compare's table says
+    # the loss it measured before diverging is not a result: `-`, as compare's table says
     assert json.loads((sweep_dir / "1_train.lr=1000" / "summary.json").read_text())["val_loss"] is not None
     assert re.fullmatch(r"\[2/2\] train\.lr=1000  diverged  val_loss -  \d+s  0 left  done", lines[1])
     assert "--strict: 1 of 2 jobs did not complete (train.lr=1000: diverged)" in res.stderr
-    # issue 22: resumed, the sweep runs neither job again and says so instead of a time
+    # resumed, the sweep runs neither job again and says so instead of a time
     again = job_lines(run_ablate("resume", str(sweep_dir)))
     assert again == [f"[1/2] baseline  completed  val_loss {val:.4f}  done earlier  1 left  ETA -",
                      "[2/2] train.lr=1000  diverged  val_loss -  done earlier  0 left  done"], again

@@ -1,4 +1,4 @@
-"""Issue 6: which jobs `ablate sweep` runs (one factor at a time, grid, seeds, a study), listed
+"""Which jobs `ablate sweep` runs (one factor at a time, grid, seeds, a study), listed
 by the real CLI through Hydra and the sweeper plugin with --dry-run --json; bad input refused
 before anything is launched."""
 
@@ -180,7 +180,7 @@ def test_ofat_preset_keeps_fixed_keys_and_its_plain_values():
 
 
 def test_a_dry_run_checks_every_job_as_the_sweep_does(tmp_path):
-    """Issue 22: a dry run exists to catch a bad job before launching; it refuses what the real
+    """A dry run exists to catch a bad job before launching; it refuses what the real
     sweep refuses, in the same one line (the first job composes, so only the sweeper sees #1)."""
     for dry in (["--dry-run"], []):
         res = run_ablate("sweep", "norm=layernorm,rmsnrom", f"out_dir={tmp_path}", *dry)

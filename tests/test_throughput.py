@@ -1,5 +1,5 @@
-"""Issue 14: honest throughput. summary.json's tokens_per_s is the steady state (the first step,
-which holds torch.compile and warm-up, is excluded), compile_s and time_to_first_step_s sit
+"""Throughput (ablate/train/throughput.py). summary.json's tokens_per_s is the steady state (the
+first step, which holds torch.compile and warm-up, is excluded), compile_s and time_to_first_step_s sit
 beside it, and every metrics row carries MFU."""
 
 from __future__ import annotations

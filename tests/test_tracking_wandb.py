@@ -11,17 +11,10 @@ import pytest
 
 from ablate.record import RunInfo, RunRecord
 from ablate.tracking.wandb_file import BLOCK, WandbFileError, iter_payloads, read_run
-from tests.conftest import TINY, read_jsonl, run_ablate, run_context
+from conftest import TINY, no_login_env, read_jsonl, run_ablate, run_context
 
 WANDB_TINY = [o for o in TINY if not o.startswith(("logger=", "train.eval_every="))] + [
     "logger=wandb", "train.eval_every=3", "train.threads=1"]
-
-
-def no_login_env(tmp_path) -> dict:
-    """No key, no netrc (HOME is empty), no WANDB_MODE: the user's first laptop run."""
-    home = tmp_path / "home"
-    home.mkdir()
-    return {"HOME": str(home), "WANDB_MODE": "", "WANDB_API_KEY": "", "NETRC": str(home / ".netrc")}
 
 
 def test_default_run_logs_offline_and_the_file_reads_back(tmp_path):
@@ -244,7 +237,7 @@ def test_a_wandb_that_cannot_start_does_not_stop_the_run(tmp_path, monkeypatch, 
 def test_a_sweep_run_is_grouped_by_the_sweep_name(tmp_path):
     from ablate.tracking.wandb_sink import WandbSink
     from ablate.train.launch import build_sinks
-    from tests.conftest import compose
+    from conftest import compose
 
     cfg = compose([*WANDB_TINY, "norm=rmsnorm", "act=swiglu", "seed=2"])
     info = RunInfo(params=10, non_embedding_params=5, flops_per_token=60)
@@ -263,7 +256,7 @@ def test_a_sweep_run_is_grouped_by_the_sweep_name(tmp_path):
 
 def test_arch_preset_in_the_config_and_a_tag_unless_default(tmp_path):
     from ablate.tracking.wandb_sink import WandbSink, wandb_config
-    from tests.conftest import compose
+    from conftest import compose
 
     cfg = compose([*WANDB_TINY, "arch=llama", "model.n_heads=4"])
     info = RunInfo(params=10)

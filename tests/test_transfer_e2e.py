@@ -1,4 +1,4 @@
-"""Issue 23 end to end on CPU: a real --lr-grid sweep runs the grid, then the seeds at each
+"""LR grids and ladders end to end on CPU: a real --lr-grid sweep runs the grid, then the seeds at each
 variant's own best LR (no job twice), and `compare --json` of it carries the public keys; a
 real --ladder sweep gives the compute multiplier; compares that mix grids are refused."""
 
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from conftest import TINY, run_ablate
+from conftest import TINY, no_login_env, run_ablate
 
 GRID_ARGS = [o for o in TINY if not o.startswith(("train.steps", "train.eval_every"))] + [
     "train.steps=12", "train.eval_every=12", "train.diagnostics_every=6"]  # eval at 0: loss_init
@@ -72,7 +72,6 @@ def test_a_compare_mixing_two_grids_is_refused(grid_sweep, tmp_path):
 
 def test_the_sweep_logs_its_report_to_wandb_offline(tmp_path):
     from ablate.tracking.wandb_file import find_run_file, read_run
-    from test_tracking_wandb import no_login_env
 
     sweep_dir = tmp_path / "sweep"
     args = [o for o in GRID_ARGS if not o.startswith("logger=")] + ["logger=wandb", "logger.group=grid-w"]

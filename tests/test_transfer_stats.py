@@ -1,4 +1,4 @@
-"""Issue 23, part 3: the statistics of --lr-grid and --ladder against independent references:
+"""The statistics of --lr-grid and --ladder against independent references:
 LR sensitivity against hand-computed tables (Wortsman et al. 2023's definition), the L(C) fit
 against scipy.optimize.curve_fit on synthetic data with known parameters, the compute
 multiplier on curves whose answer is known, the tuned comparison against a hand table with

@@ -1,4 +1,4 @@
-"""Issue 23: `ablate sweep --lr-grid` and `--ladder` plan the jobs a user expects (every variant at
+"""`ablate sweep --lr-grid` and `--ladder` plan the jobs a user expects (every variant at
 every grid LR with seed 0, then the seeds at each variant's own best LR; every variant on every
 rung with the ladder's steps and LR rules), and bad input is one line, exit 2, nothing launched."""
 
