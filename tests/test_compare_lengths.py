@@ -190,7 +190,7 @@ def test_one_table_per_protocol_titled_by_it(lengths):
     rep = report(lengths)
     assert [t.head for t in rep.lengths.tables] == [
         ["protocol: windows (non-overlapping windows of each length, every token scored)"],
-        ["protocol: stride 32 (sliding windows of each length, the last 32 tokens of each scored)"]]
+        ["protocol: stride 32 (sliding windows of each length, the last 32 tokens of each scored, the first window whole)"]]
     assert to_markdown(rep.lengths.tables[1]).splitlines()[2].startswith("| variant | loss 128* | loss 256* | Δ 128*")
     alibi = entries(rep.rows[1], stride=32)
     assert alibi[128]["protocol"] == "stride 32" and set(alibi) == {128, 256}

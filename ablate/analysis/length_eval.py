@@ -300,7 +300,7 @@ def protocol_columns(p: Protocol, alpha: float) -> list[Column]:
     left, and beside each its Δ's CI where one has a CI (a narrow terminal drops the CIs of the
     shortest lengths first)."""
     pct = f"{100 * (1 - alpha):g}% CI"
-    figures = [("loss", lambda c: _loss(c)), ("Δ", delta), (pct, ci), ("p (Holm)", p_holm)]
+    figures = [("loss", _loss), ("Δ", delta), (pct, ci), ("p (Holm)", p_holm)]
     cols = [Column("variant", variant_name, markup=rich_variant, compact=partial(rich_variant, sep="\n"),
                    align=Align.LEFT),
             Column("", lambda r: lines(*[{_loss: "loss", _delta: "Δ", _holm: "Holm p"}[f] for f in _plan(r)]),
@@ -325,7 +325,7 @@ def protocol_table(p: Protocol, baseline: Optional[str], alpha: float) -> Table:
 def describe(key: EvalKey) -> str:
     """A protocol in words, the line above its table."""
     how = ("non-overlapping windows of each length, every token scored" if key.stride is None else
-           f"sliding windows of each length, the last {key.stride} tokens of each scored")
+           f"sliding windows of each length, the last {key.stride} tokens of each scored, the first window whole")
     return f"protocol: {key.protocol} ({how}" + (f"; RoPE scaled {key.rope_scaling})" if key.rope_scaling else ")")
 
 
