@@ -39,6 +39,12 @@ CASES = {  # name -> (directories under the fixture root, compare arguments)
     "mixed_refused": (["mixed"], []),
     "mixed_allowed": (["mixed"], ["--allow-mixed", "--format", "markdown"]),
     "two_trees": (["ab", "mixed/a"], ["--allow-mixed"]),
+    "lengths": (["lengths"], []),  # the loss at other context lengths: its tables under the main one
+    "lengths_csv": (["lengths"], ["--format", "csv"]),
+    "lengths_markdown": (["lengths"], ["--format", "markdown"]),
+    "lengths_latex": (["lengths"], ["--format", "latex"]),
+    "lengths_json": (["lengths"], ["--json"]),
+    "lengths_baseline": (["lengths"], ["--baseline", "pos=alibi", "--format", "markdown"]),
 }
 
 
