@@ -13,19 +13,24 @@ import pytest
 from conftest import TINY, compose, read_jsonl, run_ablate, scripted_trainer
 
 from ablate.train import checkpoint
-from ablate.train.schedule import resolved_warmup
+from ablate.train.schedule import lr_at, resolved_warmup
 
 # TINY without its warmup keys: the defaults' automatic warmup
 AUTO = [o for o in TINY if not o.startswith("train.warmup")] + ["train.threads=1"]
 
 
-def reference_lr(step: int, lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
-    """Linear warmup to `lr` over `warmup` steps, then cosine to min_ratio x lr at `total`, written
-    out here on its own (0-based step, as the trainer counts the step it is taking)."""
+def reference_lr(step: int, lr: float, warmup: int, total: int, min_ratio: float = 0.1,
+                 schedule: str = "cosine") -> float:
+    """Linear warmup to `lr` over `warmup` steps, then cosine (or linear, or no) decay to
+    min_ratio x lr at `total`, written out here on its own (0-based step, as the trainer counts
+    the step it is taking)."""
     if step < warmup:
         return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
     progress = min(1.0, (step - warmup) / (total - warmup))
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    shape = 1 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return lr * (min_ratio + (1 - min_ratio) * shape)
 
 
 def auto(steps: int, percent: int = 10, most: int = 100) -> int:
@@ -40,6 +45,20 @@ def test_the_automatic_warmup_is_the_fraction_of_the_steps_rounded_down_and_belo
         for steps in range(1, 1201):
             w = auto(steps, percent, most=10**6)
             assert w == percent * steps // 100 and w < steps
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_lr_at_follows_the_written_out_schedule_at_every_step(schedule):
+    """lr_at itself: warmup from lr/warmup up to lr, the decay's every step to min_ratio x lr at
+    the end, and past the end (an extended run's steps) the floor, for warmups from none to most
+    of the run."""
+    for total, warmup, min_ratio in [(1200, 100, 0.1), (40, 0, 0.0), (40, 39, 0.5), (7, 3, 0.1)]:
+        for step in range(total + 5):
+            want = reference_lr(step, 3e-3, warmup, total, min_ratio, schedule)
+            assert lr_at(step, 3e-3, warmup, total, schedule, min_ratio) == pytest.approx(want, rel=1e-12), \
+                (total, warmup, step)
+        if schedule != "constant":
+            assert lr_at(total, 3e-3, warmup, total, schedule, min_ratio) == pytest.approx(3e-3 * min_ratio)
 
 
 def test_a_warmup_set_by_hand_is_kept():
