@@ -12,17 +12,7 @@ from ablate.hf.convert import to_hf_model
 from ablate.hf.families import FAMILIES, transformers_module
 from ablate.hf.tokenizer import eot_id, hf_tokenizer
 from ablate.run_model import load_run_model
-
-
-def _greedy_ours(model, prompt: list, n: int) -> list:
-    import torch
-
-    idx = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = model(idx[:, -model.spec.max_seq_len:]).logits[:, -1].argmax(-1, keepdim=True)
-            idx = torch.cat([idx, nxt], dim=1)
-    return idx[0, len(prompt):].tolist()
+from ablate.sample import SampleOptions, generate
 
 
 def generation_check(model, out_dir, prompt: list, eos: int, n: int = 8) -> list:
@@ -35,9 +25,8 @@ def generation_check(model, out_dir, prompt: list, eos: int, n: int = 8) -> list
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
     theirs = out[0, len(prompt):].tolist()
-    ours = _greedy_ours(model, prompt, n)
-    if eos in ours:
-        ours = ours[:ours.index(eos) + 1]
+    greedy = SampleOptions(max_new_tokens=n, temperature=0)  # every id may be drawn, as in HF
+    ours = generate(model, prompt, greedy, vocab=model.spec.vocab_size, eot=eos).tokens[0]
     if theirs != ours:
         raise CheckpointError(f"generation smoke test failed: the exported model generates {theirs}, "
                               f"the run's model {ours} (greedy, from {prompt})")
