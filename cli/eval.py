@@ -15,11 +15,14 @@ def check_finished(run_dir: Path) -> None:
     from ablate.errors import RunDirError
     from ablate.record import live_status
     from ablate.rundir import resume_command
-    from ablate.run_model import check_not_diverged
+    from ablate.run_model import check_not_diverged, run_config
     from ablate.vocab import Status
 
+    run_config(run_dir)  # a run directory at all
     check_not_diverged(run_dir)
     status = live_status(run_dir)
+    if status == Status.RUNNING:
+        raise RunDirError(f"{run_dir}: the run is being trained; evaluate it when it has finished")
     if status != Status.COMPLETED:
         raise RunDirError(f"{run_dir}: the run is {status or 'not started'}, not finished; "
                           f"finish it with `{resume_command(run_dir)}`, then evaluate it")
@@ -30,9 +33,7 @@ def locked(run_dir: Path):
     """The run's lock, held inside the block: no training and no other eval of it meanwhile."""
     from ablate.errors import RunDirError
     from ablate.rundir import RunLock
-    from ablate.run_model import run_config
 
-    run_config(run_dir)  # a run directory at all, before anything is written in it
     lock = RunLock(run_dir)
     try:
         lock.acquire()
@@ -55,8 +56,9 @@ def evaluate_finished(run_dir: Path, keys: list):
     from ablate.run_model import load_run_model
     from ablate.train.launch import prepare_data
 
+    check_finished(run_dir)  # before the lock: a refused run's directory is left as it was
     with locked(run_dir):
-        check_finished(run_dir)
+        check_finished(run_dir)  # again: a run may have been resumed meanwhile
         loaded = load_run_model(run_dir)
         if any(k.rope_scaling for k in keys) and not has_rope(loaded.model):
             raise ConfigError(f"{run_dir}: --rope-scaling needs a RoPE run, this one has "

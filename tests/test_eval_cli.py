@@ -163,14 +163,19 @@ def test_bad_input_is_one_line_and_writes_nothing(sweep, tmp_path, args, says):
 
 
 @pytest.mark.parametrize("damage,says", [("weights", "no checkpoint"), ("diverged", "the run diverged"),
-                                         ("training", "in use by another process")])
+                                         ("locked", "in use by another process"),
+                                         ("training", "the run is being trained")])
 def test_a_run_that_cannot_be_evaluated_is_refused(sweep, tmp_path, damage, says):
     run = copied(sweep, tmp_path, "rope")
     if damage == "weights":
         shutil.rmtree(run / "checkpoints")
     elif damage == "diverged":
         diverge(run)
-    else:  # a live process holds the run's lock: this test's
+    elif damage == "locked":  # a live process holds the run's lock: this test's
         (run / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    else:  # its record says running, in a live process
+        summary = json.loads((run / "summary.json").read_text())
+        summary.update(status="running", pid=os.getpid(), host=socket.gethostname())
+        (run / "summary.json").write_text(json.dumps(summary))
     before = files(run)
     assert says in refused(run_ablate("eval", str(run), "--lengths", "64"), run, before)
