@@ -16,8 +16,8 @@ from ablate.analysis import compare_dirs
 from ablate.analysis.columns import comparison_table
 from ablate.analysis.render import print_table
 from ablate.inspect import inspect_config
-from tests.compare_fixtures import by_name, cli, make_fixture, write_run
-from tests.conftest import compose
+from compare_fixtures import by_name, cli, make_fixture, write_run
+from conftest import compose
 
 DIMS = ["model.d_model=64", "model.n_heads=8", "model.n_layers=3"]  # head_dim 8
 KV_HEADS = {"mha": 8, "gqa": 2, "mqa": 1}

@@ -95,18 +95,20 @@ class Transformer(nn.Module):
             loss = loss + self.spec.mtp_weight * torch.stack(mtp_losses).mean()
         return LMOutput(logits, loss, lm_loss)
 
-    def decode(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def decode(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
         """Next-token logits (B, T, V) of idx (B, T), the tokens at positions cache.length ..
         cache.length + T - 1, attending to the cached ones; their keys and values join the cache.
         Prefill with the prompt, then one token per step (ablate/model/kv_cache.py). Equals
-        forward(whole sequence).logits at those positions; MTP heads are not used."""
+        forward(whole sequence).logits at those positions; MTP heads are not used. last: only
+        the last position's logits (B, 1, V), all a generator needs from a prefill (the d x V
+        matmul of every other prompt position is skipped)."""
         end, limit = cache.length + idx.shape[1], self.pos.max_positions
         if limit is not None and end > limit:
             raise ValueError(f"position {end - 1} is past the model's {limit} positions "
                              f"(pos={self.spec.pos}: model.max_seq_len)")
         with cache.attached([block.attn for block in self.blocks]):
             h = self.hidden_states(idx, offset=cache.length)  # (B, T, d)
-        return self.unembed(h)  # (B, T, V)
+        return self.unembed(h[:, -1:] if last else h)  # (B, T or 1, V)
 
     def fused_loss(self, h: torch.Tensor, targets: torch.Tensor) -> LMOutput:
         """forward's objective through linear_cross_entropy: the same values and gradients, no
