@@ -160,11 +160,7 @@ def _fits(console: Any, renderable: Any) -> bool:
 
 
 def _emit(console: Any, renderable: Any) -> None:
-    """Piped: as rich renders it. On a terminal: line by line, without the spaces that pad a
-    line's end."""
-    if not console.is_terminal:
-        console.print(renderable)
-        return
+    """Line by line, without the spaces that pad a line's end (on a terminal and in a file)."""
     from rich.text import Text
 
     for line in console.render_lines(renderable, pad=False, new_lines=False):
