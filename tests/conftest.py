@@ -109,6 +109,27 @@ def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dic
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A directory that `build(directory)` fills once per test session, whichever xdist worker
+    asks first; the others wait for it and reuse it. (A module-scoped fixture is built once per
+    worker, so a costly one, such as a trained sweep, would otherwise be trained on each.)"""
+    import shutil
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by this session's workers
+    directory = base / f"once-{name}"
+    with FileLock(str(directory) + ".lock"):
+        if not (directory / ".built").is_file():  # a failed build is retried, and fails again
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            build(directory)
+            (directory / ".built").touch()
+    return directory
+
+
 def trained_run(run_dir: Path, *overrides: str) -> Path:
     """`ablate run` with `overrides` into `run_dir`, finished (asserted)."""
     res = run_ablate("run", *overrides, f"hydra.run.dir={run_dir}")

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from conftest import TINY, read_jsonl, run_ablate, scripted_trainer
+from conftest import TINY, built_once, read_jsonl, scripted_trainer, trained_run
 
 # Compiled with dynamo's eager backend: a first step of ~1 s of tracing, then ~10 ms steps.
 COMPILED = ["train.compile=true", "train.compile_backend=eager", "train.threads=1"]
@@ -17,9 +17,11 @@ COMPILED = ["train.compile=true", "train.compile_backend=eager", "train.threads=
 
 @pytest.fixture(scope="module")
 def compiled_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("compiled") / "run"
-    res = run_ablate("run", *TINY, *COMPILED, "train.steps=12", f"hydra.run.dir={run_dir}")
-    assert res.returncode == 0, res.stderr
+    """One compiled run for the session's workers (its tests only read it)."""
+    def build(d):
+        trained_run(d / "run", *TINY, *COMPILED, "train.steps=12")
+
+    run_dir = built_once(tmp_path_factory, "compiled", build) / "run"
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "tokens_per_s" in r]
     return json.loads((run_dir / "summary.json").read_text()), rows
 

@@ -7,26 +7,31 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
-from conftest import TINY, no_login_env, run_ablate
+from conftest import TINY, built_once, no_login_env, run_ablate
 
 GRID_ARGS = [o for o in TINY if not o.startswith(("train.steps", "train.eval_every"))] + [
     "train.steps=12", "train.eval_every=12", "train.diagnostics_every=6"]  # eval at 0: loss_init
 
 
-@pytest.fixture(scope="module")
-def grid_sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("grid")
+def _grid(out: Path) -> None:
     res = run_ablate("sweep", "qk_norm=off,on", "--lr-grid", "1e-3:1e-1:3", "--seeds", "2",
                      *GRID_ARGS, f"hydra.sweep.dir={out}/sweep")
     assert res.returncode == 0, res.stdout + res.stderr
-    return out / "sweep", res
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(tmp_path_factory) -> Path:
+    """One real --lr-grid sweep for the whole session (read, never changed, by its tests)."""
+    return built_once(tmp_path_factory, "grid", _grid) / "sweep"
 
 
 def test_the_grid_then_the_seeds_at_each_variants_best_lr(grid_sweep):
-    sweep_dir, res = grid_sweep
+    sweep_dir = grid_sweep
     record = json.loads((sweep_dir / "sweep.json").read_text())
     names = [j["name"] for j in record["jobs"]]
     assert names[:6] == ["baseline_lr0.001_seed0", "baseline_lr0.01_seed0", "baseline_lr0.1_seed0",
@@ -50,7 +55,7 @@ def test_the_grid_then_the_seeds_at_each_variants_best_lr(grid_sweep):
 
 
 def test_every_format_carries_the_tuned_columns(grid_sweep, tmp_path):
-    sweep_dir, _ = grid_sweep
+    sweep_dir = grid_sweep
     for fmt, needle in (("table", "LR sensitivity"), ("markdown", "| best LR |"),
                         ("latex", r"\toprule"), ("csv", "best_lr,")):
         res = run_ablate("compare", str(sweep_dir), "--format", fmt)
@@ -60,11 +65,16 @@ def test_every_format_carries_the_tuned_columns(grid_sweep, tmp_path):
 
 
 def test_a_compare_mixing_two_grids_is_refused(grid_sweep, tmp_path):
-    sweep_dir, _ = grid_sweep
+    """The sweep beside a copy of itself whose record (transfer.json) names another grid, as a
+    sweep of `--lr-grid 1e-3:1e-2:3` would write it."""
+    sweep_dir = grid_sweep
     other = tmp_path / "other"
-    res = run_ablate("sweep", "qk_norm=off,on", "--lr-grid", "1e-3:1e-2:3", *GRID_ARGS,
-                     f"hydra.sweep.dir={other}")
-    assert res.returncode == 0, res.stderr
+    shutil.copytree(sweep_dir, other)
+    record = json.loads((other / "transfer.json").read_text())
+    assert record["grid"] == pytest.approx([1e-3, 1e-2, 1e-1])
+    record["grid"] = [1e-3, 10 ** -2.5, 1e-2]
+    (other / "transfer.json").write_text(json.dumps(record))
+    assert run_ablate("compare", str(other), "--json").returncode == 0  # alone, the copy compares
     res = run_ablate("compare", str(sweep_dir), str(other))
     assert res.returncode == 2 and "mix sweeps of different LR grids" in res.stderr
     assert res.stderr.count("\n") == 1
@@ -93,9 +103,12 @@ LADDER_ARGS = [o for o in TINY if not o.startswith(("train.steps", "train.warmup
     "train.eval_every=50"]
 
 
-def _ladder(tmp_path, rungs):
+def _ladder(tmp_path, rungs, tokens_per_param=1.0):
+    """A ladder file. Half a token per parameter trains each rung half as long: enough where a
+    test reads ranks or the table, not the fitted projection (which needs the longer runs)."""
     path = tmp_path / "tiny_ladder.yaml"
-    path.write_text("tokens_per_param: 1\nbase_lr: 0.01\nbase_width: 16\nrungs:\n" + "".join(
+    head = f"tokens_per_param: {tokens_per_param:g}\nbase_lr: 0.01\nbase_width: 16\nrungs:\n"
+    path.write_text(head + "".join(
         f"  - {{name: {n}, d_model: {d}, n_layers: {l}, n_heads: {h}}}\n" for n, d, l, h in rungs))
     return path
 
@@ -132,8 +145,8 @@ def test_a_ladder_sweep_reports_the_compute_multiplier(ladder_sweep):
 
 
 def test_fewer_than_three_rungs_show_the_table_and_refuse_to_project_and_a_resume_changes_nothing(tmp_path):
-    path = _ladder(tmp_path, [("a", 16, 1, 1), ("b", 24, 2, 2)])
-    res = run_ablate("sweep", "ladder.tokens_per_param=1,2", "--ladder", str(path), *LADDER_ARGS,
+    path = _ladder(tmp_path, [("a", 16, 1, 1), ("b", 24, 2, 2)], tokens_per_param=0.5)
+    res = run_ablate("sweep", "ladder.tokens_per_param=0.5,1", "--ladder", str(path), *LADDER_ARGS,
                      "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
     assert res.returncode == 0, res.stderr
     assert "fewer than 3 rungs" in res.stdout and re.search(r"┃\s+b\s+┃", res.stdout)  # rung b's column
@@ -143,12 +156,12 @@ def test_fewer_than_three_rungs_show_the_table_and_refuse_to_project_and_a_resum
     # a ladder sweep resumed (its variant's own tokens per parameter included): nothing runs again
     again = run_ablate("resume", str(tmp_path / "sweep"))
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count("done earlier") == 4 and "ladder.tokens_per_param=2_b" in again.stdout
+    assert again.stdout.count("done earlier") == 4 and "ladder.tokens_per_param=1_b" in again.stdout
     assert run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout == before
 
 
 def test_one_lr_of_a_grid_is_an_ordinary_comparison_and_other_flags_are_refused(grid_sweep):
-    sweep_dir, _ = grid_sweep
+    sweep_dir = grid_sweep
     one = run_ablate("compare", str(sweep_dir), "--where", "train.lr=0.1", "--json")
     rows = json.loads(one.stdout)
     assert [r["variant"] for r in rows] == ["baseline", "qk_norm=on"]
@@ -159,7 +172,7 @@ def test_one_lr_of_a_grid_is_an_ordinary_comparison_and_other_flags_are_refused(
 
 
 def test_three_variants_on_a_ladder_report_ranks_and_their_agreement(tmp_path):
-    path = _ladder(tmp_path, [("a", 16, 1, 1), ("b", 24, 2, 2), ("c", 32, 2, 2)])
+    path = _ladder(tmp_path, [("a", 16, 1, 1), ("b", 24, 2, 2), ("c", 32, 2, 2)], tokens_per_param=0.5)
     res = run_ablate("sweep", "act=gelu,swiglu,relu", "--ladder", str(path), *LADDER_ARGS,
                      "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
     assert res.returncode == 0, res.stderr
