@@ -11,12 +11,13 @@
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh noise "$OUT"   # noise floor (14)
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh transfer "$OUT" # LR grid, gpu ladder plan (23)
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh twice "$OUT"    # the twice-the-tokens check (23)
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh decode "$OUT"   # MHA vs GQA vs MQA decode cost (32)
 #
 # Each part writes its log (and JSON where there is one) to the folder given, so that what came
 # back survives a part cut off at its limit. Every figure goes into README with the device and
 # the date, next to the command that produced it (the commands are echoed into the log).
 set -uo pipefail
-part=${1:?tier, bench, noise, pack, transfer or twice}
+part=${1:?tier, bench, noise, pack, transfer, twice or decode}
 out=${2:-gpu-out}
 mkdir -p "$out"
 : "${ABLATE:=python3 -m cli.main}"
@@ -86,5 +87,14 @@ twice)
   run "$ABLATE sweep ladder.tokens_per_param=80,160 --ladder cpu --seeds 2 train.device=cuda logger=none train.progress=false hydra.sweep.dir=$out/ladder_2x"
   run "$ABLATE compare $out/ladder_2x --json > $out/ladder_2x.json; $ABLATE compare $out/ladder_2x"
   ;;
-*) echo "unknown part '$part': tier, bench, noise, pack, transfer or twice"; exit 2 ;;
+decode)
+  # issue 32: what GQA and MQA buy when generating, each option against MHA in alternating rounds.
+  # First the CPU run of docs/performance.md ("Decode cost: MHA, GQA and MQA") on the GPU (bf16
+  # there: train.precision=auto; wall clock), then GPT-2-small dimensions, a prompt of 896 tokens
+  # and 128 new ones (1,024 positions: the learned table's). Not run yet: written without a GPU.
+  run "$ABLATE bench --decode --axes --only attn model.d_model=256 model.n_layers=4 model.n_heads=8 model.max_seq_len=2048 --batch 8,32 --context 1024 --new-tokens 64 --rounds 3 --warmup 1 train.device=cuda --json > $out/decode_cpu_run.json; tail -c 3000 $out/decode_cpu_run.json"
+  run "$ABLATE bench --decode --axes --only attn $SMALL --batch 1,8,32,64 --new-tokens 128 --rounds 4 --warmup 1 --json > $out/decode_attn.json; tail -c 3000 $out/decode_attn.json"
+  run "$ABLATE bench --decode $SMALL --batch 1,8,32,64 --new-tokens 128 --rounds 4 --warmup 1"
+  ;;
+*) echo "unknown part '$part': tier, bench, noise, pack, transfer, twice or decode"; exit 2 ;;
 esac
