@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import TINY, find_run_dirs, read_jsonl, run_ablate
+from conftest import TINY, built_once, find_run_dirs, read_jsonl, run_ablate, trained_run
 
 # batch_size is per rank: 2 ranks x 2 sequences = 1 rank x 4 sequences per step
 BASE = [o for o in TINY if not o.startswith("train.batch_size")] + [
@@ -23,10 +23,11 @@ def curve(run_dir):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("one") / "run"
-    res = run_ablate("run", *BASE, "train.batch_size=4", f"hydra.run.dir={run_dir}")
-    assert res.returncode == 0, res.stderr
-    return run_dir
+    """The one-process reference run, once for the session's workers (its tests only read it)."""
+    def build(d):
+        trained_run(d / "run", *BASE, "train.batch_size=4")
+
+    return built_once(tmp_path_factory, "one-process", build) / "run"
 
 
 def assert_same_training(run_dir, reference):

@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from ablate.hf import export, load_run_model  # noqa: E402
-from tests.conftest import TINY, run_ablate  # noqa: E402
+from conftest import TINY, run_ablate  # noqa: E402
 
 
 def test_trained_run_exports_to_hf_folder(tmp_path):
@@ -38,7 +38,7 @@ def test_a_run_with_act_clamp_is_refused_not_exported_wrong(tmp_path):
     bad = run_ablate("export", str(run_dir), str(tmp_path / "hf"))
     assert bad.returncode == 2, bad.stderr
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
-    # issue 22: the key that blocks the export, not every family's requirements
+    # the key that blocks the export, not every family's requirements
     assert bad.stderr.startswith("error: no Hugging Face family matches this architecture: "
                                  "no family has act_clamp=0.01"), bad.stderr
     assert "gemma2" not in bad.stderr and "supported" not in bad.stderr
