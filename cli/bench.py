@@ -251,7 +251,7 @@ def _decode(overrides, decode, batch, context, new_tokens, warmup, rounds, refer
         raise ConfigError("--batch, --context and --new-tokens go with --decode")
     batches = _jobs_list(batch) if batch is not None else None
     d.check_decode(batches, context, new_tokens, reference, jobs_per_device)
-    b.check_options(1, warmup, rounds, False, axes, vs, only, clock, None, 1)
+    b.check_options(1, warmup, rounds, False, axes, vs, only, clock, None, 1)  # no --steps, --sweep-jobs here
     cfg = compose_config(overrides)
     check_device(str(cfg.train.device))
     new_tokens = d.DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
