@@ -121,8 +121,9 @@ def sample_run(run_dir, opts: SampleOptions) -> Samples:
 
     opts.check()
     loaded = load_run_model(Path(run_dir), opts.step)
-    if loaded.cfg.train.threads > 0:
-        torch.set_num_threads(loaded.cfg.train.threads)
+    threads = loaded.cfg.train.get("threads") or 0  # as the run trained (0: torch's default)
+    if threads > 0:
+        torch.set_num_threads(threads)
     tok, notices = build_tokenizer(loaded.tokenizer), []
     ids = prompt_ids(tok, DEFAULT_PROMPT if opts.prompt is None else opts.prompt, loaded.cfg.train.seq_len,
                      notices)
