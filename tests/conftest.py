@@ -28,6 +28,20 @@ TINY = [
 ]
 
 
+def loss_curve(trainer, grad_norm: bool = False) -> list[float]:
+    """A scripted_trainer's logged train_loss per step (each followed by its grad_norm if asked)."""
+    keys = ("train_loss", "grad_norm") if grad_norm else ("train_loss",)
+    return [r[k] for r in trainer.sinks.rows if "train_loss" in r for k in keys]
+
+
+def completed_trainer(run_dir: Path, *overrides: str):
+    """A scripted_trainer with `overrides`, trained to its end (asserted)."""
+    trainer = scripted_trainer(run_dir, *overrides)
+    outcome = trainer.fit()
+    assert outcome.status == "completed", outcome.reason
+    return trainer
+
+
 def cuda_available() -> bool:
     import torch
 
@@ -135,6 +149,18 @@ def trained_run(run_dir: Path, *overrides: str) -> Path:
     res = run_ablate("run", *overrides, f"hydra.run.dir={run_dir}")
     assert res.returncode == 0, res.stderr
     return run_dir
+
+
+def copy_of_trained_run(tmp_path_factory, tmp_path: Path, *overrides: str) -> Path:
+    """tmp_path/run: a copy of a finished `ablate run` with `overrides`, trained once per session
+    (built_once) and copied for each test, which may change it. A copied run directory re-enters
+    as the original would: nothing in it that the re-entry rule reads names its path."""
+    import hashlib
+    import shutil
+
+    key = hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:12]
+    source = built_once(tmp_path_factory, f"run-{key}", lambda d: trained_run(d / "run", *overrides)) / "run"
+    return Path(shutil.copytree(source, tmp_path / "run"))
 
 
 def start_ablate(*args: str, cwd: Path | None = None) -> subprocess.Popen:

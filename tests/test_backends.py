@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY, run_ablate, scripted_trainer
+from conftest import TINY, completed_trainer, loss_curve, run_ablate, scripted_trainer
 
 
 @pytest.mark.parametrize("args, message", [
@@ -34,10 +34,7 @@ def test_a_cuda_only_kernel_on_cpu_fails_in_one_line(tmp_path):
 
 
 def _curve(tmp_path, *overrides):
-    trainer = scripted_trainer(tmp_path, "train.steps=8", "train.log_every=1", *overrides)
-    out = trainer.fit()
-    assert out.status == "completed", out.reason
-    return [r["train_loss"] for r in trainer.sinks.rows if "train_loss" in r]
+    return loss_curve(completed_trainer(tmp_path, "train.steps=8", "train.log_every=1", *overrides))
 
 
 def test_each_cpu_kernel_trains_the_same_model(tmp_path):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import TINY, find_run_dirs, run_ablate, trained_run
+from conftest import TINY, copy_of_trained_run, find_run_dirs, run_ablate
 
 from ablate.train import checkpoint
 
@@ -30,8 +30,8 @@ def unfinish(run) -> None:
 
 
 @pytest.fixture
-def finished(tmp_path):
-    return trained_run(tmp_path / "run", *BASE)
+def finished(tmp_path_factory, tmp_path):
+    return copy_of_trained_run(tmp_path_factory, tmp_path, *BASE)
 
 
 def test_a_changed_config_is_refused_inside_the_job_and_the_run_keeps_its_record(finished):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate, trained_run
+from conftest import TINY, compose, copy_of_trained_run, find_run_dirs, read_jsonl, run_ablate
 
 BASE = [o for o in TINY if not o.startswith("train.steps")] + ["train.threads=1", "train.steps=10"]
 
@@ -25,8 +25,8 @@ def snapshot(run_dir) -> dict:
 
 
 @pytest.fixture
-def finished(tmp_path):
-    return trained_run(tmp_path / "run", *BASE)
+def finished(tmp_path_factory, tmp_path):
+    return copy_of_trained_run(tmp_path_factory, tmp_path, *BASE)
 
 
 def test_the_same_experiment_returns_the_recorded_result_and_writes_nothing(finished):

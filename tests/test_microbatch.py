@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import compose, scripted_trainer
+from conftest import completed_trainer, compose, loss_curve, scripted_trainer
 
 
 def test_largest_fitting_takes_the_largest_divisor_that_fits():
@@ -23,10 +23,8 @@ def test_largest_fitting_takes_the_largest_divisor_that_fits():
 
 
 def _curve(tmp_path, *overrides):
-    trainer = scripted_trainer(tmp_path, "train.steps=8", *overrides)
-    out = trainer.fit()
-    assert out.status == "completed", out.reason
-    return trainer, [v for r in trainer.sinks.rows if "train_loss" in r for v in (r["train_loss"], r["grad_norm"])]
+    trainer = completed_trainer(tmp_path, "train.steps=8", *overrides)
+    return trainer, loss_curve(trainer, grad_norm=True)
 
 
 @pytest.mark.parametrize("setting, passes, size", [("train.micro_batch=2", 4, 2),

@@ -9,13 +9,9 @@ import signal
 import pytest
 import torch
 
-from conftest import TINY, run_ablate, scripted_trainer
+from conftest import TINY, loss_curve, run_ablate, scripted_trainer
 
 STEPS = ["train.steps=12", "train.warmup_steps=6"]  # the lr changes every step
-
-
-def curve(trainer) -> list[float]:
-    return [v for r in trainer.sinks.rows if "train_loss" in r for v in (r["train_loss"], r["grad_norm"])]
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -44,7 +40,8 @@ def test_the_compiled_update_trains_the_fused_kernels_curve_and_compiles_once(tm
     assert graphs[0] > 0 and graphs[-1] == graphs[0], graphs
     assert "fell back to eager" not in capsys.readouterr().err
     assert [r["lr"] for r in trainer.sinks.rows if "lr" in r] == [r["lr"] for r in plain.sinks.rows if "lr" in r]
-    assert curve(trainer) == pytest.approx(curve(plain), rel=1e-5, abs=1e-6)
+    assert loss_curve(trainer, grad_norm=True) == pytest.approx(loss_curve(plain, grad_norm=True),
+                                                                rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("first, then", [("false", "true"), ("true", "false")])
@@ -72,7 +69,8 @@ def test_a_run_resumes_from_the_other_implementations_checkpoint(tmp_path, clean
     assert isinstance(group["lr"], torch.Tensor) == (then == "true")
     step = next(iter(again.optimizer.state.values()))["step"]
     assert float(step) == 12.0
-    assert curve(again) == pytest.approx(curve(whole)[12:], rel=1e-5, abs=1e-6)
+    assert loss_curve(again, grad_norm=True) == pytest.approx(loss_curve(whole, grad_norm=True)[12:],
+                                                              rel=1e-5, abs=1e-6)
 
 
 def test_compile_optimizer_is_a_bool_and_a_speed_setting_not_a_variant():

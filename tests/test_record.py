@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, TINY, run_ablate
+from conftest import ROOT, TINY, built_once, run_ablate
 
 from ablate.record import RecordError, RunInfo, RunRecord, live_status, read_record
 from ablate.rundir import SUMMARY, write_json
@@ -36,13 +36,16 @@ NESTED_KEYS = {
 }
 
 
+def _real_run(out):
+    args = [o for o in TINY if o != "logger=none"] + ["logger=wandb", "train.eval_every=3"]
+    res = run_ablate("run", *args, f"hydra.run.dir={out / 'run'}", env={"WANDB_MODE": "offline"})
+    assert res.returncode == 0, res.stderr
+
+
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("record") / "run"
-    args = [o for o in TINY if o != "logger=none"] + ["logger=wandb", "train.eval_every=3"]
-    res = run_ablate("run", *args, f"hydra.run.dir={run_dir}", env={"WANDB_MODE": "offline"})
-    assert res.returncode == 0, res.stderr
-    return run_dir
+    """A run logged to W&B offline, once for the session's workers (its tests only read it)."""
+    return built_once(tmp_path_factory, "record", _real_run) / "run"
 
 
 def test_a_real_summary_reads_and_writes_back_the_same_json(real_run):
