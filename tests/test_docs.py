@@ -279,8 +279,10 @@ def failed(check: Check) -> str:
 
 @pytest.fixture(scope="session")
 def doc_runs(tmp_path_factory) -> dict[str, Path]:
-    """A 4-job sweep (norm=layernorm,rmsnorm x 2 seeds, 300 tiny steps), a single run and a
-    shorter run, all finished: what compare, resume and export are pointed at."""
+    """A 4-job sweep (norm=layernorm,rmsnorm x 2 seeds, 300 steps: docs/compare.md selects
+    `--where train.steps=300`; a one-layer model on 2 x 16 tokens a step, as only its records are
+    read), a single run and a shorter run, all finished: what compare, resume and export are
+    pointed at."""
     from conftest import run_ablate
 
     root = tmp_path_factory.mktemp("doc-runs")
@@ -288,8 +290,8 @@ def doc_runs(tmp_path_factory) -> dict[str, Path]:
     from concurrent.futures import ThreadPoolExecutor
 
     commands = [
-        ("sweep", "norm=layernorm,rmsnorm", "--seeds", "2", *TINY, "train.steps=300",
-         f"hydra.sweep.dir={dirs['sweep']}"),
+        ("sweep", "norm=layernorm,rmsnorm", "--seeds", "2", *TINY, "train.steps=300", "model.n_layers=1",
+         "train.batch_size=2", "train.seq_len=16", f"hydra.sweep.dir={dirs['sweep']}"),
         ("run", *TINY, "train.steps=6", f"hydra.run.dir={dirs['run']}"),
         ("run", *TINY, "train.steps=4", f"hydra.run.dir={dirs['short']}"),
     ]
