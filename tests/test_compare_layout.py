@@ -21,8 +21,8 @@ from ablate.analysis.columns import comparison_table
 from ablate.analysis.render import print_table, to_csv, to_markdown
 from ablate.analysis.report import CompareOptions, ReportKind, build_report
 from ablate.analysis.table import Table
-from tests.compare_fixtures import cli, make_fixture, write_grid_sweep, write_ladder_sweep
-from tests.conftest import run_ablate, run_on_terminal
+from compare_fixtures import cli, make_fixture, write_grid_sweep, write_ladder_sweep
+from conftest import run_ablate, run_on_terminal
 
 WIDTHS = (80, 100, 120)
 

@@ -14,7 +14,7 @@ from ablate.model.blocks import Block
 from ablate.model.kv_cache import KVCache
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import Transformer
-from tests.conftest import compose
+from conftest import compose
 
 SIZE = ["model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=32", "train.seq_len=16"]
 # Model keys that are no axis but change attention or the output head.

@@ -12,7 +12,7 @@ from ablate.record import read_record
 from ablate.run_model import load_run_model
 from ablate.train import checkpoint
 from ablate.vocab import Status
-from tests.conftest import TINY, run_ablate
+from conftest import TINY, run_ablate
 
 
 @pytest.fixture(scope="module")

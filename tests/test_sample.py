@@ -19,7 +19,7 @@ from ablate.run_model import load_run_model
 from ablate.sample import SampleOptions, pick, sample_run
 from ablate.train import checkpoint
 from ablate.vocab import Status
-from tests.conftest import TINY, compose, run_ablate
+from conftest import TINY, compose, run_ablate
 
 
 @pytest.fixture(scope="module")
