@@ -208,6 +208,21 @@ def test_rope_scaling_is_a_protocol_of_its_own(tmp_path):
     assert "loss_128" in header and "loss_128_pi:2.0" in header
 
 
+def test_a_run_without_rope_is_na_under_rope_scaling_and_no_refused_command_is_suggested(tmp_path):
+    for s in range(2):
+        d = write_run(tmp_path, f"learned_s{s}", {}, s, 3.0)
+        write_lengths(d, {128: 3.4 + s / 10})
+        d = write_run(tmp_path, f"rope_s{s}", {"pos": "rope"}, s, 3.0)
+        write_lengths(d, {128: 3.5 + s / 10})
+        write_lengths(d, {128: 3.2 + s / 10}, rope_scaling="pi:2.0")
+    rep = report(tmp_path)
+    scaled = rep.lengths.tables[1]
+    assert not any("RoPE" in n for n in rep.lengths.tables[0].notes)  # the plain windows: evaluated
+    notes = " ".join(scaled.notes)
+    assert "pos=learned: RoPE scaling applies to pos=rope runs only" in notes
+    assert "--rope-scaling" not in notes and "not evaluated" not in notes
+
+
 # ---- the formats ----------------------------------------------------------------------------------
 def test_json_gives_each_row_its_length_eval_entries(lengths):
     rows = json.loads(cli("compare", str(lengths), "--json").stdout)

@@ -127,7 +127,9 @@ def _at(g: Group, key: EvalKey, records: dict) -> tuple[Group, set, list]:
             continue
         record = records.get(run.dir)
         result = record.get(key) if record else None
-        if result is None:
+        if result is None and key.rope_scaling and run.config.get("pos.name") not in (None, "rope"):
+            reasons.add(f"pos={run.config['pos.name']}: RoPE scaling applies to pos=rope runs only")
+        elif result is None:
             missing.append(run)
         elif result.status == EvalStatus.NOT_AVAILABLE:
             reasons.add(result.reason or "not available")
