@@ -172,8 +172,8 @@ def compare_runs(runs: list[Run], metric: str = VAL_LOSS, baseline: Optional[str
     groups, base, reason, rungs = _arrange(runs, baseline, notes)
     _collect(groups, metric, notes)
     rows = [_row(g, base, metric, alpha, notes, id(g) in rungs) for g in groups]
-    _correct([r.vs for r in rows], metric, alpha)
-    _correct([r.vs_prev for r in rows if r.rung], metric, alpha)
+    holm_correct([r.vs for r in rows], metric, alpha)
+    holm_correct([r.vs_prev for r in rows if r.rung], metric, alpha)
     _summary_notes(rows, notes)
     for row in rows:
         row.mixed = sorted(mixed)
@@ -221,7 +221,7 @@ def _collect(groups: list[Group], metric: str, notes: list[str]) -> None:
         notes.append(f"{missing} completed run(s) have no final {metric}; shown as 'no {metric}'")
 
 
-def _versus(ref: Optional[Group], g: Group, alpha: float) -> Versus:
+def paired_or_welch(ref: Optional[Group], g: Group, alpha: float) -> Versus:
     mean = mean_std(list(g.values.values()))[0]
     ref_mean = mean_std(list(ref.values.values()))[0] if ref is not None and ref is not g else None
     if mean is None or ref_mean is None:
@@ -255,14 +255,14 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
     order = sorted(g.values, key=str)
     return Row(variant=g.label, baseline=g is base, metric=metric, n=len(g.values), runs=len(g.runs),
                coverage=coverage, seeds=[s[0] for s in order], mean=mean, std=std,
-               values=[g.values[s] for s in order], vs=_versus(base, g, alpha), status=counts,
+               values=[g.values[s] for s in order], vs=paired_or_welch(base, g, alpha), status=counts,
                params=params, params_delta=p_delta, params_delta_pct=p_pct,
                size_differs=p_pct is not None and abs(p_pct) > SIZE_NOTE_PCT,
                flops_per_token=g.first(lambda r: r.record.info.flops_per_token),
                kv_cache_bytes_per_token=g.first(kv_cache_bytes_per_token), tokens_per_s=tps,
                tokens_per_s_unsteady=unsteady, axes=g.runs[0].record.axes, dirs=[str(r.dir) for r in g.runs], rung=rung,
                prev=g.prev.label if rung and g.prev else None,
-               vs_prev=_versus(g.prev, g, alpha) if rung else Versus())
+               vs_prev=paired_or_welch(g.prev, g, alpha) if rung else Versus())
 
 
 def _params(r: Run) -> Optional[int]:
@@ -311,7 +311,7 @@ def _speed(g: Group) -> tuple[Optional[float], bool]:
     return statistics.median(tps), max(tps) > SPEED_SPREAD * min(tps)
 
 
-def _correct(family: list[Versus], metric: str, alpha: float) -> None:
+def holm_correct(family: list[Versus], metric: str, alpha: float) -> None:
     """Holm over one family of tests (every variant vs the baseline; or every rung vs the rung
     before it); the corrected p decides the verdict, and seeds_needed is the count that passes it."""
     tested = sum(v.test.p_value is not None for v in family)

@@ -3,8 +3,8 @@
 protocol (windows, stride S, RoPE scaling) under the main comparison, one row per variant and
 per length its mean loss over seeds, its Δ vs the baseline with the CI and the Holm-corrected p.
 
-The statistics are the main table's (compare._versus: a paired t-test over the seeds both have,
-else Welch; compare._correct: Holm over the variants, here at each length). A variant's seeds
+The statistics are the main table's (compare.paired_or_welch: a paired t-test over the seeds both have,
+else Welch; compare.holm_correct: Holm over the variants, here at each length). A variant's seeds
 at a length are its completed runs with a result there: a run that was not evaluated at a length
 another run has is named in a note (its variant's mean there is over the others), never silently
 left out. A length where the baseline has no loss (a learned table past its rows: n/a) shows
@@ -143,9 +143,9 @@ def _at(g: Group, key: EvalKey, records: dict) -> tuple[Group, set, list]:
 def _cells(groups: list[Group], base: Optional[Group], key: EvalKey, records: dict, alpha: float) -> list[LengthCell]:
     """Every variant's cell at `key`: Δ vs the baseline with the main table's test, Holm over the
     variants at this length."""
-    from ablate.analysis.compare import Versus, _correct, _versus
+    from ablate.analysis.compare import Versus, holm_correct, paired_or_welch
     from ablate.analysis.stats import mean_std
-    from ablate.analysis.transfer import _mean_ci
+    from ablate.analysis.transfer import mean_ci
 
     at = {id(g): _at(g, key, records) for g in groups}
     ref = at[id(base)][0] if base is not None else None
@@ -154,16 +154,16 @@ def _cells(groups: list[Group], base: Optional[Group], key: EvalKey, records: di
         mine, reasons, missing = at[id(g)]
         vals = list(mine.values.values())
         mean, std = mean_std(vals)
-        low, high = _mean_ci(vals, alpha)
+        low, high = mean_ci(vals, alpha)
         status = EvalStatus.OK.value if vals else EvalStatus.NOT_AVAILABLE.value if reasons else NOT_EVALUATED
         trains = [records[r.dir].train_seq_len for r in g.runs if r.dir in records]
-        vs = _versus(ref, mine, alpha) if ref is not None and g is not base and ref.values else Versus()
+        vs = paired_or_welch(ref, mine, alpha) if ref is not None and g is not base and ref.values else Versus()
         cells.append(LengthCell(key, g is base, bool(trains) and key.length > min(trains), status,
                                 "; ".join(sorted(reasons)) or None, len(vals),
                                 sum(r.status == Status.COMPLETED for r in g.runs), sorted((s[0] for s in mine.values), key=str),
                                 [r.seed[0] for r in missing], mean, std, None if low is None else [low, high], vs,
                                 [str(r.dir) for r in missing]))
-    _correct([c.vs for c in cells], VAL_LOSS, alpha)
+    holm_correct([c.vs for c in cells], VAL_LOSS, alpha)
     return cells
 
 

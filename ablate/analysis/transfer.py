@@ -382,7 +382,7 @@ def _at(runs: Runs, lr: Optional[float]) -> dict:
     return {s: v for s, v in runs[hit[0]].items() if _finite(v)} if hit else {}
 
 
-def _mean_ci(values: list, alpha: float) -> tuple:
+def mean_ci(values: list, alpha: float) -> tuple:
     from scipy import stats
 
     mean, sd = mean_std(values)
@@ -434,7 +434,7 @@ def tuned_comparison(runs: Mapping[str, Runs], baseline: str,
         word = verdict(t.t, adjusted[n], VAL_LOSS, alpha) if t else None
         vals = list(at[n].values())
         out[n] = Tuned(n, best[n].lr, best[n].on_edge, len(vals), mean_std(vals)[0],
-                       _mean_ci(vals, alpha), t, adjusted[n], word, shared_lr, shared,
+                       mean_ci(vals, alpha), t, adjusted[n], word, shared_lr, shared,
                        lr_sensitivity(grid_curve(runs[n]), init) if init is not None else None,
                        _differs(t, word, shared))
     return out
