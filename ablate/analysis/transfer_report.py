@@ -11,7 +11,9 @@ L(C) = L_inf + A * C^-alpha with one shared L_inf; compute_multiplier and
 compute_multiplier_ci at a projected compute, each interval its delta's (transfer.multiplier_ci);
 wins_every_rung and on how many rungs beyond noise (wins_beyond_noise); rank_agreement between
 the smallest and the largest rung. Compute is FLOPs/token (as `inspect` counts) x tokens trained.
-A ladder with an LR grid: each variant on each rung at its own best LR there (best_lr per rung).
+A ladder with an LR grid: each variant on each rung at its own best LR there (best_lr per rung)
+and how many grid steps that LR moves from the smallest rung to the largest (lr_steps_moved);
+on an lr_rule mup ladder, one scan at the smallest rung and its pick on every rung.
 The statistics are ablate/analysis/transfer.py's.
 """
 
@@ -311,10 +313,16 @@ class LadderRow(JsonRow):
     fit: Any  # transfer.PowerLaw (l_inf, a, alpha) of the variant's curve; None without a fit
     ranks: list = field(default_factory=list)  # by mean loss at each rung, 1: lowest
     rank_agreement: Optional[float] = None
+    # grid steps from the smallest rung's best LR to the largest's (negative: smaller at the
+    # largest); a ladder with an LR scan per rung only (None there without both best LRs)
+    lr_steps_moved: Optional[int] = None
+    scanned: bool = False  # the ladder ran an LR grid: lr_steps_moved is one of its keys
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["rungs"] = [r.as_dict() for r in self.rungs]
+        if not d.pop("scanned"):
+            del d["lr_steps_moved"]
         return d
 
 
@@ -323,7 +331,10 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     names, base = _by_variant(points, baseline)
     rungs = [r["name"] for r in record["rungs"]]
     best = _best_per_rung(points, record["grid"], names, rungs) if record.get("grid") else {}
-    if best:  # a scan per rung: each variant on each rung at its own best LR there
+    one_scan = bool(best) and record["ladder"].get("lr_rule") == "mup"
+    if one_scan:  # every rung ran at its variant's pick of the smallest rung's scan
+        best = {(n, r): best[n, rungs[0]] for n in names for r in rungs}
+    if best:  # each variant on each rung at its own best LR there
         at = {cell: b.lr for cell, b in best.items() if b.lr is not None}
         points = [p for p in points if (p.variant, p.rung) in at
                   and math.isclose(p.lr, at[p.variant, p.rung], rel_tol=1e-6)]
@@ -335,7 +346,7 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     fits, target = _fit(names, base, losses, computes, notes)
     rows = [_ladder_row(n, base, rungs, losses, computes, fits, target, alpha) for n in names]
     if best:
-        _add_best_lrs(rows, best, notes)
+        _add_best_lrs(rows, best, notes, [float(x) for x in record["grid"]], one_scan)
     for row in rows:
         beyond = [r.rung for r in row.rungs if r.compute_multiplier_extrapolated]
         if beyond:
@@ -345,7 +356,8 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     _rank(rows, losses, names, rungs, notes)
     title = (f"ablate compare: ladder {record['ladder']['name']} ({', '.join(rungs)}); "
              f"x = compute multiplier vs the baseline (baseline: {base})")
-    table = Table(title, ladder_columns(rungs, bool(best), alpha), rows, notes=notes)
+    table = Table(title, ladder_columns(rungs, bool(best), alpha, moved=bool(best) and not one_scan), rows,
+                  notes=notes)
     return Report(ReportKind.LADDER, table, points=list(points), ladder=LadderFit(fits, target, computes, rungs))
 
 
@@ -456,16 +468,36 @@ def _best_per_rung(points: Sequence[Point], grid: Sequence[float], names: list, 
     return {cell: T.best_lr(T.grid_curve(runs)) for cell, runs in cells.items()}
 
 
-def _add_best_lrs(rows: list[LadderRow], best: dict, notes: list) -> None:
-    """Each row's best LR on each rung, a note where it is on the grid's edge."""
+def _add_best_lrs(rows: list[LadderRow], best: dict, notes: list, grid: list, one_scan: bool) -> None:
+    """Each row's best LR on each rung and how many grid steps it moves from the smallest rung to
+    the largest, a note where it is on the grid's edge (once a variant under one scan)."""
     for row in rows:
         for r in row.rungs:
             b = best[row.variant, r.rung]
             r.best_lr, r.best_lr_on_edge = b.lr, b.on_edge
-            if b.on_edge:
+            if b.on_edge and not (one_scan and r is not row.rungs[0]):
                 notes.append(f"{row.variant} at {r.rung}: the best LR {b.lr:g} is on the grid's "
                              "edge; widen the grid")
+        row.scanned = True
+        row.lr_steps_moved = None if one_scan else lr_steps_moved(grid, row.rungs[0].best_lr, row.rungs[-1].best_lr)
+    first, last = rows[0].rungs[0].rung, rows[0].rungs[-1].rung
+    if one_scan:
+        notes.append(f"lr_rule mup: one LR scan, at {first}; every rung ran at each variant's best LR "
+                     f"there, so the LR shown on every rung is that one pick (the parametrization "
+                     "scales the rest), not a best LR of the rung")
+        return
     notes.append("each variant on each rung at its own best LR of the grid (seeds 1.. ran there)")
+    notes.append(f"LR moved: grid steps (x{grid[1] / grid[0]:.3g} each) from the best LR at {first} to "
+                 f"the best at {last}; negative: a smaller LR at {last}")
+
+
+def lr_steps_moved(grid: Sequence[float], small: Optional[float], large: Optional[float]) -> Optional[int]:
+    """Grid steps from `small` (the smallest rung's best LR) to `large` (the largest's); None
+    without both."""
+    if small is None or large is None:
+        return None
+    step = {lr: i for i, lr in enumerate(sorted(grid))}
+    return step[_nearest(grid, large)] - step[_nearest(grid, small)]
 
 
 def _rank(rows: list[LadderRow], losses: dict, names: list[str], rungs: list, notes: list) -> None:
@@ -517,6 +549,10 @@ DELTA_AT = Quantity("Δ", "delta", lambda x: x.delta, lambda v: num(v, "+.4f"))
 X_AT = Quantity("x", "mult", lambda x: x.compute_multiplier, lambda v: num(v, ".2f"))
 
 
+def _signed(steps: Optional[int]) -> str:
+    return "-" if steps is None else f"{steps:+d}" if steps else "0"
+
+
 def _wins(r: LadderRow, rungs: int, compact: bool = False) -> str:
     """yes/no, and on how many rungs the win is beyond seed noise."""
     if r.wins_every_rung is None:
@@ -528,9 +564,10 @@ def _wins(r: LadderRow, rungs: int, compact: bool = False) -> str:
     return lines("yes", *why) if compact else f"yes ({' '.join(why)})"
 
 
-def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA) -> list[Column]:
+def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA, moved: bool = False) -> list[Column]:
     """Markdown, LaTeX and csv: a column per figure and rung (LR r0, loss r0, ..., x r2). The
-    terminal: a column per rung whose lines are the row's figures there, labelled on the left."""
+    terminal: a column per rung whose lines are the row's figures there, labelled on the left.
+    moved: the LR steps moved column (a scan per rung)."""
     pct = f"{100 * (1 - alpha):g}% CI"
     figures = ([LR_AT] if scan else []) + [LOSS_AT, DELTA_AT, X_AT]
     x_ci = Quantity(f"x {pct}", "", lambda x: x.compute_multiplier_ci, _mult_ci)
@@ -553,6 +590,9 @@ def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA) -> list[C
              for q in figures for i, name in enumerate(rungs)]
     cols += [Column(name, (lambda r, i=i: lines(*[q.cell(r.rungs[i]) for q in plan(r)])), targets=ONLY_TERMINAL)
              for i, name in enumerate(rungs)]
+    if moved:
+        cols.append(Column(f"LR moved {rungs[0]}→{rungs[-1]}", lambda r: _signed(r.lr_steps_moved),
+                           ("lr_steps_moved",), short=f"LR moved\n{rungs[0]}→{rungs[-1]}"))
     return cols + [
         Column("x projected", lambda r: num(r.compute_multiplier, ".2f"), ("compute_multiplier",), targets=ONLY_TEXT),
         Column(pct, lambda r: _mult_ci(r.compute_multiplier_ci), ("compute_multiplier_ci",), targets=ONLY_TEXT),
