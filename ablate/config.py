@@ -50,6 +50,11 @@ class ModelConfig:
     act_clamp: Optional[float] = None  # clamp the gated FFN's activations to [-c, c]
     mtp_heads: int = 0  # extra heads predicting tokens t+2 .. t+k+1
     mtp_weight: float = 0.3  # total auxiliary weight: lambda x the mean over the heads (DeepSeek-V3)
+    # The reference shape of param=mup / completep (docs/parametrization.md): hidden LRs, init and
+    # multipliers are relative to the same model at this width / depth. null: the run's own shape
+    # (where every param option trains as sp).
+    base_width: Optional[int] = None
+    base_depth: Optional[int] = None
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""`ablate inspect`: what a variant costs, from the config alone (no training, no torch needed).
+"""`ablate inspect`: what a variant costs, from the config alone (no training; no torch needed,
+except for param=mup / completep's per-parameter rules, read off a model built on the meta device).
 
 Parameter counts come from the analytic ModelSpec.count_params, the sum of each option's declared
 count (tests assert it equals the built model's, option by option); `build=True` cross-checks
@@ -85,6 +86,20 @@ def param_delta(cfg: Any, spec: ModelSpec) -> dict:
             "delta_pct": 100.0 * (total - base) / base}
 
 
+def parametrization_report(spec: ModelSpec) -> dict:
+    """The parametrization (axis `param`): its multipliers, and under mup / completep each rule
+    row's init std and LR multiplier (ablate/model/parametrization.py; built on the meta device)."""
+    from ablate.model.parametrization import ADAM_EPS, Parametrization, rule_rows
+
+    p = Parametrization.of(spec)
+    return {"param": spec.param, "base_width": spec.base_width, "base_depth": spec.base_depth,
+            "width_mult": p.width_mult, "depth_mult": p.depth_mult, "logit_mult": p.logit_mult,
+            "attn_scale": spec.head_dim ** -0.5 if p.attn_scale is None else p.attn_scale,
+            "branch_mult": p.branch_mult, "adam_eps": ADAM_EPS * p.eps_mult,
+            "depth_scaled_init": p.depth_scaled_init,
+            "rules": [] if spec.param == options.AXES["param"].default else rule_rows(spec)}
+
+
 def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int] = None,
                    dtype: str = "bf16") -> dict:
     """Everything `ablate inspect` prints, as a JSON-able dict."""
@@ -127,6 +142,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
         "axes": axis_values(cfg),
         "spec": spec.to_dict(),
         "head_dim": spec.head_dim,
+        "parametrization": parametrization_report(spec),
     }
 
 

@@ -118,6 +118,11 @@ class RunInfo:
     micro_batch: Optional[int] = None
     grad_accum_steps: Optional[int] = None
     warmup_steps: Optional[int] = None  # resolved when the run started (a resume keeps it)
+    # The parametrization (axis `param`) and the base shape its rules are relative to (resolved:
+    # the run's own width and depth when model.base_width / base_depth are null)
+    param: Optional[str] = None
+    base_width: Optional[int] = None
+    base_depth: Optional[int] = None
     wandb: Optional[WandbInfo] = optional()
 
 

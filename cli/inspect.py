@@ -60,6 +60,32 @@ def _print_report(r: dict) -> None:
     say(f"KV cache ({r['dtype']}): [bold]{r['kv_cache_bytes_per_token']:,} bytes/token[/bold] "
         f"= {r['kv_cache_formula']}; for seq_len {r['seq_len']} x batch {r['batch']}: "
         f"{r['kv_cache_bytes']:,} bytes ({_bytes(r['kv_cache_bytes'])})")
+    _print_parametrization(r["parametrization"], say)
+
+
+def _print_parametrization(p: dict, say) -> None:
+    """The param axis: its base shape and multipliers, and under mup / completep a table of rules."""
+    from rich.table import Table
+
+    from ablate.report import print_table
+
+    say(f"parametrization [bold]{p['param']}[/bold]: base width {p['base_width']}, base depth "
+        f"{p['base_depth']}; width x{p['width_mult']:.4g}, depth x{p['depth_mult']:.4g}; logits "
+        f"x{p['logit_mult']:.4g}, attention scale {p['attn_scale']:.4g}, residual branches "
+        f"x{p['branch_mult']:.4g}, AdamW eps {p['adam_eps']:.3g}"
+        + ("" if p["rules"] else "; every parameter at the base LR and init (docs/parametrization.md)"))
+    if not p["rules"]:
+        return
+    t = Table(title=f"param={p['param']}: init and LR by parameter role")
+    for col, right in (("role", False), ("tensors", True), ("params", True), ("fan-in (base)", True),
+                       ("init std", True), ("LR x", True), ("decay x", True)):
+        t.add_column(col, justify="right" if right else "left")
+    for row in p["rules"]:
+        fan = "-" if row["fan_in"] is None else f"{row['fan_in']} ({row['base_fan_in']})"
+        std = "-" if row["init_std"] is None else f"{row['init_std']:.4g}"
+        t.add_row(row["role"], str(row["tensors"]), f"{row['params']:,}", fan, std,
+                  f"{row['lr_mult']:.4g}", f"{row['weight_decay_mult']:.4g}")
+    print_table(t)
 
 
 def register(app: typer.Typer) -> None:

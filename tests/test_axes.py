@@ -16,6 +16,7 @@ DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
     "act": {"relu", "gelu", "silu", "swiglu", "geglu", "reglu"},
     "pos": {"learned", "sinusoidal", "rope", "alibi", "nope"}, "attn": {"mha", "gqa", "mqa"},
     "tie": {"tied", "untied"}, "bias": {"on", "off"}, "dropout": {"off", "on"}, "qk_norm": {"off", "on"},
+    "param": {"sp", "mup", "completep"},
 }
 
 
@@ -47,7 +48,7 @@ def test_declarations_config_groups_and_axes_listing_agree():
             == DESIGN[axis], axis
         assert listing[axis]["axis"] is True
     defaults = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
-                "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off", "arch": "gpt2"}
+                "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off", "param": "sp", "arch": "gpt2"}
     assert {g: listing[g]["default"] for g in defaults} == defaults
     assert set(listing["arch"]["options"]) >= {"gpt2", "llama", "vaswani"}
 
@@ -69,6 +70,8 @@ def test_every_declared_implementation_loads_as_its_axis_expects():
                 assert callable(impl), option
             elif axis == "attn":
                 assert impl(8, 4) in (1, 2, 8), option
+            elif axis == "param":
+                assert isinstance(impl, type), option
             else:
                 assert isinstance(impl, bool), option
 
@@ -85,11 +88,11 @@ def test_every_option_composes_and_builds_a_spec():
 
 PRESETS = {
     "gpt2": dict(norm="layernorm", norm_pos="pre", act="gelu", pos="learned", attn="mha", tie="tied",
-                 bias="on", dropout="off", qk_norm="off"),
+                 bias="on", dropout="off", qk_norm="off", param="sp"),
     "llama": dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", attn="gqa", tie="untied",
-                  bias="off", dropout="off", qk_norm="off"),
+                  bias="off", dropout="off", qk_norm="off", param="sp"),
     "vaswani": dict(norm="layernorm", norm_pos="post", act="relu", pos="sinusoidal", attn="mha",
-                    tie="tied", bias="on", dropout="on", qk_norm="off"),
+                    tie="tied", bias="on", dropout="on", qk_norm="off", param="sp"),
 }
 
 

@@ -30,10 +30,13 @@ CASES = [
     "bias=on", "bias=off",
     "dropout=off", "dropout=on",
     "qk_norm=off", "qk_norm=on",
+    "param=sp", "param=mup", "param=completep",
     "arch=gpt2", "arch=llama", "arch=vaswani",
     # options interact in the counts: a few mixed variants (space-separated overrides)
     "model.parallel_block=true act=geglu", "model.mtp_heads=2 norm=rmsnorm", "norm_pos=post tie=untied",
     "norm_pos=sandwich bias=off qk_norm=on attn=mqa", "arch=llama model.d_model=256 model.n_heads=8",
+    "param=mup model.d_model=256 model.base_width=64 arch=llama",
+    "param=completep model.n_layers=8 model.base_depth=2 model.base_width=64",
 ]
 
 

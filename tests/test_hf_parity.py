@@ -111,6 +111,8 @@ ALTERNATIVES = {
     "parallel_block": [True], "z_loss": [1e-3], "attn_softcap": [0.5], "logit_softcap": [0.5],
     "act_clamp": [1e-3], "mtp_heads": [1], "mtp_weight": [0.5], "tokenizer_vocab": [90],
     "settings": [{"norm": {"alpha0": 1.0}}],  # with the families' norms: refused by the spec
+    # sp ignores the base shape (exports exactly); mup and completep are refused by every family
+    "param": ["mup", "completep"], "base_width": [16], "base_depth": [1], "base_d_ff": [20],
 }
 
 

@@ -24,7 +24,7 @@ from ablate.registry import Registry
 GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 # What every family lacks: none has the gated FFN's activation clamp, multi-token heads, or an
 # option's own settings (DyT's alpha0: no family has its option either).
-NOT_IN_HF = dict(act_clamp=None, mtp_heads=0, settings={})
+NOT_IN_HF = dict(act_clamp=None, mtp_heads=0, settings={}, param="sp")  # param: HF has no muP multipliers
 MIN_TRANSFORMERS = 5  # RoPE's base goes in `rope_parameters`, new in transformers v5
 
 

@@ -23,6 +23,7 @@ from torch import nn
 from ablate.model.flex import flex_attend, flex_supported
 from ablate.model.kv_cache import LayerKV
 from ablate.model.norms import RMSNorm
+from ablate.model.parametrization import Parametrization
 from ablate.model.positions import AttnContext, apply_rope
 from ablate.model.roles import Role, linear
 from ablate.model.spec import ModelSpec
@@ -42,8 +43,11 @@ class CausalSelfAttention(nn.Module):
         self.dropout = spec.attn_dropout_rate  # on the probabilities (dropout.attn)
         self.resid_drop = nn.Dropout(spec.dropout)  # on the output, before the residual add
         self.softcap = spec.attn_softcap
+        # the logits' scale: None is 1/sqrt(head_dim); param=mup: sqrt(base_head_dim) / head_dim
+        self.scale = Parametrization.of(spec).attn_scale
         self.record_max_logit = False  # set by diagnostics; forces the explicit path
         self.max_logit: Optional[torch.Tensor] = None
+        self.mean_abs_logit: Optional[torch.Tensor] = None  # recorded with max_logit (coord-check)
         self.kv_cache: Optional[LayerKV] = None  # set while decoding (KVCache.attached)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
@@ -71,7 +75,7 @@ class CausalSelfAttention(nn.Module):
         gqa = self.n_kv_heads != self.n_heads  # each KV head serves n_heads / n_kv_heads queries
         if (self.softcap is not None or ctx.alibi_slopes is not None) and not self.record_max_logit \
                 and S == T and flex_supported(q, p_drop):  # CUDA: one fused kernel, causal blocks skipped
-            return flex_attend(q, k, v, self.softcap, ctx.alibi_slopes)  # GQA inside the kernel
+            return flex_attend(q, k, v, self.softcap, ctx.alibi_slopes, scale=self.scale)  # GQA inside
         if self.softcap is not None or self.record_max_logit:
             return self._explicit(q, *self._repeat_kv(k, v), ctx.bias, p_drop)
         # SDPA broadcasts KV heads itself (enable_gqa: no copies; on CPU 0-3% faster than
@@ -84,7 +88,8 @@ class CausalSelfAttention(nn.Module):
         if mask is None and S != T:  # cached keys: is_causal would align the queries at 0, not S - T
             mask = ~future_mask(T, S, q.device)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p_drop, enable_gqa=native)
+            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p_drop, enable_gqa=native,
+            scale=self.scale)
 
     def _repeat_kv(self, k, v):
         rep = self.n_heads // self.n_kv_heads
@@ -94,9 +99,10 @@ class CausalSelfAttention(nn.Module):
 
     def _explicit(self, q, k, v, bias, p_drop):
         future = future_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, S)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
+        scores = scores / math.sqrt(self.head_dim) if self.scale is None else scores * self.scale
         if self.record_max_logit:  # raw q.k logit (before capping, position bias), causal entries only
-            self.max_logit = scores.detach().masked_fill(future, float("-inf")).amax()
+            self._record_logits(scores.detach(), future)
         if self.softcap is not None:
             scores = self.softcap * torch.tanh(scores / self.softcap)
         if bias is not None:
@@ -105,6 +111,13 @@ class CausalSelfAttention(nn.Module):
             scores = scores.masked_fill(future, float("-inf"))
         probs = F.dropout(scores.softmax(dim=-1), p=p_drop, training=p_drop > 0)
         return probs @ v  # (B, H, T, hd)
+
+
+    def _record_logits(self, scores: torch.Tensor, future: torch.Tensor) -> None:
+        """The largest scaled logit and the mean |scaled logit|, over the causal entries only."""
+        self.max_logit = scores.masked_fill(future, float("-inf")).amax()
+        causal = (~future).sum() * (scores.numel() // future.numel())  # entries per (T, S) x batch x heads
+        self.mean_abs_logit = scores.abs().masked_fill(future, 0.0).sum() / causal
 
 
 def future_mask(T: int, S: int, device) -> torch.Tensor:

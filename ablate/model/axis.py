@@ -27,6 +27,10 @@ built on the meta device, which imports torch: built-in options declare theirs):
   attn      a function `(n_heads, kv_group) -> n_kv_heads`; fits(n_heads, n_kv): what an
             explicit model.n_kv_heads must satisfy, `needs` says it in words
   tie, bias, dropout, qk_norm: the bool the option sets
+  param     the parametrization (ablate/model/parametrization.py): width: muP's width rules
+            (hidden-matrix init and LR by fan-in, readout and attention multipliers);
+            depth_alpha: the residual branches scaled by (base_depth / n_layers)^alpha
+            (CompleteP, alpha = 1; None: no depth rules)
 """
 
 from __future__ import annotations
@@ -161,6 +165,12 @@ class AttnOption(Option):
 
     def kv_heads(self, n_heads: int, kv_group: int) -> int:
         return self.load()(n_heads, kv_group)
+
+
+@dataclass(frozen=True)
+class ParamOption(Option):
+    width: bool = False  # muP's width rules, relative to model.base_width
+    depth_alpha: Optional[float] = None  # CompleteP's depth rules, relative to model.base_depth
 
 
 @dataclass(frozen=True)

@@ -71,12 +71,14 @@ def score_mod_for(softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
 
 
 def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: Optional[float],
-                alibi_slopes: Optional[torch.Tensor], compiled: bool = True) -> torch.Tensor:
+                alibi_slopes: Optional[torch.Tensor], compiled: bool = True,
+                scale: Optional[float] = None) -> torch.Tensor:
     """Causal attention with soft-capping and/or ALiBi. q: (B, H, T, hd); k, v: (B, KV, T, hd)
-    with KV dividing H (GQA handled by flex itself). Returns (B, H, T, hd)."""
+    with KV dividing H (GQA handled by flex itself). scale: the logits' (None: 1/sqrt(hd)).
+    Returns (B, H, T, hd)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     T = q.shape[2]
     fn = _compiled_flex() if compiled else flex_attention
     return fn(q, k, v, score_mod=score_mod_for(softcap, alibi_slopes),
-              block_mask=causal_block_mask(T, q.device), enable_gqa=k.shape[1] != q.shape[1])
+              block_mask=causal_block_mask(T, q.device), enable_gqa=k.shape[1] != q.shape[1], scale=scale)

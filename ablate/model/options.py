@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ablate.errors import ConfigError
 from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FlagOption, NormOption,
-                               PosOption, declare_axis, declared, default, get, names, norm_factory,
-                               register_option, store_in_hydra)
+                               ParamOption, PosOption, declare_axis, declared, default, get, names,
+                               norm_factory, register_option, store_in_hydra)
 
 __all__ = ["AXES", "declared", "default", "get", "names", "norm_factory", "register_option",
            "store_in_hydra"]
@@ -105,3 +105,12 @@ register_option("dropout", "on", True, config={"rate": 0.1})
 declare_axis("qk_norm", FlagOption, default="off")  # RMSNorm on queries and keys, per head
 register_option("qk_norm", "off", False)
 register_option("qk_norm", "on", True)
+
+# ---- param (ablate/model/parametrization.py): how init, LR and multipliers follow the shape -----
+# The reference shape is model.base_width / model.base_depth (null: the run's own, where every
+# option trains as sp); docs/parametrization.md has the rules and their papers.
+declare_axis("param", ParamOption, default="sp")
+register_option("param", "sp", "ablate.model.parametrization:Parametrization")  # today's model
+register_option("param", "mup", "ablate.model.parametrization:Parametrization", width=True)  # Yang et al. 2022
+register_option("param", "completep", "ablate.model.parametrization:Parametrization",  # Dey et al. 2025
+                width=True, depth_alpha=1.0)

@@ -116,9 +116,18 @@ def _own_inits(model: nn.Module, init: ParamInit) -> None:
                                "init_parameters(init) to set it")
 
 
+def normal_std(role: Role, std: float, out_div: float, mult: float = 1.0) -> float:
+    """The std a normally drawn parameter of `role` starts with: `std` times the
+    parametrization's multiplier, an output projection's divided by out_div (1/sqrt(2L))."""
+    if mult != 1.0:
+        std = std * mult
+    return std / out_div if role is Role.OUTPUT else std
+
+
 @torch.no_grad()
 def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled: bool,
-                 seed: Optional[int] = None, scheme: str = "normal") -> None:
+                 seed: Optional[int] = None, scheme: str = "normal",
+                 std_mult: Optional[Mapping[str, float]] = None) -> None:
     """scheme "normal" (GPT-2): N(0, init_std) for matrices and tables. "xavier" (Vaswani et al.
     2017, tensor2tensor's uniform_unit_scaling, gain 1): U(-a, a), a = sqrt(6 / (fan_in +
     fan_out)) per matrix, fused projections split into their matrices (q, k, v each d x d);
@@ -134,6 +143,9 @@ def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled:
 
     Then every module that defines `init_parameters(init)` (a ParamInit) sets what it owns
     instead of the role default: an option's own init (DyT's alpha = its alpha0).
+
+    std_mult: parameter name -> a factor on its std (the parametrization's, e.g. muP's
+    sqrt(base_fan_in / fan_in) for hidden matrices); absent: 1.
     """
     base = torch.initial_seed() if seed is None else int(seed)
     out_div = math.sqrt(2 * n_layers) if depth_scaled else 1.0
@@ -151,7 +163,7 @@ def init_weights(model: nn.Module, init_std: float, n_layers: int, depth_scaled:
                 w.uniform_(-1.0, 1.0, generator=g).mul_(glorot_bounds(p) / div)
             else:
                 std = p.shape[1] ** -0.5 if scheme == "xavier" else init_std
-                w.normal_(0.0, std / div, generator=g)
+                w.normal_(0.0, normal_std(r, std, out_div, (std_mult or {}).get(name, 1.0)), generator=g)
             p.copy_(w)
     _own_inits(model, ParamInit(base, names))
 
@@ -165,10 +177,24 @@ def unique_parameters(model: nn.Module):
             yield p
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for p in unique_parameters(model):
-        if p.requires_grad:
-            (decay if DECAY[role_of(p)] else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
-            {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+def param_groups(model: nn.Module, weight_decay: float,
+                 rules: Optional[Mapping[str, tuple[float, float]]] = None) -> list[dict]:
+    """AdamW's groups: decayed and not, by role; rules (name -> (lr_mult, wd_mult), the
+    parametrization's) split off a group per multiplier: `lr_mult` rides in the group, which
+    the schedule keeps (ablate/train/optimizer.py: set_lr). Without rules (or with all of them 1)
+    the two groups "decay" and "no_decay", as always."""
+    groups: dict[tuple, dict] = {(True, 1.0, 1.0): {"params": [], "weight_decay": weight_decay, "name": "decay"},
+                                 (False, 1.0, 1.0): {"params": [], "weight_decay": 0.0, "name": "no_decay"}}
+    seen = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        decay = DECAY[role_of(p)]
+        lr_mult, wd_mult = (rules or {}).get(name, (1.0, 1.0))
+        key = (decay, lr_mult, wd_mult if decay else 1.0)
+        if key not in groups:
+            groups[key] = {"params": [], "weight_decay": weight_decay * wd_mult if decay else 0.0,
+                           "name": f"{'decay' if decay else 'no_decay'} lr x{lr_mult:.6g}", "lr_mult": lr_mult}
+        groups[key]["params"].append(p)
+    return list(groups.values())

@@ -72,13 +72,31 @@ class ModelSpec:
     mtp_heads: int = 0
     mtp_weight: float = 0.3
     tokenizer_vocab: Optional[int] = None  # before padding, for reporting
+    # The parametrization (axis `param`) and its reference shape: None resolves to this model's
+    # own width, depth and FFN width (where every param option trains as sp). base_d_ff: the FFN
+    # width of the base model (from_config derives it by the run's own d_ff rule).
+    param: str = options.AXES["param"].default
+    base_width: Optional[int] = None
+    base_depth: Optional[int] = None
+    base_d_ff: Optional[int] = None
     # The chosen options' own settings by axis ({"norm": {"alpha0": 0.5}} with norm=dyt), each
     # option's declared defaults filled in: given as a plain mapping, kept as OptionSettings.
     settings: OptionSettings = OptionSettings()
 
     def __post_init__(self):
         object.__setattr__(self, "settings", self._resolved_settings())
+        self._resolve_base()
         self.check()
+
+    def _resolve_base(self) -> None:
+        """The base shape's None -> this model's own; base_d_ff None -> d_ff scaled to the base width."""
+        for key, own in (("base_width", self.d_model), ("base_depth", self.n_layers)):
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, own)
+        if self.base_d_ff is None:
+            same = self.base_width == self.d_model
+            object.__setattr__(self, "base_d_ff", self.d_ff if same else
+                               max(1, round(self.d_ff * self.base_width / self.d_model)))
 
     def _resolved_settings(self) -> OptionSettings:
         """Every chosen option's settings (defaults filled in, unknown keys refused); an axis
@@ -122,6 +140,7 @@ class ModelSpec:
             ("act", self.act, options.names("act")),
             ("pos", self.pos, options.names("pos")),
             ("model.init", self.init, options.INIT_NAMES),
+            ("param", self.param, options.names("param")),
         ):
             if value not in names:
                 raise ConfigError(f"unknown {axis} option '{value}'; valid options: {', '.join(names)}")
@@ -144,6 +163,7 @@ class ModelSpec:
                 raise ConfigError(f"{key} must be positive, got {value}")
         if self.d_ff <= 0:
             raise ConfigError(f"model.d_ff must be positive, got {self.d_ff}")
+        self._check_base()
         if self.parallel_block and self.norm_pos != "pre":
             raise ConfigError("model.parallel_block=true needs norm_pos=pre")
         if not 0.0 <= self.dropout < 1.0:
@@ -163,6 +183,25 @@ class ModelSpec:
             gated = [o.name for o in options.declared("act") if o.gated]
             raise ConfigError(f"model.act_clamp clamps a gated FFN's activations; act={self.act} is "
                               f"not gated (use {', '.join(gated)}) or set it to null")
+
+    def _check_base(self) -> None:
+        for key in ("base_width", "base_depth"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model.{key} must be a positive integer or null (the run's own "
+                                  f"shape), got {value}")
+        if not options.get("param", self.param).width:
+            return
+        if self.base_width % self.n_heads:
+            raise ConfigError(
+                f"model.base_width={self.base_width} is not divisible by model.n_heads={self.n_heads} "
+                f"(param={self.param} reads the base head dim from it); pick a multiple of {self.n_heads}")
+        # Width-dependent embedding scales would undo muP's width-independent embeddings
+        # (docs/parametrization.md); arch=vaswani sets both.
+        for key, value, fix in (("model.init", self.init, "normal"), ("model.emb_scale", self.emb_scale, "false")):
+            if str(value).lower() != fix:
+                raise ConfigError(f"{key}={str(value).lower()} scales the embeddings with the width, which "
+                                  f"param={self.param} keeps width-independent: set {key}={fix} or use param=sp")
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer_vocab: Optional[int] = None) -> "ModelSpec":
@@ -187,12 +226,10 @@ class ModelSpec:
             n_kv = options.get("attn", cfg.attn.name).kv_heads(m.n_heads, cfg.attn.kv_group)
         act = cfg.act.name
         bias = options.get("bias", cfg.bias.name).value
-        if m.d_ff is not None:
-            d_ff = int(m.d_ff)
-        else:
-            d_ff = int(m.ffn_ratio * m.d_model)
-            if options.get("act", act).gated:  # three matrices: ~2/3 of the width keeps params equal
-                d_ff = gated_d_ff(d_ff, m.d_model, m.ffn_multiple_of, bias)
+        d_ff = ffn_width(m, m.d_model, act, bias)
+        base_width = m.get("base_width")  # absent from configs saved before it existed
+        # the base model's FFN by the same rule at its width (an explicit d_ff: scaled with it)
+        base_d_ff = None if base_width is None or m.d_ff is not None else ffn_width(m, base_width, act, bias)
         dropout_on = options.get("dropout", cfg.dropout.name).value
         attn_rate = cfg.dropout.get("attn")  # absent from configs saved before it existed
         return cls(
@@ -208,6 +245,8 @@ class ModelSpec:
             parallel_block=m.parallel_block, z_loss=m.z_loss, attn_softcap=m.attn_softcap,
             logit_softcap=m.logit_softcap, act_clamp=m.act_clamp, mtp_heads=m.mtp_heads,
             mtp_weight=m.mtp_weight, tokenizer_vocab=tokenizer_vocab, settings=config_settings(cfg),
+            param=cfg.param.name if "param" in cfg else options.AXES["param"].default,
+            base_width=base_width, base_depth=m.get("base_depth"), base_d_ff=base_d_ff,
         )
 
     def to_dict(self) -> dict:
@@ -217,13 +256,26 @@ class ModelSpec:
         return {**out, "settings": settings.to_dict()} if settings else out
 
 
+def ffn_width(m: Any, d_model: int, act: str, bias: bool) -> int:
+    """d_ff of a model of width d_model with config `m`: model.d_ff when set, else ffn_ratio x
+    d_model (gated: the width nearest in parameters to that plain FFN)."""
+    if m.d_ff is not None:
+        return int(m.d_ff)
+    d_ff = int(m.ffn_ratio * d_model)
+    if options.get("act", act).gated:  # three matrices: ~2/3 of the width keeps params equal
+        d_ff = gated_d_ff(d_ff, d_model, m.ffn_multiple_of, bias)
+    return d_ff
+
+
 def config_settings(cfg: Any) -> dict[str, dict[str, Any]]:
     """The chosen options' settings as the config gives them (a config saved before an option
     had a setting lacks its key: ModelSpec fills in the default)."""
     out = {}
     for axis, ax in options.AXES.items():
+        if not ax.kind.takes_settings:  # (an axis added later is absent from an older config)
+            continue
         option = options.get(axis, cfg[axis].name)
-        if ax.kind.takes_settings and option.settings:
+        if option.settings:
             out[axis] = {key: cfg[axis][key] for key in option.settings if key in cfg[axis]}
     return out
 

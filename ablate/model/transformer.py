@@ -14,6 +14,7 @@ from ablate.errors import ConfigError
 from ablate.model import options
 from ablate.model.kv_cache import KVCache
 from ablate.model.loss import linear_cross_entropy
+from ablate.model.parametrization import Parametrization, param_rules
 from ablate.model.roles import Role, init_weights, linear, tag
 from ablate.model.spec import ModelSpec, count_params
 
@@ -51,13 +52,26 @@ class Transformer(nn.Module):
         # Trainer): with targets, the unembedding and cross-entropy run chunk by chunk
         # (ablate/model/loss.py) and the full logits are never built.
         self.fused_ce, self.ce_chunk = False, 1024
-        init_weights(self, spec.init_std, spec.n_layers, spec.depth_scaled_init, seed, spec.init)
+        # param (ablate/model/parametrization.py): the readout's multiplier, each residual
+        # branch's, and per parameter its init and LR multipliers (the optimizer reads them)
+        self.parametrization = Parametrization.of(spec)
+        self.logit_mult = self.parametrization.logit_mult
+        for b in self.blocks:
+            b.branch_multiplier = self.parametrization.branch_mult
+        self.param_rules = param_rules(self)
+        init_weights(self, spec.init_std, spec.n_layers, self.parametrization.depth_scaled_init, seed,
+                     spec.init, {name: rule.init_mult for name, rule in self.param_rules.items()})
 
     def unembedding(self) -> torch.Tensor:
         return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight  # (V, d)
 
+    def readout_input(self, h: torch.Tensor) -> torch.Tensor:
+        """h times the logit multiplier (muP's MuReadout: base_width / d_model), so every
+        logit made from it is scaled before any soft-capping."""
+        return h if self.logit_mult == 1.0 else h * self.logit_mult
+
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, self.unembedding())  # (B, T, V)
+        logits = F.linear(self.readout_input(h), self.unembedding())  # (B, T, V)
         if self.spec.logit_softcap is not None:
             c = self.spec.logit_softcap
             logits = c * torch.tanh(logits / c)
@@ -116,6 +130,7 @@ class Transformer(nn.Module):
         w, spec = self.unembedding(), self.spec
 
         def ce(hk: torch.Tensor, yk: torch.Tensor, z_loss: float = 0.0):
+            hk = self.readout_input(hk)
             return linear_cross_entropy(hk.reshape(-1, hk.shape[-1]), w, yk.reshape(-1), self.ce_chunk,
                                         z_loss, spec.logit_softcap)
 

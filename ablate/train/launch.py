@@ -165,6 +165,7 @@ def run_info(cfg: Any, spec, tok, data, trainer) -> RunInfo:
         compile_optimizer=bool(cfg.train.compile_optimizer), tokens_per_step=trainer.tokens_per_step,
         micro_batch=trainer.micro_batch, grad_accum_steps=trainer.grad_accum,
         warmup_steps=trainer.state.warmup_steps,  # resolved when the run started (a resume keeps it)
+        param=spec.param, base_width=spec.base_width, base_depth=spec.base_depth,
     )
 
 

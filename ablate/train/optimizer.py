@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from ablate.model.parametrization import ADAM_EPS
 from ablate.model.roles import param_groups
 
 
@@ -35,18 +36,27 @@ def implementation(cfg: Any, device: torch.device) -> dict:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Any, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over the model's parameter groups; under param=mup / completep each group carries
+    its LR multiplier (`lr_mult`, kept by set_lr) and weight decay, and completep scales epsilon
+    (ablate/model/parametrization.py)."""
     impl = implementation(cfg, device)
-    lr = torch.tensor(float(cfg.lr)) if cfg.compile_optimizer else cfg.lr
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr,
-                             betas=(cfg.beta1, cfg.beta2), **impl)
+    rules = getattr(model, "param_rules", None)
+    eps = ADAM_EPS * getattr(getattr(model, "parametrization", None), "eps_mult", 1.0)
+    groups = param_groups(model, cfg.weight_decay, rules and {n: (r.lr_mult, r.wd_mult) for n, r in rules.items()})
+    for group in groups:  # each group's own tensor under compile_optimizer, filled by set_lr
+        mult = group.get("lr_mult", 1.0)
+        group["lr"] = torch.tensor(float(cfg.lr) * mult) if cfg.compile_optimizer else cfg.lr * mult
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=eps, **impl)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's LR into every group, times the group's own multiplier (param=mup)."""
     for group in optimizer.param_groups:
+        value = lr * group.get("lr_mult", 1.0)
         if isinstance(group["lr"], torch.Tensor):
-            group["lr"].fill_(lr)  # in place: the compiled step reads it, no recompile
+            group["lr"].fill_(value)  # in place: the compiled step reads it, no recompile
         else:
-            group["lr"] = lr
+            group["lr"] = value
 
 
 def restore_implementation(optimizer: torch.optim.Optimizer, cfg: Any, device: torch.device) -> None:

@@ -1,0 +1,157 @@
+"""Axis `param`: how init, learning rates and multipliers follow the model's shape (torch-free
+here; the per-parameter rules import torch when asked for).
+
+sp is the standard parametrization (the model and optimizer as they are). mup (Yang et al. 2022,
+"Tensor Programs V", and the `mup` package) and completep (Dey et al. 2025, "Don't be lazy")
+scale them relative to a base shape, model.base_width / model.base_depth, so that the best
+learning rate found at the base shape holds at other widths (and depths). At the base shape every
+option trains exactly as sp (completep: as sp with model.depth_scaled_init=false).
+docs/parametrization.md has each rule and its source.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ablate.model import options
+
+Spec = Any  # ablate.model.spec.ModelSpec
+ADAM_EPS = 1e-8  # torch's AdamW default: the base epsilon completep scales
+
+
+@dataclass(frozen=True)
+class Parametrization:
+    """The multipliers of one ModelSpec under its `param` option (all 1 under sp)."""
+
+    name: str
+    width_mult: float  # d_model / base_width (1 without width rules)
+    depth_mult: float  # n_layers / base_depth (1 without depth rules)
+    logit_mult: float  # on the readout's input, before any soft-capping: 1 / width_mult
+    # the attention logits' scale; None: 1/sqrt(head_dim) (SDPA's default, kept bit for bit)
+    attn_scale: Optional[float]
+    branch_mult: float  # each residual branch: depth_mult^-alpha
+    eps_mult: float  # AdamW's epsilon: 1 / (width_mult * depth_mult^alpha) under completep
+    depth_scaled_init: bool  # GPT-2's 1/sqrt(2L) output-projection init applies
+
+    @classmethod
+    def of(cls, spec: Spec) -> "Parametrization":
+        option = options.get("param", spec.param)
+        width = spec.d_model / spec.base_width if option.width else 1.0
+        depth = spec.n_layers / spec.base_depth if option.depth_alpha is not None else 1.0
+        alpha = option.depth_alpha or 0.0
+        base_head_dim = spec.base_width // spec.n_heads
+        scale = None if not option.width or base_head_dim == spec.head_dim else \
+            math.sqrt(base_head_dim) / spec.head_dim
+        # AdamW's epsilon follows the gradients' size under completep only (the mup package
+        # leaves it); Dey et al.'s implementation scales it for every group alike
+        eps = 1.0 / (width * depth ** alpha) if option.depth_alpha is not None else 1.0
+        return cls(name=spec.param, width_mult=width, depth_mult=depth, logit_mult=1.0 / width,
+                   attn_scale=scale, branch_mult=depth ** -alpha, eps_mult=eps,
+                   depth_scaled_init=spec.depth_scaled_init and option.depth_alpha is None)
+
+
+@dataclass(frozen=True)
+class ParamRule:
+    """One parameter's rule: multipliers of its sp init std, of the LR and of the weight decay."""
+
+    role: str
+    fan_in: Optional[int] = None  # hidden matrices: this model's and the base model's fan-in
+    base_fan_in: Optional[int] = None
+    init_mult: float = 1.0
+    lr_mult: float = 1.0
+    wd_mult: float = 1.0
+
+
+HIDDEN_ROLES = ("input", "output")  # Role.INPUT, Role.OUTPUT: matrices whose both dims are widths
+
+
+def base_spec(spec: Spec) -> Spec:
+    """The base model: this spec at model.base_width (FFN width base_d_ff), as sp. Its depth is
+    this model's own: no parameter's shape depends on the depth."""
+    import dataclasses
+
+    return dataclasses.replace(spec, d_model=spec.base_width, d_ff=spec.base_d_ff, param="sp",
+                               base_width=None, base_depth=None, base_d_ff=None)
+
+
+def base_shapes(spec: Spec) -> dict[str, tuple]:
+    """Each parameter's shape in the base model, built on the meta device (no memory, no init),
+    as the `mup` package's set_base_shapes reads a base model's shapes."""
+    import torch
+
+    from ablate.errors import ConfigError
+    from ablate.model.transformer import Transformer
+
+    try:
+        base = base_spec(spec)
+    except ConfigError as e:
+        raise ConfigError(f"the base model (model.base_width={spec.base_width}) is not a valid "
+                          f"model: {e}") from None
+    with torch.device("meta"):
+        return {name: tuple(p.shape) for name, p in Transformer(base).named_parameters()}
+
+
+def param_rules(model: Any) -> dict[str, ParamRule]:
+    """name -> rule for each parameter of a Transformer (a tied weight once, under its first
+    name). A parameter without a role is refused under mup and completep (its rule would be a
+    guess); under sp every rule is 1."""
+    from ablate.errors import ConfigError
+    from ablate.model.roles import role_of
+
+    spec = model.spec
+    width_rules = options.get("param", spec.param).width
+    shapes = base_shapes(spec) if width_rules else {}
+    rules = {}
+    for name, p in model.named_parameters():
+        try:
+            role = role_of(p).value
+        except RuntimeError:
+            if not width_rules:
+                raise
+            raise ConfigError(f"parameter {name} {tuple(p.shape)} has no role, and param={spec.param} "
+                              "sets init and LR by role: tag it (ablate.model.roles.tag, "
+                              "docs/extending.md) or use param=sp") from None
+        rules[name] = hidden_rule(name, role, tuple(p.shape), shapes) if width_rules and \
+            role in HIDDEN_ROLES else ParamRule(role)
+    return rules
+
+
+def hidden_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> ParamRule:
+    """muP for a hidden matrix under Adam (the `mup` package: init std x base_fan_in/fan_in ^ 1/2,
+    MuAdam's LR / width_mult and weight decay x width_mult, width_mult = fan_in / base_fan_in)."""
+    from ablate.errors import ConfigError
+
+    if len(shape) != 2 or name not in base:
+        why = "is not a matrix" if len(shape) != 2 else "has no match in the base model"
+        raise ConfigError(f"parameter {name} {shape} (role {role}) {why}; param=mup needs its "
+                          "fan-in at the base width")
+    fan_in, base_fan_in = shape[1], base[name][1]
+    ratio = base_fan_in / fan_in
+    return ParamRule(role, fan_in, base_fan_in, init_mult=math.sqrt(ratio), lr_mult=ratio, wd_mult=1.0 / ratio)
+
+
+def rule_rows(spec: Spec) -> list[dict]:
+    """The rules of a spec's parameters, one row per (role, fan-ins, init std, multipliers):
+    what `ablate inspect` shows. Builds the model on the meta device (imports torch)."""
+    import torch
+
+    from ablate.model.roles import CONSTANT, Role, normal_std
+    from ablate.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(spec)
+    out_div = math.sqrt(2 * spec.n_layers) if model.parametrization.depth_scaled_init else 1.0
+    rows: dict[tuple, dict] = {}
+    for name, p in model.named_parameters():
+        rule, role = model.param_rules[name], Role(model.param_rules[name].role)
+        std = None if role in CONSTANT or role is Role.SCALAR else \
+            normal_std(role, spec.init_std, out_div, rule.init_mult)
+        key = (rule.role, rule.fan_in, rule.base_fan_in, std, rule.lr_mult, rule.wd_mult)
+        row = rows.setdefault(key, {"role": rule.role, "tensors": 0, "params": 0, "fan_in": rule.fan_in,
+                                    "base_fan_in": rule.base_fan_in, "init_std": std,
+                                    "lr_mult": rule.lr_mult, "weight_decay_mult": rule.wd_mult})
+        row["tensors"] += 1
+        row["params"] += p.numel()
+    return list(rows.values())
