@@ -8,6 +8,8 @@ directory is made or any tensor built.
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Optional, get_type_hints
 
@@ -185,6 +187,14 @@ AblateConfig = make_dataclass("AblateConfig", [
     *((name, schema, field(default_factory=schema)) for name, schema in AXIS_SCHEMAS.items()),
     *((f.name, get_type_hints(RunConfig)[f.name], field(default=f.default, default_factory=f.default_factory))
       for f in fields(RunConfig))])
+
+# dataclasses.MISSING pickles by name, so it stays the one sentinel. The classes above are built by
+# make_dataclass, not importable by name, so cloudpickle copies them by value: Hydra's submitit
+# launcher ships them to each job (in the ConfigStore) and the job's result brings them back. Read
+# back in the sweep process, the copy's state is re-applied to the live class (cloudpickle#439), and
+# its Fields held a new MISSING (cloudpickle#424): `norm` then "defaulted" to that object and
+# OmegaConf.structured(AblateConfig) failed. The sweep process and each job import this module.
+copyreg.pickle(type(dataclasses.MISSING), lambda missing: "MISSING")
 
 
 def register_configs() -> None:

@@ -20,6 +20,13 @@ def summaries(root):
     return {d.name: json.loads((d / "summary.json").read_text()) for d in find_run_dirs(root)}
 
 
+def table_column(out: str, header: str) -> dict[str, str]:
+    """{variant: cell} of one column of the comparison table in `out` (piped: the full table)."""
+    lines = out.splitlines()
+    col = [c.strip() for c in next(line for line in lines if header in line).split("┃")].index(header)
+    return {cells[1].strip(): cells[col].strip() for cells in (line.split("│") for line in lines if line.startswith("│"))}
+
+
 def hold(run_dir: Path) -> None:
     """Make run_dir look in use by a live process (this test): its job fails at run time."""
     run_dir.mkdir(parents=True)
@@ -41,6 +48,10 @@ def test_ofat_sweep_with_submitit_local_runs_three_variants(tmp_path):
     assert [r for r in (sweep_dir / ".submitit").iterdir()]  # it went through submitit
     # `ablate compare` of the sweep dir (printed at the end) sees the three variants
     assert "3/3 jobs finished" in res.stdout and "ablate compare" in res.stdout
+    # ... from every run's config, read back after the jobs' results: 2 (K and V) x 2 layers x
+    # d_model 32 x 4 bytes (fp32 on the CPU) of KV cache per token, for each variant
+    assert table_column(res.stdout, "KV cache bytes/token") == dict.fromkeys(
+        ["baseline", "norm=rmsnorm", "act=swiglu"], f"{2 * 2 * 32 * 4}")
     from ablate.analysis import compare_dirs
 
     rows = compare_dirs([sweep_dir])

@@ -1,8 +1,12 @@
 """Each launcher kind is one description (ablate/sweep/launchers.py): every `launcher=` option
 of conf/launcher/ composes to its own description, the packed launchers count as their kind, and
-what a sweep does with a launcher (refuse packing, the preview) reads the description."""
+what a sweep does with a launcher (refuse packing, the preview) reads the description; a submitit
+job's result, read back in the sweep process, leaves the config schema there as it was."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -10,6 +14,12 @@ from ablate.axes import CONF_DIR
 from ablate.errors import ConfigError
 from ablate.sweep.launchers import LAUNCHERS, OTHER, Launcher, launcher_of, packing_launchers
 from ablate.sweep.placement import check_launcher_packs, packing
+from conftest import ROOT
+
+# A job as submitit runs one: it loads what the sweep process pickled, runs ablate, and pickles
+# its result (here: what it loaded) back.
+SUBMITIT_JOB = ("import pickle, sys, cloudpickle, ablate.config; "
+                "sys.stdout.buffer.write(cloudpickle.dumps(pickle.loads(sys.stdin.buffer.read())))")
 
 
 def sweep_config(*overrides):
@@ -56,3 +66,22 @@ def test_what_a_sweep_does_with_a_launcher_comes_from_its_description():
     assert (p.group, p.n_jobs, p.threads) == (4, 4, 2)
     assert [d.name for d in LAUNCHERS.values() if d.preview] == ["submitit_slurm"]
     assert [d.name for d in LAUNCHERS.values() if not d.local] == ["submitit_slurm"]
+
+
+def test_the_config_schema_is_intact_after_a_submitit_job_returns():
+    """Hydra's submitit launcher pickles the ConfigStore, which holds the schema's classes, into
+    each job, and the job's result holds them again: cloudpickle copies them by value (make_dataclass
+    builds them) and, read back in the sweep process, re-applies the copy to the live class. The
+    schema built afterwards (the end-of-sweep comparison's KV-cache column) is the one before."""
+    import pickle
+
+    import cloudpickle
+    from omegaconf import OmegaConf
+
+    from ablate.config import AblateConfig
+
+    before = OmegaConf.structured(AblateConfig)
+    job = subprocess.run([sys.executable, "-c", SUBMITIT_JOB], input=cloudpickle.dumps(AblateConfig),
+                         cwd=ROOT, capture_output=True, check=True)
+    assert pickle.loads(job.stdout) is AblateConfig  # the copy went onto the live class
+    assert OmegaConf.structured(AblateConfig) == before

@@ -292,15 +292,13 @@ def kv_cache_bytes_per_token(r: Run) -> Optional[int]:
     dtype = compute_dtype(r)
     if not r.config or dtype is None:
         return None
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:  # a figure beside the comparison: a config it cannot read gives "-", never a failed compare
-        cfg = OmegaConf.structured(AblateConfig)
-        OmegaConf.set_struct(cfg, False)  # an option's own settings are keys beyond the schema
+    cfg = OmegaConf.structured(AblateConfig)
+    OmegaConf.set_struct(cfg, False)  # an option's own settings are keys beyond the schema
+    try:
         for key, value in r.config.items():
             OmegaConf.update(cfg, key, value, force_add=True)
         return run_kv_cache_bytes_per_token(cfg, dtype)
-    except (AblateError, OmegaConfBaseException, ValueError, KeyError, TypeError):
+    except (AblateError, ValueError, KeyError, TypeError):
         return None
 
 
