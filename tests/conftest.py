@@ -232,6 +232,14 @@ def clean_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def own_registry(monkeypatch):
+    """Options registered inside the test are gone after it."""
+    from ablate.model import axis as declarations
+
+    monkeypatch.setattr(declarations, "_OPTIONS", {a: dict(o) for a, o in declarations._OPTIONS.items()})
+
+
 def find_run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in Path(root).rglob("summary.json"))
 

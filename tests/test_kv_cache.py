@@ -98,14 +98,6 @@ class Tanh(nn.Module):
         return torch.tanh(x)
 
 
-@pytest.fixture
-def own_registry(monkeypatch):
-    """Options registered inside the test are gone after it."""
-    from ablate.model import axis as declarations
-
-    monkeypatch.setattr(declarations, "_OPTIONS", {a: dict(o) for a, o in declarations._OPTIONS.items()})
-
-
 def test_plugin_options_decode_with_the_cache(own_registry):
     options.register_option("norm_pos", "halfattn", ScaledBranchBlock, params=lambda spec, norm: 2 * norm)
     options.register_option("norm", "tanh", Tanh, params=lambda spec, d: 0)

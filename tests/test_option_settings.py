@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from ablate.errors import ConfigError
-from ablate.model import axis as declarations
 from ablate.model import options
 from ablate.model.norms import DyT
 from ablate.model.roles import Role, param_groups, role_of
@@ -123,12 +122,6 @@ def test_a_setting_is_shown_by_cfg_job_recorded_and_trained_with(tmp_path):
     inspected = json.loads(run_ablate("inspect", *TINY, "norm=dyt", "norm.alpha0=1.0", "--json").stdout)
     assert summary["status"] == "completed" and summary["params"] == inspected["params"]["total"]
     assert inspected["spec"]["settings"] == {"norm": {"alpha0": 1.0}} and find_run_dirs(tmp_path)
-
-
-@pytest.fixture
-def own_registry(monkeypatch):
-    """Options registered inside the test are gone after it."""
-    monkeypatch.setattr(declarations, "_OPTIONS", {a: dict(o) for a, o in declarations._OPTIONS.items()})
 
 
 def test_an_activation_gets_its_settings_as_keyword_arguments(own_registry):
