@@ -44,7 +44,9 @@ def register(app: typer.Typer) -> None:
             check_options(mode, seeds, jobs_per_gpu, lr_grid, ladder)
         except AblateError as e:
             fail(str(e), e.exit_code)
-        args = list(ctx.args)
+        from ablate.sweep.transfer import as_added_keys
+
+        args = as_added_keys(list(ctx.args))  # ladder.lr_rule=mup: not a config key
         check_flags(args)
         other = other_sweeper(args)
         if other:  # its own options are hydra.sweeper.* overrides; ablate's do not exist there

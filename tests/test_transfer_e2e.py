@@ -205,4 +205,8 @@ def test_a_ladder_with_an_lr_grid_compares_each_variant_at_its_best_lr_on_each_r
             assert len(scan) == 3 and rung["best_lr"] == pytest.approx(min(scan, key=scan.get), rel=1e-3)
             there = [s["val_loss"] for s in mine if math.isclose(lr_of(s), rung["best_lr"], rel_tol=1e-3)]
             assert rung["n"] == len(there) == 2 and rung["mean"] == pytest.approx(sum(there) / 2)
+        # grid steps (x sqrt(10) each) from a's best LR to c's, negative: smaller at c
+        first, last = row["rungs"][0]["best_lr"], row["rungs"][-1]["best_lr"]
+        assert row["lr_steps_moved"] == round(math.log(last / first) / math.log(10 ** 0.5))
     assert rows[1]["compute_multiplier"] is not None and rows[1]["compute_multiplier_ci"] is not None
+    assert "LR moved a→c" in run_ablate("compare", str(tmp_path / "sweep"), "--format", "markdown").stdout

@@ -68,7 +68,7 @@ def test_a_ladder_with_an_lr_grid_scans_each_rung_then_seeds_each_rungs_best_lr(
     from ablate.sweep.transfer import TransferPlan
 
     plan = TransferPlan.make(["act=gelu,swiglu"], "ofat", 2, None, "1e-3:1e-1:3", "cpu",
-                             lambda job, rung: (1000 * rung.d_model, 2048), lambda job: 3e-3)
+                             lambda job, rung: (1000 * rung.d_model, 2048), lambda job: 3e-3, lambda job: "sp")
     losses = {j.name: 3.0 - (j.tag.endswith("lr0.1") if j.tag.startswith("r2") else j.tag.endswith("lr0.01"))
               for j in plan.jobs}
     results = [SimpleNamespace(job=j, status="completed", run_dir=j.name) for j in plan.jobs]
@@ -144,7 +144,7 @@ def test_a_file_that_is_not_a_ladder_says_what_is_wrong_and_what_a_ladder_needs(
     with pytest.raises(ConfigError) as err:
         load_ladder(str(bad))
     message = str(err.value)
-    assert "is not a ladder " + why in message and "base_lr and base_width" in message
+    assert "is not a ladder " + why in message and "tokens_per_param (or steps) and base_lr" in message
     assert "\n" not in message
 
 
@@ -206,3 +206,22 @@ def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly():
     p.stdout.close()  # before the plan is printed: every write meets a closed pipe
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0 and "Traceback" not in err, err
+
+
+def test_the_width_ladder_grows_the_width_alone_and_scans_the_same_grid_on_every_rung(tmp_path):
+    """conf/ladder/width.yaml, as docs/parametrization.md runs it: depth and heads fixed (head_dim
+    grows), the same steps on every rung, the same absolute LRs (lr_rule fixed), and the mup
+    variant's base the smallest rung."""
+    ladder = load_ladder("width")
+    assert ladder.lr_rule == "fixed" and ladder.steps and ladder.tokens_per_param is None
+    assert len({(r.n_layers, r.n_heads) for r in ladder.rungs}) == 1
+    widths = [r.d_model for r in ladder.rungs]
+    assert widths == sorted(widths) and widths[-1] >= 8 * widths[0]
+    jobs = dry("param=sp,mup", "--ladder", "width", "--lr-grid", "1e-3:1e-1:5", "--seeds", "2", tmp_path=tmp_path)
+    assert len(jobs) == 2 * len(widths) * 5
+    for width in widths:
+        rung = [j for j in jobs if j["model.d_model"] == str(width)]
+        assert [(j["param"], j["train.lr"]) for j in rung] == [
+            (p, lr) for p in ("sp", "mup") for lr in ("0.001", "0.00316", "0.01", "0.0316", "0.1")]
+        assert {j["train.steps"] for j in rung} == {str(ladder.steps)}
+        assert [j.get("model.base_width") for j in rung] == [None] * 5 + [str(widths[0])] * 5

@@ -2,7 +2,7 @@
 directory made. `preflight` runs before Hydra starts (the first job composes, the plan is made,
 the launcher is installed); `check_jobs` runs in the sweeper on every job's composed config and
 run directory, for a real sweep and for its --dry-run alike: a check of one job goes in
-`check_job`."""
+`check_job`, of the jobs together in `check_jobs` (check_base_shapes)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 from ablate.errors import AblateError, ConfigError
 from ablate.sweep.launchers import Launcher, missing_launcher_message
 from ablate.sweep.placement import check_jobs_per_gpu
-from ablate.sweep.planning import Job, check_mode, check_seeds, parse, plan
+from ablate.sweep.planning import Job, check_mode, check_seeds, naming, parse, plan
 
 
 def check_options(mode: str, seeds: Optional[int], jobs_per_gpu: Optional[int],
@@ -48,8 +48,8 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0, ladd
     check_quoted(list(arguments))
     load_plugins(list(arguments))  # their options are swept like built-in ones
     p = parse(arguments)
-    _check_tokens_key(p, ladder)
-    first = variant_tokens(p.fixed + [values[0] for _, values in p.swept])[1]  # --ladder's own key out
+    _check_ladder_keys(p, ladder)
+    first = variant_tokens(p.fixed + [values[0] for _, values in p.swept])[1]  # --ladder's own keys out
     register_configs()
     GlobalHydra.instance().clear()
     try:
@@ -67,18 +67,23 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0, ladd
     return plan(arguments, mode, seeds, OmegaConf.to_container(jobs, resolve=True) if jobs else None)
 
 
-def _check_tokens_key(p: Any, ladder: bool) -> None:
-    """ladder.tokens_per_param is not a config key: a --ladder sweep's variant, swept."""
-    from ablate.sweep.transfer import TOKENS_KEY
+def _check_ladder_keys(p: Any, ladder: bool) -> None:
+    """ladder.* keys are not config keys: ladder.tokens_per_param is a --ladder sweep's variant,
+    swept; the others set the ladder for the whole sweep (ablate/sweep/transfer.py)."""
+    from ablate.sweep.transfer import LADDER_PREFIX, TOKENS_KEY, ladder_settings
 
+    keys = [o.lstrip("+").split("=", 1)[0] for o in p.fixed] + [k.lstrip("+") for k, _ in p.swept]
+    given = [k for k in keys if k.startswith(LADDER_PREFIX)]
+    if given and not ladder:
+        what = ("makes the tokens a variant of a --ladder sweep (e.g. "
+                f"{TOKENS_KEY}=20,40" if given[0] == TOKENS_KEY else
+                "sets the ladder of a --ladder sweep (e.g. ladder.lr_rule=mup")
+        raise ConfigError(f"{given[0]} {what} --ladder cpu)")
     fixed = [o for o in p.fixed if o.lstrip("+").split("=", 1)[0] == TOKENS_KEY]
-    swept = any(k.lstrip("+") == TOKENS_KEY for k, _ in p.swept)
-    if (fixed or swept) and not ladder:
-        raise ConfigError(f"{TOKENS_KEY} makes the tokens a variant of a --ladder sweep "
-                          f"(e.g. {TOKENS_KEY}=20,40 --ladder cpu)")
     if fixed:
         raise ConfigError(f"{fixed[0]} alone would set every variant's tokens: edit tokens_per_param "
                           f"in the ladder file, or sweep it ({TOKENS_KEY}=20,40)")
+    ladder_settings(p)
 
 
 def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:
@@ -104,27 +109,41 @@ def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:
 
 def check_jobs(jobs: Sequence[Job], load: Callable[[Job], Any], launcher: Launcher,
                start: int = 0) -> tuple[list, list]:
-    """Every job's config, composed by `load`, and its run directory, checked by check_job; the
-    first bad job refuses the sweep (an AblateError naming it). Jobs are numbered from `start`
-    (a sweep's second phase). Returns (configs, run dirs)."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ablate.compose import hydra_message
-
+    """Every job's config, composed by `load`, and its run directory, checked by check_job, then
+    the jobs together (check_base_shapes); the first bad job refuses the sweep (an AblateError
+    naming it). Jobs are numbered from `start` (a sweep's second phase). Returns (configs, run dirs)."""
     configs, run_dirs = [], []
     for i, job in enumerate(jobs, start):
-        try:
+        with naming(f"job #{i} ({job.name})"):
             config = load(job)
             run_dir = job_dir(config, i)
             check_job(config, launcher, run_dir)
-        except AblateError as e:
-            raise type(e)(f"job #{i} ({job.name}): {e}") from None
-        except (HydraException, OmegaConfBaseException) as e:
-            raise ConfigError(f"job #{i} ({job.name}): {hydra_message(e)}") from None
         configs.append(config)
         run_dirs.append(run_dir)
+    check_base_shapes(configs)
     return configs, run_dirs
+
+
+def check_base_shapes(configs: Sequence[Any]) -> None:
+    """Runs of one param option with width rules (mup, completep) at several widths name their
+    base width, and completep's at several depths its base depth: left null, each run's base is
+    its own shape, so each would train as sp and the sweep would not be the one asked for."""
+    from ablate.model import options
+
+    for key, size, lost in (("base_width", "d_model", "train as sp"),
+                            ("base_depth", "n_layers", "lose the depth rules")):
+        own: dict = {}  # param option -> the sizes of its runs at their own base
+        for c in configs:
+            option = options.get("param", str(c.param.name))
+            rules = option.width if key == "base_width" else option.depth_alpha is not None
+            if rules and c.model.get(key) is None:
+                own.setdefault(str(c.param.name), set()).add(int(c.model[size]))
+        for name, sizes in own.items():
+            if len(sizes) > 1:
+                listed = ", ".join(map(str, sorted(sizes)))
+                raise ConfigError(f"param={name} with model.{key}=null takes each run's own model.{size} "
+                                  f"as its base, so the runs at model.{size}={listed} would each {lost}: "
+                                  f"name the base for all of them, e.g. model.{key}={min(sizes)}")
 
 
 def job_dir(config: Any, num: int) -> Optional[str]:

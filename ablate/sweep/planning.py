@@ -12,13 +12,14 @@ the seeds of different variants are paired (same batches in the same order).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
-from ablate.errors import ConfigError
+from ablate.errors import AblateError, ConfigError
 
 MODES = ("ofat", "grid")
 SEED_KEY = "seed"
@@ -222,6 +223,22 @@ def plan(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0,
     else:
         base = expand_ofat(p)
     return with_seeds(base, seed_list)
+
+
+@contextlib.contextmanager
+def naming(what: str):
+    """An error composing or checking `what` (a job, a variant) refuses it in one line that names it."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ablate.compose import hydra_message
+
+    try:
+        yield
+    except AblateError as e:
+        raise type(e)(f"{what}: {e}") from None
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"{what}: {hydra_message(e)}") from None
 
 
 def print_plan(jobs: list[Job], as_json: bool, header: str = "", out=None) -> None:

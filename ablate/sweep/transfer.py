@@ -7,11 +7,15 @@ each variant on every rung of a model ladder (`--ladder`).
 --ladder NAME      every variant on every rung of conf/ladder/NAME.yaml (or a .yaml path): the
                    rung sets width, depth and heads together, the steps follow the ladder's
                    tokens-per-parameter rule (the baseline's non-embedding parameters at that
-                   rung) and the learning rate its width rule. A swept
-                   `ladder.tokens_per_param=20,40` makes the tokens a variant (e.g. the
-                   twice-the-tokens check): that variant's steps follow its own value.
+                   rung; or its fixed steps) and the learning rate its LR rule (width, fixed, or
+                   mup: one LR, param=mup / completep scaling the rest). Every job of a variant
+                   whose param has a base shape trains at the ladder's base width and depth. A
+                   swept `ladder.tokens_per_param=20,40` makes the tokens a variant (e.g. the
+                   twice-the-tokens check): that variant's steps follow its own value; a fixed
+                   `ladder.lr_rule=mup` (SETTINGS) sets the ladder for the whole sweep.
 Both together: the LR grid on every rung (the ladder's LR rule gives way), then each variant's
-seeds at its own best LR of each rung.
+seeds at its own best LR of each rung; under lr_rule mup the grid on the smallest rung only,
+then every rung and seed at each variant's best LR there.
 The sweep directory's transfer.json says which of the two a sweep is; `ablate compare` reads it
 to report best_lr, lr_sensitivity, tuned_delta or the compute multiplier
 (ablate/analysis/transfer_report.py).
@@ -28,12 +32,17 @@ from typing import Any, Callable, Optional, Sequence
 
 from ablate.errors import ConfigError
 from ablate.rundir import TRANSFER, read_transfer
-from ablate.sweep.planning import SEED_KEY, Job, Parsed
+from ablate.sweep.planning import SEED_KEY, Job, Parsed, naming
 from ablate.vocab import LADDER_TOKENS_KEY as TOKENS_KEY
 from ablate.vocab import LR, TOKENS, VAL_LOSS, Status
 
 LR_KEY = "train.lr"
 LADDER_KEYS = ("model.d_model", "model.n_layers", "model.n_heads")
+BASE_KEYS = ("model.base_width", "model.base_depth")  # the reference shape of param=mup, completep
+LR_RULES = ("width", "fixed", "mup")
+LADDER_PREFIX = "ladder."
+# the ladder's keys that `ladder.KEY=VALUE` sets for the whole sweep (ladder.lr_rule=mup)
+SETTINGS = ("lr_rule", "base_lr", "base_width", "base_depth", "steps", "warmup_fraction")
 
 
 def lr_tag(lr: float) -> str:
@@ -94,36 +103,58 @@ class Rung:
 @dataclass(frozen=True)
 class Ladder:
     """A named model ladder. tokens_per_param: training tokens per non-embedding parameter of
-    the baseline at each rung (every variant trains on the same tokens). lr_rule "width": the
-    LR scales as base_lr * base_width / d_model (wider models take smaller steps, as muP's
-    hidden-layer rule for Adam); "fixed": base_lr on every rung."""
+    the baseline at each rung (every variant trains on the same tokens); or steps: the same
+    steps on every rung (a width ladder measuring LR transfer, as muP's figures fix the steps).
+    base_lr is the LR at the base shape, base_width x base_depth (None: the smallest rung's).
+    lr_rule "width": base_lr * base_width / d_model (wider models take smaller steps, as muP's
+    hidden-layer rule for Adam); "fixed": base_lr on every rung; "mup": base_lr on every rung,
+    for param=mup / completep, whose rules scale each layer's LR from the base shape."""
 
     name: str
     rungs: tuple
-    tokens_per_param: float
+    tokens_per_param: Optional[float]
     base_lr: float
-    base_width: int
+    base_width: Optional[int] = None
     lr_rule: str = "width"
     warmup_fraction: float = 0.1  # of each rung's steps
+    base_depth: Optional[int] = None
+    steps: Optional[int] = None
+
+    @property
+    def base(self) -> tuple[int, int]:
+        """(width, depth) of the base shape: the file's, else the smallest rung's."""
+        return self.base_width or self.rungs[0].d_model, self.base_depth or self.rungs[0].n_layers
 
     def warmup(self, steps: int) -> int:
         return math.ceil(self.warmup_fraction * steps)
 
     def lr(self, rung: Rung) -> float:
-        lr = self.base_lr * self.base_width / rung.d_model if self.lr_rule == "width" else self.base_lr
+        lr = self.base_lr * self.base[0] / rung.d_model if self.lr_rule == "width" else self.base_lr
         return float(f"{lr:.3g}")
 
-    def steps(self, params: int, tokens_per_step: int, tokens_per_param: Optional[float] = None) -> int:
+    def rung_steps(self, params: int, tokens_per_step: int, tokens_per_param: Optional[float] = None) -> int:
+        """A rung's steps: a variant's own tokens per parameter, else the ladder's steps or its
+        tokens per parameter of the baseline's `params`."""
+        if tokens_per_param is None and self.steps is not None:
+            return self.steps
         return max(1, math.ceil((tokens_per_param or self.tokens_per_param) * params / tokens_per_step))
+
+    def base_overrides(self) -> list[str]:
+        """What each job of a variant with a base shape (param=mup, completep) trains with."""
+        return [f"{k}={v}" for k, v in zip(BASE_KEYS, self.base)]
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["rungs"] = [dataclasses.asdict(r) for r in self.rungs]
+        for key in ("base_depth", "steps"):  # unset: the record of a ladder that had no such key
+            if d[key] is None:
+                del d[key]
         return d
 
 
-def load_ladder(name: str) -> Ladder:
-    """conf/ladder/NAME.yaml, or a .yaml file; the rungs must grow (width, depth and heads never
+def load_ladder(name: str, settings: Optional[dict[str, str]] = None) -> Ladder:
+    """conf/ladder/NAME.yaml, or a .yaml file, with `settings` ({key: value} of `ladder.KEY=VALUE`
+    on the command line) over the file's; the rungs must grow (width, depth and heads never
     shrink, and each rung is larger than the one before)."""
     import yaml
 
@@ -136,31 +167,44 @@ def load_ladder(name: str) -> Ladder:
                           "or give a .yaml file")
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if "steps" in (settings or {}):  # the same steps on every rung, in place of the tokens rule
+            doc.pop("tokens_per_param", None)
+        doc.update({k: yaml.safe_load(v) for k, v in (settings or {}).items()})
         rungs = tuple(Rung(str(r["name"]), int(r["d_model"]), int(r["n_layers"]), int(r["n_heads"]))
                       for r in doc["rungs"])
-        ladder = Ladder(path.stem, rungs, float(doc["tokens_per_param"]), float(doc["base_lr"]),
-                        int(doc["base_width"]), str(doc.get("lr_rule", "width")),
-                        float(doc.get("warmup_fraction", 0.1)))
+        ladder = Ladder(path.stem, rungs, _maybe(float, doc.get("tokens_per_param")), float(doc["base_lr"]),
+                        _maybe(int, doc.get("base_width")), str(doc.get("lr_rule", "width")),
+                        float(doc.get("warmup_fraction", 0.1)), _maybe(int, doc.get("base_depth")),
+                        _maybe(int, doc.get("steps")))
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
         mark = getattr(e, "problem_mark", None)  # a YAML syntax error: its several lines in one
         why = (f"no key {e}" if isinstance(e, KeyError) else
                f"YAML: {e.problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else
                f"{type(e).__name__}: {e}")
         raise ConfigError(f"--ladder {name}: {path} is not a ladder ({why}); it "
-                          "needs rungs [{name, d_model, n_layers, n_heads}], tokens_per_param, "
-                          "base_lr and base_width") from None
+                          "needs rungs [{name, d_model, n_layers, n_heads}], tokens_per_param "
+                          "(or steps) and base_lr") from None
     check_ladder(ladder)
     return ladder
 
 
+def _maybe(kind: Callable[[Any], Any], value: Any) -> Any:
+    return None if value is None else kind(value)
+
+
 def check_ladder(ladder: Ladder) -> None:
-    if ladder.lr_rule not in ("width", "fixed"):
-        raise ConfigError(f"ladder {ladder.name}: lr_rule must be width or fixed, got {ladder.lr_rule}")
+    if ladder.lr_rule not in LR_RULES:
+        raise ConfigError(f"ladder {ladder.name}: lr_rule must be one of {', '.join(LR_RULES)}, "
+                          f"got {ladder.lr_rule}")
     if len(ladder.rungs) < 2:
         raise ConfigError(f"ladder {ladder.name}: a ladder needs at least 2 rungs")
-    if ladder.tokens_per_param <= 0 or ladder.base_lr <= 0 or not 0 <= ladder.warmup_fraction < 1:
-        raise ConfigError(f"ladder {ladder.name}: tokens_per_param and base_lr must be positive and "
-                          "warmup_fraction in [0, 1)")
+    if (ladder.tokens_per_param is None) == (ladder.steps is None):
+        raise ConfigError(f"ladder {ladder.name}: give tokens_per_param (tokens per non-embedding "
+                          "parameter) or steps (the same on every rung), one of the two")
+    sizes = (ladder.tokens_per_param, ladder.base_lr, ladder.steps, ladder.base_width, ladder.base_depth)
+    if any(v is not None and not v > 0 for v in sizes) or not 0 <= ladder.warmup_fraction < 1:
+        raise ConfigError(f"ladder {ladder.name}: tokens_per_param, steps, base_lr, base_width and "
+                          "base_depth must be positive and warmup_fraction in [0, 1)")
     for a, b in zip(ladder.rungs, ladder.rungs[1:]):
         size_a, size_b = (a.d_model, a.n_layers, a.n_heads), (b.d_model, b.n_layers, b.n_heads)
         if any(y < x for x, y in zip(size_a, size_b)) or size_a == size_b:
@@ -169,21 +213,53 @@ def check_ladder(ladder: Ladder) -> None:
                               "smallest first, each larger than the last")
 
 
+def ladder_settings(p: Parsed) -> dict[str, str]:
+    """The ladder's keys set on the command line, `ladder.lr_rule=mup` as {"lr_rule": "mup"}
+    (ladder.tokens_per_param is a variant, not one of them); swept or unknown: refused."""
+    for key, _ in p.swept:
+        key = key.lstrip("+")
+        if key.startswith(LADDER_PREFIX) and key != TOKENS_KEY:
+            raise ConfigError(f"{key} applies to the whole ladder: give it one value (only "
+                              f"{TOKENS_KEY} is swept, as a variant)")
+    out = {}
+    for o in p.fixed:
+        key, _, value = o.lstrip("+").partition("=")
+        if not key.startswith(LADDER_PREFIX) or key == TOKENS_KEY:
+            continue
+        if key[len(LADDER_PREFIX):] not in SETTINGS:
+            raise ConfigError(f"{key}: not a ladder key that can be set here; choose one of "
+                              f"{', '.join(LADDER_PREFIX + k for k in SETTINGS)}")
+        out[key[len(LADDER_PREFIX):]] = value
+    return out
+
+
+def as_added_keys(arguments: Sequence[str]) -> list[str]:
+    """The command line with each ladder setting `ladder.lr_rule=mup` as `+ladder.lr_rule=mup`:
+    Hydra composes the sweep's own config with the fixed overrides, where a key of the ladder is
+    not a key of the config but may be added; every job's overrides leave it out (variant_tokens)."""
+    def added(a: str) -> str:
+        key = a.split("=", 1)[0]
+        return "+" + a if "=" in a and key.startswith(LADDER_PREFIX) and key != TOKENS_KEY else a
+
+    return [added(a) for a in arguments]
+
+
 def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Rung], tuple[int, int]],
-                seeds: Sequence[int]) -> tuple[list[Job], list[dict]]:
+                seeds: Sequence[int], based: Sequence[bool] = ()) -> tuple[list[Job], list[dict]]:
     """Every variant on every rung (smallest first) with every seed. plan_rung(rung) -> (the
-    baseline's non-embedding params there, tokens per step). Returns (jobs, the rung table)."""
+    baseline's non-embedding params there, tokens per step); based[i]: variant i trains with the
+    ladder's base shape (its param has one). Returns (jobs, the rung table)."""
     table, jobs = [], []
     for rung in ladder.rungs:
         params, per_step = plan_rung(rung)
-        steps, lr = ladder.steps(params, per_step), ladder.lr(rung)
+        steps, lr = ladder.rung_steps(params, per_step), ladder.lr(rung)
         table.append({**dataclasses.asdict(rung), "params": params, "steps": steps,
                       TOKENS: steps * per_step, LR: lr})
-        for v in variants:
+        for i, v in enumerate(variants):
             own, rest = variant_tokens(v.overrides)
-            n = steps if own is None else ladder.steps(params, per_step, own)  # the tokens as a variant
-            rest += rung.overrides() + [f"train.steps={n}", f"train.warmup_steps={ladder.warmup(n)}",
-                                        f"{LR_KEY}={lr:g}"]
+            n = steps if own is None else ladder.rung_steps(params, per_step, own)  # the tokens as a variant
+            rest += rung.overrides() + (ladder.base_overrides() if i < len(based) and based[i] else []) + [
+                f"train.steps={n}", f"train.warmup_steps={ladder.warmup(n)}", f"{LR_KEY}={lr:g}"]
             for s in seeds or [None]:
                 jobs.append(dataclasses.replace(
                     v, overrides=rest + ([f"{SEED_KEY}={s}"] if s is not None else []),
@@ -192,12 +268,14 @@ def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Ru
 
 
 def variant_tokens(overrides: Sequence[str]) -> tuple[Optional[float], list[str]]:
-    """(the variant's ladder.tokens_per_param or None, its other overrides)."""
+    """(the variant's ladder.tokens_per_param or None, its overrides but the ladder's keys)."""
     own, rest = None, []
     for o in overrides:
         key, _, value = o.lstrip("+").partition("=")
-        if key != TOKENS_KEY:
+        if not key.startswith(LADDER_PREFIX):
             rest.append(o)
+            continue
+        if key != TOKENS_KEY:  # a setting of the whole ladder (ladder_settings)
             continue
         try:
             own = float(value)
@@ -225,9 +303,11 @@ def write_transfer(sweep_dir: Path, record: dict) -> None:
 
 
 
-def check_transfer(lr_grid: Optional[str], ladder: Optional[str]) -> tuple[list[float], Optional[Ladder]]:
-    """--lr-grid and --ladder as given: (the grid, the ladder); one line on bad input."""
-    lad = load_ladder(ladder) if ladder is not None else None
+def check_transfer(lr_grid: Optional[str], ladder: Optional[str],
+                   settings: Optional[dict[str, str]] = None) -> tuple[list[float], Optional[Ladder]]:
+    """--lr-grid and --ladder as given (with the ladder's `settings` from the command line):
+    (the grid, the ladder); one line on bad input."""
+    lad = load_ladder(ladder, settings) if ladder is not None else None
     if lr_grid is None:
         return [], lad
     from ablate.analysis.transfer import parse_lr_grid
@@ -240,26 +320,67 @@ def _set_keys(p: Parsed) -> set[str]:
     return {o.lstrip("+~").split("=", 1)[0] for o in p.fixed} | {k.lstrip("+~") for k, _ in p.swept}
 
 
+def at_lr(job: Job, lr: float) -> Job:
+    """A ladder job at grid LR `lr`, its rung's LR replaced (the seed override stays last) and its
+    tag `r0_lr0.01`."""
+    *rest, seed = job.overrides
+    rest = [o for o in rest if not o.startswith(f"{LR_KEY}=")]
+    return dataclasses.replace(job, overrides=rest + [f"{LR_KEY}={lr:g}", seed], tag=f"{job.tag}_{lr_tag(lr)}")
+
+
+def lr_of(job: Job) -> float:
+    return float(next(o for o in reversed(job.overrides) if o.startswith(f"{LR_KEY}=")).split("=", 1)[1])
+
+
+def check_rule(lad: Ladder, params: Sequence[str], grid: bool) -> list[bool]:
+    """Whether each variant (its `param` option, the baseline first) trains with the ladder's base
+    shape (its param has width or depth rules). Refused: lr_rule mup with a param that scales
+    nothing (sp); lr_rule width, without a grid, with one that scales the hidden LRs by the width
+    already (they would take base_width / d_model twice)."""
+    from ablate.model import options
+
+    based = []
+    for i, name in enumerate(params):
+        option = options.get("param", name)
+        who = "the baseline" if i == 0 else "a variant"
+        if lad.lr_rule == "mup" and not option.width:
+            raise ConfigError(f"ladder {lad.name}: lr_rule mup trains every rung at one LR and leaves the "
+                              f"width to the parametrization, but {who} has param={name}, which does not "
+                              "scale with the width: give it param=mup or param=completep, or set "
+                              "ladder.lr_rule=fixed")
+        if lad.lr_rule == "width" and option.width and not grid:
+            raise ConfigError(f"ladder {lad.name}: lr_rule width scales the LR by base_width / d_model, "
+                              f"which {who}'s param={name} already does for its hidden layers: set "
+                              "ladder.lr_rule=mup (one LR for every rung)")
+        based.append(option.width or option.depth_alpha is not None)
+    return based
+
+
 @dataclass
 class TransferPlan:
     """jobs: what runs first; later: how many jobs a second phase adds (the LR grid's seeds at
-    each variant's best LR); record: transfer.json."""
+    each variant's best LR; on an lr_rule mup ladder, `pending`: every rung's jobs at each
+    variant's best LR of the smallest rung); record: transfer.json."""
 
     jobs: list
     variants: list
     record: dict
     seeds: int
     later: int = 0
+    pending: list = dataclasses.field(default_factory=list)
+    base: Optional[tuple] = None  # (width, depth): the ladder's base shape, where a variant trains with it
 
     @classmethod
     def make(cls, arguments: Sequence[str], mode: str, seeds: int, explicit: Any,
              lr_grid: Optional[str], ladder: Optional[str],
              plan_rung: Callable[[Job, Rung], tuple[int, int]],
-             base_lr: Callable[[Job], float]) -> "TransferPlan":
+             base_lr: Callable[[Job], float], param_of: Callable[[Job], str]) -> "TransferPlan":
+        """plan_rung(job, rung): the job's non-embedding params and tokens per step at the rung;
+        base_lr(job), param_of(job): its train.lr and param option (each from its composed config)."""
         from ablate.sweep.planning import parse, plan
 
-        grid, lad = check_transfer(lr_grid, ladder)
         p = parse(arguments)
+        grid, lad = check_transfer(lr_grid, ladder, ladder_settings(p))
         if p.seeds:
             raise ConfigError("with --lr-grid or --ladder give seeds as --seeds N, not seed=...")
         if grid and LR_KEY in _set_keys(p):
@@ -269,28 +390,44 @@ class TransferPlan:
         if lad is None:
             record = {"kind": "lr_grid", "grid": grid, "seeds": k, "shared_lr": base_lr(variants[0])}
             return cls(grid_jobs(variants, grid), variants, record, k, len(variants) * (k - 1))
-        clash = _set_keys(p) & {*LADDER_KEYS, "train.steps", "train.warmup_steps", LR_KEY}
+        params = []
+        for v in variants:  # composed without the ladder's own keys
+            with naming(f"variant {v.variant}"):
+                params.append(param_of(dataclasses.replace(v, overrides=variant_tokens(v.overrides)[1])))
+        return cls._ladder(p, variants, lad, grid, seeds, plan_rung, params)
+
+    @classmethod
+    def _ladder(cls, p: Parsed, variants: list, lad: Ladder, grid: list, seeds: int,
+                plan_rung: Callable[[Job, Rung], tuple[int, int]], params: list) -> "TransferPlan":
+        clash = _set_keys(p) & {*LADDER_KEYS, *BASE_KEYS, "train.steps", "train.warmup_steps", LR_KEY}
         if clash:
             raise ConfigError(f"--ladder {lad.name} sets {', '.join(sorted(clash))} on each rung; "
                               f"do not set {'it' if len(clash) == 1 else 'them'} too "
-                              "(edit the ladder file instead)")
+                              "(edit the ladder file, or give ladder.KEY=VALUE)")
         own, rest = variant_tokens(variants[0].overrides)
+        if lad.steps is not None and any(variant_tokens(v.overrides)[0] is not None for v in variants):
+            raise ConfigError(f"ladder {lad.name} trains {lad.steps} steps on every rung; {TOKENS_KEY} "
+                              "needs a ladder with tokens_per_param")
         base = dataclasses.replace(variants[0], overrides=rest)
         if own is not None:  # the baseline's own tokens per parameter are the ladder's, as run
             lad = dataclasses.replace(lad, tokens_per_param=own)
+        based = check_rule(lad, params, bool(grid))
+        shape = lad.base if any(based) else None
+        k, one_scan = max(seeds, 1), bool(grid) and lad.lr_rule == "mup"
         jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(base, rung),
-                                  [0] if grid else list(range(seeds)))
+                                  list(range(k)) if one_scan else [0] if grid else list(range(seeds)), based)
         record = {"kind": "ladder", "ladder": lad.as_dict(), "rungs": table, "seeds": seeds}
         if not grid:
-            return cls(jobs, variants, record, seeds)
-        # a scan per rung: each variant's seed 0 on each rung at every grid LR, then its seeds at
-        # the best LR of that rung
+            return cls(jobs, variants, record, seeds, base=shape)
         record.update(grid=grid, seeds=k)
-        # the grid LR replaces the rung's; the seed override stays last
-        scan = [dataclasses.replace(j, overrides=[o for o in j.overrides[:-1] if not o.startswith(f"{LR_KEY}=")]
-                                    + [f"{LR_KEY}={lr:g}", j.overrides[-1]], tag=f"{j.tag}_{lr_tag(lr)}")
-                for j in jobs for lr in grid]
-        return cls(scan, variants, record, k, len(jobs) * (k - 1))
+        if not one_scan:  # a scan per rung (seed 0), then the seeds at the best LR of each rung
+            return cls([at_lr(j, lr) for j in jobs for lr in grid], variants, record, k,
+                       len(jobs) * (k - 1), base=shape)
+        # one scan, at the smallest rung (seed 0); every other job waits for its variant's pick
+        first = lad.rungs[0].name
+        scan = [at_lr(j, lr) for j in jobs if (j.tag, j.seed) == (first, 0) for lr in grid]
+        pending = [j for j in jobs if (j.tag, j.seed) != (first, 0)]
+        return cls(scan, variants, record, k, len(pending), pending, shape)
 
     def header(self, n: int, sweep_dir: Path) -> str:
         r = self.record
@@ -298,16 +435,26 @@ class TransferPlan:
         if r["kind"] == "lr_grid":
             return (f"lr-grid sweep: {len(self.variants)} variants x {len(r['grid'])} learning rates "
                     f"({grid}), seed 0: {n} jobs -> {sweep_dir}")
+        lad, first = r["ladder"], r["rungs"][0]["name"]
         rungs = "".join(f"\n  {t['name']}: d_model {t['d_model']}, {t['n_layers']} layers, "
                         f"{t['n_heads']} heads, {t['params']:,} non-embedding params, {t['steps']} steps "
                         f"({t[TOKENS]:,} tokens)" + ("" if grid else f", lr {t[LR]:g}") for t in r["rungs"])
-        size = f"{len(r['grid'])} learning rates ({grid}), seed 0" if grid else f"{max(self.seeds, 1)} seeds"
-        return (f"ladder {r['ladder']['name']} sweep: {len(self.variants)} variants x "
-                f"{len(r['rungs'])} rungs x {size}: {n} jobs -> {sweep_dir}\n"
-                f"rungs ({r['ladder']['tokens_per_param']:g} tokens per non-embedding parameter of "
-                f"the baseline):{rungs}")
+        size = (f"{len(r['grid'])} learning rates ({grid}) on {first}, seed 0 (lr_rule mup: one scan, "
+                "at the smallest rung)" if self.pending else
+                f"{len(r['rungs'])} rungs x {len(r['grid'])} learning rates ({grid}), seed 0" if grid else
+                f"{len(r['rungs'])} rungs x {max(self.seeds, 1)} seeds")
+        rule = (f"{lad['steps']} steps each" if lad.get("steps") else
+                f"{lad['tokens_per_param']:g} tokens per non-embedding parameter of the baseline")
+        base = f"; param base shape: d_model {self.base[0]}, {self.base[1]} layers" if self.base else ""
+        return (f"ladder {lad['name']} sweep: {len(self.variants)} variants x {size}: {n} jobs -> "
+                f"{sweep_dir}\nrungs ({rule}{base}):{rungs}")
 
     def then(self) -> str:
+        if self.pending:
+            first = self.record["rungs"][0]["name"]
+            return (f"then: every rung, seeds 0..{self.seeds - 1} (seed 0 of {first} is the scan's), of "
+                    f"each variant at its own best LR of {first} (lr_rule mup: one LR for every rung): "
+                    f"{self.later} jobs")
         where = " on each rung" if self.record["kind"] == "ladder" else ""
         return (f"then: seeds 1..{self.seeds - 1} of each variant at its own best LR of the grid{where}: "
                 f"{self.later} jobs")
@@ -325,6 +472,9 @@ class TransferPlan:
         lost = [f"{v} ({r})" if r else v for v, r in dict.fromkeys(cell_of(j) for j in self.jobs)
                 if (v, r) not in best]
         if lost:
-            print(f"warning: no grid LR finished for {', '.join(lost)}: no seeds at a best LR for it",
+            print(f"warning: no grid LR finished for {', '.join(lost)}: nothing runs at a best LR for it",
                   file=sys.stderr)
+        if self.pending:  # the smallest rung's pick, on every rung
+            picks = {variant: lr_of(job) for (variant, _), (job, _) in best.items()}
+            return [at_lr(j, picks[j.variant]) for j in self.pending if j.variant in picks]
         return seed_jobs(best, self.seeds)

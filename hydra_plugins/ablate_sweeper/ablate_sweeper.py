@@ -125,8 +125,11 @@ class AblateSweeper(Sweeper):
         def base_lr(variant) -> float:
             return float(self._load(variant).train.lr)
 
+        def param_of(variant) -> str:
+            return str(self._load(variant).param.name)
+
         return TransferPlan.make(arguments, self.mode, self.seeds, self.jobs, self.lr_grid,
-                                 self.ladder, plan_rung, base_lr)
+                                 self.ladder, plan_rung, base_lr, param_of)
 
     def _load(self, job) -> DictConfig:
         """A job's composed config (with its hydra node), as the launcher will compose it."""
