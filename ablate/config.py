@@ -231,7 +231,10 @@ def validate(cfg: Any) -> None:
     _check_run(cfg)
     from ablate.model.spec import ModelSpec
 
-    ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants
+    spec = ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants
+    from ablate.model.parametrization import check_plugin_roles
+
+    check_plugin_roles(spec)  # param=mup: a plugin's parameter without a role, before any directory
     from ablate.data.cache import preflight
 
     preflight(cfg.data)  # missing data paths fail here, before a run directory exists

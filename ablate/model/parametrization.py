@@ -95,27 +95,40 @@ def base_shapes(spec: Spec) -> dict[str, tuple]:
 
 def param_rules(model: Any) -> dict[str, ParamRule]:
     """name -> rule for each parameter of a Transformer (a tied weight once, under its first
-    name). A parameter without a role is refused under mup and completep (its rule would be a
-    guess); under sp every rule is 1."""
+    name); {} under sp (every multiplier 1). A parameter without a role is refused (its rule
+    would be a guess), before the base model is built."""
     from ablate.errors import ConfigError
     from ablate.model.roles import role_of
 
     spec = model.spec
-    width_rules = options.get("param", spec.param).width
-    shapes = base_shapes(spec) if width_rules else {}
-    rules = {}
+    if not options.get("param", spec.param).width:
+        return {}
+    roles = {}
     for name, p in model.named_parameters():
         try:
-            role = role_of(p).value
+            roles[name] = role_of(p).value
         except RuntimeError:
-            if not width_rules:
-                raise
             raise ConfigError(f"parameter {name} {tuple(p.shape)} has no role, and param={spec.param} "
                               "sets init and LR by role: tag it (ablate.model.roles.tag, "
                               "docs/extending.md) or use param=sp") from None
-        rules[name] = hidden_rule(name, role, tuple(p.shape), shapes) if width_rules and \
-            role in HIDDEN_ROLES else ParamRule(role)
-    return rules
+    shapes = base_shapes(spec)
+    return {name: hidden_rule(name, role, tuple(p.shape), shapes) if role in HIDDEN_ROLES else ParamRule(role)
+            for (name, p), role in zip(model.named_parameters(), roles.values())}
+
+
+def check_plugin_roles(spec: Spec) -> None:
+    """Under mup / completep with a plugin's option chosen: its parameters' rules, read off a
+    model built on the meta device, so a parameter without a role is refused (ConfigError)
+    before a run starts. Built-in options tag every parameter (tests hold it): no torch then."""
+    chosen = [options.get(axis, getattr(spec, axis)) for axis in ("norm", "norm_pos", "act", "pos")]
+    if not options.get("param", spec.param).width or not any(o.plugin for o in chosen):
+        return
+    import torch
+
+    from ablate.model.transformer import Transformer
+
+    with torch.device("meta"):
+        Transformer(spec)
 
 
 def hidden_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> ParamRule:
