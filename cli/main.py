@@ -107,7 +107,8 @@ def axes(overrides: list[str] = typer.Argument(  # "\\[": rich would read [..] a
 
 # Each command below lives in its own module (`register(app)` adds it); they import their heavy
 # dependencies lazily. A new command: one more name in this list, in `ablate --help` order.
-COMMAND_MODULES = ["sweep", "resume", "compare", "eval", "sample", "inspect", "export", "bench", "data"]
+COMMAND_MODULES = ["sweep", "resume", "compare", "eval", "sample", "inspect", "export", "bench", "coord_check",
+                   "data"]
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"cli.{_name}").register(app)
