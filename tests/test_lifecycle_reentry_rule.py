@@ -53,12 +53,23 @@ def test_more_steps_without_asking_is_refused_and_names_the_key(finished, how):
     assert snapshot(finished) == before
 
 
-def test_another_experiment_in_a_finished_directory_is_refused(finished):
-    before = snapshot(finished)
-    res = run_ablate("run", *BASE, "train.lr=0.01", f"hydra.run.dir={finished}")
-    assert res.returncode == 2 and "train.lr=0.003; this config has train.lr=0.01" in res.stderr
-    assert "--extend" not in res.stderr  # only more steps of a completed run can be extended
-    assert snapshot(finished) == before
+# A Hydra flag makes `ablate run` skip its pre-flight (as `--cfg`, `--info`): the job checks alone,
+# after Hydra has written its own .hydra/ record of the new config.
+@pytest.mark.parametrize("flags, hydras", [([], None), (["--config-name=config"], ".hydra/")],
+                         ids=["pre-flight", "inside-the-job"])
+def test_another_experiment_in_a_finished_directory_is_refused(finished, flags, hydras):
+    def record():  # the run's files (all but Hydra's own record where Hydra writes it)
+        return {name: data for name, data in snapshot(finished).items()
+                if hydras is None or not name.startswith(hydras)}
+
+    before = record()
+    res = run_ablate("run", *BASE, "train.lr=0.01", f"hydra.run.dir={finished}", *flags)
+    assert res.returncode == 2
+    # only more steps of a completed run can be extended: no --extend here
+    assert res.stderr.strip().splitlines() == [
+        f"error: {finished} holds a completed run with train.lr=0.003; this config has train.lr=0.01: "
+        "use another directory (hydra.run.dir / hydra.sweep.dir), or start it over with train.resume=never"]
+    assert record() == before
 
 
 def test_extend_trains_further_at_the_rate_the_schedule_ended_with(finished):
