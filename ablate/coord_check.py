@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Optional, Sequence
 
+from ablate.analysis.stats import mean_std
 from ablate.errors import ConfigError
 
 MIN_SIZES = 3  # a slope through two points has no residual: a third says whether it is a line
@@ -303,9 +304,7 @@ def slope_of(traces: list[Trace], module: Module, step: int) -> Slope:
     for seed in seeds:
         own = sorted((t for t in traces if t.seed == seed), key=lambda t: t.size)
         per_seed.append(loglog_slope([t.size for t in own], [t.mean(module, step) for t in own]))
-    mean = sum(per_seed) / len(per_seed)
-    spread = None if len(per_seed) < 2 else \
-        math.sqrt(sum((s - mean) ** 2 for s in per_seed) / (len(per_seed) - 1))
+    mean, spread = mean_std(per_seed)
     return Slope(module, step, tuple(per_seed), mean, spread)
 
 
