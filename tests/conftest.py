@@ -91,6 +91,37 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def invoke_ablate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """run_ablate's result from the CLI's own entry point (cli.main.main) called in this process,
+    output captured by typer's CliRunner: for a command whose test is not about the process (no
+    Hydra job, no signal, CPU only), without the ~4 s of CPU a process importing torch starts
+    with. An exception that would reach the console is in stderr as the traceback it would print."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from cli.main import main
+
+    argv, code = sys.argv, 0
+    with CliRunner().isolation(env=env) as (out, err, _):
+        sys.argv = ["ablate", *args]
+        try:
+            main()
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)  # as the interpreter prints it
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except Exception:  # noqa: BLE001 - what the process would print before exiting with 1
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.argv = argv
+            sys.stdout.flush()
+            sys.stderr.flush()
+        stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+    return subprocess.CompletedProcess(["ablate", *args], code, stdout, stderr)
+
+
 def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dict | None = None,
                     timeout: float = 300) -> tuple[int, str]:
     """Run the real CLI with stderr (and stdout, unless `stdout` is off) on a pseudo-terminal

@@ -9,7 +9,7 @@ import pytest
 
 from ablate.config import AXES
 from ablate.model import options
-from conftest import TINY, compose, find_run_dirs, run_ablate
+from conftest import TINY, compose, find_run_dirs, invoke_ablate, run_ablate
 
 DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
     "norm": {"layernorm", "rmsnorm", "dyt"}, "norm_pos": {"pre", "post", "sandwich", "reordered"},
@@ -131,7 +131,7 @@ def test_command_line_axis_wins_over_preset():
     (["pos=rope", "model.d_model=36", "model.n_heads=4"], "pos=rope needs an even head dim"),
 ])
 def test_run_refuses_bad_input_before_training(tmp_path, args, message):
-    r = run_ablate("run", *TINY, *args, f"out_dir={tmp_path}")
+    r = invoke_ablate("run", *TINY, *args, f"out_dir={tmp_path}")  # refused before Hydra starts a job
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.stderr

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY, completed_trainer, loss_curve, run_ablate, scripted_trainer
+from conftest import TINY, completed_trainer, invoke_ablate, loss_curve, run_ablate, scripted_trainer
 
 
 @pytest.mark.parametrize("args, message", [
@@ -19,7 +19,7 @@ from conftest import TINY, completed_trainer, loss_curve, run_ablate, scripted_t
      "error: train.sdpa_backend=cudnn has no deterministic backward"),
 ])
 def test_bad_kernel_settings_are_one_line_errors(tmp_path, args, message):
-    res = run_ablate("run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    res = invoke_ablate("run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")  # refused before Hydra
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().splitlines() == [next(l for l in res.stderr.splitlines() if l.startswith("error:"))]
     assert message in res.stderr and "Traceback" not in res.stderr

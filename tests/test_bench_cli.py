@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import TINY, compose, run_ablate
+from conftest import TINY, compose, invoke_ablate, run_ablate
 
 KEYS = ("tokens_per_s", "step_ms", "flops_per_token", "peak_memory_bytes", "params", "achieved_flops")
 FAST = ["--steps", "2", "--warmup", "1", "--rounds", "2"]
@@ -72,7 +72,7 @@ def inspect_flops(*overrides: str) -> int:
     (["--vs", "act=nope"], "act"),
 ])
 def test_bad_input_is_one_line(args, message):
-    res = run_ablate("bench", *TINY, *args)
+    res = invoke_ablate("bench", *TINY, *args)  # refused before anything is timed
     assert res.returncode != 0
     assert res.stderr.strip().startswith("error:") and message in res.stderr
     assert "Traceback" not in res.stderr
