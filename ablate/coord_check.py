@@ -331,14 +331,14 @@ class CoordCheck:
     def reading(self) -> str:
         """One line, from the numbers: which modules grow, shrink or stay flat with the size."""
         steps = self.judged_steps()
-        groups: dict[str, list[tuple[str, list[float]]]] = {}
+        groups: dict[tuple[Trend, int], list[tuple[str, list[float]]]] = {}
         for m in Module:
             means = [self.slope(m, s).mean for s in steps]
-            groups.setdefault(_trend(means), []).append((m.label, means))
+            groups.setdefault(_trend(steps, means), []).append((m.label, means))
         where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
         sizes = self.request.sizes
-        parts = [f"{', '.join(label for label, _ in items)} {_trend_words(trend, items, self.request.sweep)}"
-                 for trend, items in sorted(groups.items(), key=lambda kv: TRENDS.index(kv[0]))]
+        parts = [f"{', '.join(label for label, _ in items)} {_trend_words(key, steps, items, self.request.sweep)}"
+                 for key, items in sorted(groups.items(), key=lambda kv: (list(Trend).index(kv[0][0]), kv[0][1]))]
         return f"{self.setting.param}, {self.request.sweep.value} {sizes[0]}-{sizes[-1]}, {where}: " + "; ".join(parts)
 
     def to_json(self) -> dict:
@@ -361,25 +361,45 @@ class CoordCheck:
         }
 
 
-TRENDS = ("grows", "shrinks", "flat", "unmeasured")  # the reading's order
+class Trend(Enum):
+    """A module's slopes over the judged steps, in the reading's order."""
+
+    GROWS = "grow"
+    SHRINKS = "shrink"
+    SETTLES = "flat from a later step"  # the first steps' slopes beyond FLAT, the last two or more within
+    FLAT = "flat"
+    UNMEASURED = "unmeasured"
 
 
-def _trend(means: list[float]) -> str:
+def _trend(steps: list[int], means: list[float]) -> tuple[Trend, int]:
+    """(trend, the step from which every slope is within +-FLAT; 0 when there is none)."""
     if any(math.isnan(x) for x in means):
-        return "unmeasured"
-    if all(abs(x) <= FLAT for x in means):
-        return "flat"
-    return "grows" if sum(means) > 0 else "shrinks"
+        return Trend.UNMEASURED, 0
+    within = next((i for i in range(len(means)) if all(abs(x) <= FLAT for x in means[i:])), len(means))
+    if within == 0:
+        return Trend.FLAT, steps[0]
+    if len(means) - within >= 2:
+        return Trend.SETTLES, steps[within]
+    return (Trend.GROWS if sum(means) > 0 else Trend.SHRINKS), 0
 
 
-def _trend_words(trend: str, items, sweep: Sweep) -> str:
-    values = [x for _, means in items for x in means if not math.isnan(x)]
-    if trend == "unmeasured":
+def _trend_words(key: tuple[Trend, int], steps: list[int], items, sweep: Sweep) -> str:
+    trend, flat_from = key
+    if trend is Trend.UNMEASURED:
         return "not measured (a non-finite activation: the model diverged)"
-    if trend == "flat":
-        return f"flat (|slope| <= {max(abs(x) for x in values):.2f})"
-    verb = "grow" if trend == "grows" else "shrink"
-    return f"{verb} with {sweep.value} (slope {min(values):.2f} to {max(values):.2f})"
+    cut = steps.index(flat_from) if flat_from else len(steps)
+    before = [x for _, means in items for x in means[:cut]]
+    after = [abs(x) for _, means in items for x in means[cut:]]
+    if trend is Trend.FLAT:
+        return f"flat (|slope| <= {max(after):.2f})"
+    if trend is Trend.SETTLES:
+        return f"flat from step {flat_from} (|slope| <= {max(after):.2f}; {_span(before)} before)"
+    return f"{trend.value} with {sweep.value} (slope {_span(before)})"
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def _finite(x: Optional[float]) -> Optional[float]:

@@ -83,6 +83,27 @@ def test_spread_is_the_sample_standard_deviation_over_seeds():
     assert slope_of([t for t in traces if t.seed == 0], Module.LOGITS, 1).spread is None
 
 
+def power_law_check(slopes: dict[Module, list[float]], steps: int) -> CoordCheck:
+    """A check whose mean |x| is exactly size^slope at each step (one seed; other modules flat)."""
+    from ablate.coord_check import Setting
+
+    sizes = (64, 128, 256)
+    traces = [Trace(size, 0, {m: [[size ** slopes.get(m, [0.0] * steps)[i]] for i in range(steps)] for m in Module})
+              for size in sizes]
+    return CoordCheck(Request(Sweep.WIDTH, sizes, steps, 1), Setting("mup", 64, 3e-3, 4, 64, "cpu", "fp32"), traces)
+
+
+def test_reading_says_what_the_slopes_after_the_first_update_say():
+    check = power_law_check({Module.FFN_OUT: [1.0, 0.9, 1.1, 1.2], Module.ATTN_LOGITS: [-0.5, -0.4, -0.3, -0.2],
+                             Module.LOGITS: [-0.5, -0.2, 0.01, -0.02], Module.RESIDUAL: [0.5, 0.1, -0.1, 0.15]}, 4)
+    assert check.reading() == (
+        "mup, width 64-256, steps 2-4: FFN output grow with width (slope 0.90 to 1.20); attention logits shrink "
+        "with width (slope -0.40 to -0.20); output logits flat from step 3 (|slope| <= 0.02; -0.20 before); "
+        "embedding output, attention output, residual stream flat (|slope| <= 0.15)")
+    only_init = power_law_check({Module.LOGITS: [-0.5]}, 1)
+    assert "step 1: output logits shrink with width (slope -0.50)" in only_init.reading()
+
+
 # ---- what is recorded --------------------------------------------------------------------------
 
 def by_hand(model, x: torch.Tensor) -> dict[Module, list[float]]:
