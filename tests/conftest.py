@@ -118,7 +118,8 @@ def invoke_ablate(*args: str, env: dict | None = None) -> subprocess.CompletedPr
             sys.argv = argv
             sys.stdout.flush()
             sys.stderr.flush()
-        stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+        # as run_ablate's text-mode pipes read them: universal newlines
+        stdout, stderr = (s.getvalue().decode().replace("\r\n", "\n").replace("\r", "\n") for s in (out, err))
     return subprocess.CompletedProcess(["ablate", *args], code, stdout, stderr)
 
 

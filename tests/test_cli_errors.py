@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY, find_run_dirs, run_ablate
+from conftest import ROOT, TINY, find_run_dirs, invoke_ablate, run_ablate
 
 
 def one_line(res) -> str:
@@ -57,7 +57,7 @@ def test_seeds_below_one_are_refused(args, tmp_path):
 
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_an_override_written_as_an_option_gets_our_hint(command, tmp_path):
-    res = run_ablate(command, *TINY, "--norm=rmsnorm", f"out_dir={tmp_path}")
+    res = invoke_ablate(command, *TINY, "--norm=rmsnorm", f"out_dir={tmp_path}")  # refused before Hydra
     line = one_line(res)
     assert "unknown option '--norm=rmsnorm'" in line and "`norm=rmsnorm`" in line
     assert "usage" not in res.stderr.lower() and "--shell-completion" not in res.stderr
@@ -73,7 +73,7 @@ def test_an_override_written_as_an_option_gets_our_hint(command, tmp_path):
     ["run", "norm=bogus"],  # Hydra's, as ours
 ])
 def test_every_error_line_begins_the_same_way(args):
-    res = run_ablate(*args)
+    res = invoke_ablate(*args)  # through the CLI's own entry point, which words click's errors
     one_line(res)
     assert "Error" not in res.stderr and "Usage" not in res.stderr
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import compose, run_ablate, run_on_terminal
+from conftest import compose, invoke_ablate, run_ablate, run_on_terminal
 
 GPT2_SMALL = ["model=small", "tokenizer=gpt2", "model.vocab_size=50257"]
 
@@ -31,7 +31,7 @@ def test_gpt2_small_exact_counts_through_the_cli(tmp_path):
 
 
 def test_human_output_states_formulas_padding_and_ffn_sizes():
-    r = run_ablate("inspect", "act=swiglu", "--dtype", "fp32")
+    r = invoke_ablate("inspect", "act=swiglu", "--dtype", "fp32")
     assert r.returncode == 0, r.stderr
     text = r.stdout
     assert "6*N + 12*L*d_attn*T" in text
@@ -83,7 +83,7 @@ def test_gqa_kv_cache_and_dtype():
 
 def test_gqa_on_the_default_model_sits_between_mqa_and_mha():
     """The default tiny model has 4 heads: attn=gqa (and arch=llama) must not be MQA in disguise."""
-    r = run_ablate("inspect", "attn=gqa", "--json")
+    r = invoke_ablate("inspect", "attn=gqa", "--json")
     assert r.returncode == 0, r.stderr
     gqa = json.loads(r.stdout)
     from ablate.inspect import inspect_config
@@ -116,7 +116,7 @@ def test_ffn_size_matching_explained():
     (["attn=gqa", "model.n_heads=6", "model.n_kv_heads=4"], "not divisible by model.n_kv_heads=4"),
 ])
 def test_bad_input_is_one_line(args, message):
-    r = run_ablate("inspect", *args)
+    r = invoke_ablate("inspect", *args)
     assert r.returncode != 0
     assert r.stderr.strip().startswith("error:") and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

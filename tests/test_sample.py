@@ -19,22 +19,21 @@ from ablate.run_model import load_run_model
 from ablate.sample import SampleOptions, pick, sample_run
 from ablate.train import checkpoint
 from ablate.vocab import Status
-from conftest import TINY, compose, run_ablate
+from conftest import TINY, built_once, compose, invoke_ablate, trained_run
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A tiny trained run (learned positions, model.max_seq_len=64, train.seq_len=32) with
-    checkpoints at steps 6 and 12."""
-    d = tmp_path_factory.mktemp("sample") / "run"
-    r = run_ablate("run", *TINY, "train.steps=12", "train.ckpt_every=6", "train.keep_ckpts=2",
-                   f"hydra.run.dir={d}")
-    assert r.returncode == 0, r.stderr
-    return d
+    checkpoints at steps 6 and 12, once for the session's workers (sampling only reads it)."""
+    def build(d):
+        trained_run(d / "run", *TINY, "train.steps=12", "train.ckpt_every=6", "train.keep_ckpts=2")
+
+    return built_once(tmp_path_factory, "sample", build) / "run"
 
 
 def sample(run_dir, *args):
-    return run_ablate("sample", str(run_dir), *args)
+    return invoke_ablate("sample", str(run_dir), *args)  # in this process: sampling runs on the CPU
 
 
 def full_forward_greedy(model, prompt: list, n: int, vocab: int) -> list:
