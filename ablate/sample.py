@@ -88,7 +88,8 @@ def generate(model, prompt: list[int], opts: SampleOptions, vocab: int, eot: int
     cache = KVCache.for_model(model, batch=B, capacity=len(prompt) + room)
     out, done = [], torch.zeros(B, dtype=torch.bool)
     with torch.no_grad():
-        logits = model.decode(torch.tensor([prompt] * B), cache)[:, -1]  # (B, V)
+        # the prefill's last position alone: no unembedding of every prompt position
+        logits = model.decode(torch.tensor([prompt] * B), cache, last=True)[:, -1]  # (B, V)
         for _ in range(room):
             logits[:, vocab:] = float("-inf")  # the model's padding ids are no tokens
             nxt = pick(logits, opts.temperature, opts.top_k, generator).masked_fill(done, eot)  # (B,)
