@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from cli.main import app
+from conftest import invoke_ablate
 
 # One layer, 2 x 16 tokens a step: the CLI's plumbing, not the physics (tests/test_coord_check.py).
 TINY_CHECK = ["model.n_layers=1", "train.batch_size=2", "train.seq_len=16", "train.device=cpu"]
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(app, ["coord-check", *args])
+    return invoke_ablate("coord-check", *args)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -28,6 +27,7 @@ def invoke(*args: str):
     (["--widths", "64,66,128"], "--widths: 66 is not divisible by model.n_heads=4"),
     (["--widths", "64,128,256", "--depths", "2,4,8"], "--widths and --depths together"),
     (["--steps", "0"], "--steps must be at least 1"),
+    (["--steps", "many"], "invalid value for '--steps'"),
     (["--seeds", "0"], "--seeds must be at least 1"),
     (["model.d_model=256"], "--widths sets model.d_model; drop the override"),
     (["--plot", "/proc/coord.png"], "--plot /proc/coord.png: cannot write there"),
@@ -38,20 +38,20 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_written(args, says, tmp_pat
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))  # no corpus tokenized either
     plot = [] if "--plot" in args else ["--plot", str(tmp_path / "coord.png")]
     r = invoke(*args, *plot, *TINY_CHECK)
-    assert r.exit_code == 2, r.output
-    assert r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
-    assert says in r.output
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and r.stdout == "", r.stderr
+    assert says in r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_folder_as_the_plot_is_refused(tmp_path):
     r = invoke("--plot", str(tmp_path), *TINY_CHECK)
-    assert r.exit_code == 2 and r.output.startswith("error: --plot"), r.output
+    assert r.returncode == 2 and r.stderr.startswith("error: --plot"), r.stderr
 
 
 def test_table_names_every_module_and_reads_the_slopes(tmp_path):
     r = invoke("--widths", "32,64,128", "--steps", "2", "--seeds", "1", *TINY_CHECK)
-    assert r.exit_code == 0, r.output
+    assert r.returncode == 0, r.stderr
     for label in ("embedding output", "attention logits", "attention output", "FFN output", "residual stream",
                   "output logits"):
         assert label in r.stdout
@@ -64,7 +64,7 @@ def test_json_and_plot(tmp_path):
     plot = tmp_path / "coord.png"
     r = invoke("--depths", "1,2,3", "--steps", "2", "--seeds", "2", "--json", "--plot", str(plot),
                "model.d_model=32", *TINY_CHECK[1:])  # --depths sets model.n_layers
-    assert r.exit_code == 0, r.output
+    assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["sweep"] == "depth" and record["sizes"] == [1, 2, 3] and record["seeds"] == 2
     assert {v["size"] for v in record["values"]} == {1, 2, 3}
