@@ -255,14 +255,20 @@ def _checker_main(plan_path: str, results_path: str) -> None:
 
 
 def run_checks(checks: list[Check], cwd: Path, tmp: Path, pythonpath: str = "") -> list[Check]:
+    """Each check's result, from one checker process. A command the docs show in several places
+    (the same mode and arguments, after mapping) runs once: in the same directory it can only do
+    the same thing again, and a sweep's dry run costs seconds."""
+    keys = [json.dumps([c.mode, c.argv]) for c in checks]
+    unique = dict(zip(keys, checks))  # the checker reads only mode and argv
     plan_path, results_path = tmp / "plan.json", tmp / "results.json"
-    plan_path.write_text(json.dumps([asdict(c) for c in checks]))
+    plan_path.write_text(json.dumps([asdict(c) for c in unique.values()]))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "offline", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)}
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(plan_path), str(results_path)],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and results_path.is_file(), f"the checker itself failed:\n{proc.stderr[-3000:]}"
-    return [Check(**c) for c in json.loads(results_path.read_text())]
+    results = {json.dumps([c["mode"], c["argv"]]): c["result"] for c in json.loads(results_path.read_text())}
+    return [Check(**{**asdict(c), "result": results[k]}) for k, c in zip(keys, checks)]
 
 
 def failed(check: Check) -> str:
