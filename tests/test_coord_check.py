@@ -207,8 +207,9 @@ def test_mup_residual_stream_grows_with_depth_and_completep_takes_the_growth_awa
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "measured -0.21 +- 0.08 (t=2), -0.22 +- 0.04 (t=3), 2 seeds at lr 3e-3, d=64, depths 2-8: at init "
-    "the branches' sum, each x base_depth/L, shrinks as L^-1/2 (t=1: -0.24), and in 2 updates it still weighs"))
+    "measured -0.21 +- 0.08 (t=2), -0.22 +- 0.04 (t=3), 2 seeds at lr 3e-3, d=64, depths 2-8: at init the "
+    "residual already shrinks with depth (t=1: -0.24; the branches' sum, each x base_depth/L, falls as "
+    "L^-1/2 beside the depth-independent embedding), and in 2 updates that part still weighs"))
 def test_completep_residual_stream_is_flat_with_depth(completep_depths):
     for step in LATER:
         assert abs(completep_depths.slope(Module.RESIDUAL, step).mean) <= FLAT, completep_depths.slope(Module.RESIDUAL, step)
