@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY, compose, run_ablate
+from conftest import ROOT, TINY, compose, invoke_ablate, run_ablate
 
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40
 
@@ -54,11 +54,11 @@ def test_prepare_then_prepare_again_is_a_no_op_and_info_lists_it(tmp_path):
     meta = json.loads(second.stdout)
     assert meta["built"] is False and meta["path"] == str(path) and meta["tokenizer"] == "cl100k"
     assert {f.name: f.stat().st_mtime_ns for f in path.iterdir()} == stamp
-    info = run_ablate("data", "info", "--dir", str(tmp_path / "cache"), "--json")
+    info = invoke_ablate("data", "info", "--dir", str(tmp_path / "cache"), "--json")  # read only: in this process
     rows = json.loads(info.stdout)
     assert [(r["source"], r["tokenizer"], r["path"]) for r in rows] == [("text_files", "cl100k", str(path))]
     assert rows[0]["tokens"] == meta["tokens"] and rows[0]["size_bytes"] > 4 * sum(meta["tokens"].values())
-    table = run_ablate("data", "info", "--dir", str(tmp_path / "cache"))
+    table = invoke_ablate("data", "info", "--dir", str(tmp_path / "cache"))
     assert "text_files" in table.stdout and path.name in table.stdout
 
 
@@ -112,18 +112,18 @@ def test_bad_data_is_one_line_and_leaves_nothing(tmp_path, case):
         (d / "a.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
         paths, needle = str(d / "a.jsonl"), "a.jsonl:1: no 'text' field"
     cache = tmp_path / "cache"
-    res = run_ablate("data", "prepare", "--no-progress", "data=text_files", f"data.paths=[{paths}]",
-                     f"data.cache_dir={cache}")
+    res = invoke_ablate("data", "prepare", "--no-progress", "data=text_files", f"data.paths=[{paths}]",
+                        f"data.cache_dir={cache}")
     one_error_line(res, needle)
     assert leftovers(cache) == []
 
 
 def test_run_refuses_missing_data_and_a_too_large_vocab_before_making_a_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_ablate("run", *TINY, "data=text_files", f"data.paths=[{tmp_path}/missing/*.md]",
-                     f"hydra.run.dir={run_dir}")
+    res = invoke_ablate("run", *TINY, "data=text_files", f"data.paths=[{tmp_path}/missing/*.md]",
+                        f"hydra.run.dir={run_dir}")  # refused before Hydra starts a job
     one_error_line(res, "data path not found")
-    res = run_ablate("run", *TINY, "tokenizer=cl100k", "model.vocab_size=50304", f"hydra.run.dir={run_dir}")
+    res = invoke_ablate("run", *TINY, "tokenizer=cl100k", "model.vocab_size=50304", f"hydra.run.dir={run_dir}")
     one_error_line(res, "model.vocab_size=50304", "100277")
     assert not run_dir.exists()
 
@@ -131,8 +131,8 @@ def test_run_refuses_missing_data_and_a_too_large_vocab_before_making_a_run_dir(
 def test_run_refuses_a_corpus_smaller_than_one_batch(tmp_path):
     """Found by tokenizing in the pre-flight: one line and no run directory (not a failed run)."""
     (tmp_path / "a.txt").write_text("tiny " * 20)  # 101 tokens: 96 for training < 4 x 32 + 1
-    res = run_ablate("run", *TINY, "data=text_files", f"data.paths=[{tmp_path / 'a.txt'}]",
-                     f"hydra.run.dir={tmp_path / 'run'}")
+    res = invoke_ablate("run", *TINY, "data=text_files", f"data.paths=[{tmp_path / 'a.txt'}]",
+                        f"hydra.run.dir={tmp_path / 'run'}")
     one_error_line(res, "fewer than one batch", "train.batch_size=4", "train.seq_len=32")
     assert res.stderr.strip().startswith("error:") and len(res.stderr.strip().splitlines()) == 1
     assert res.returncode == 2 and not (tmp_path / "run").exists()

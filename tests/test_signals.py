@@ -55,7 +55,8 @@ def test_a_signal_to_a_two_rank_run_stops_every_rank_with_a_checkpoint(tmp_path,
     assert err.strip().splitlines() == [
         f"stopped at step {done['step']} (signal {sig.name}); checkpoint {ckpt}; resume with: ablate resume {run}"]
     assert not (run / "run.lock").exists() and not processes_in(run)  # nothing left running
-
+    if sig == signal.SIGTERM:  # re-entry takes both stops alike (vocab.STOPPED): a preempted
+        return  # two-rank run resumes in the submitit requeue test below, an interrupted one here
     res = run_ablate("run", *SHORT, "train.nproc=2", f"hydra.run.dir={run}")
     assert res.returncode == 0, res.stderr
     again = summary(run)
