@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import TINY, run_ablate
+from conftest import TINY, built_once, run_ablate, trained_run
 
 from ablate.train import checkpoint
 
@@ -102,10 +102,12 @@ def snapshot(root) -> dict:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """An output dir with a finished run, a copy whose checkpoints are damaged, and a run dir
-    locked by a live process; a data dir with an empty file and a plain file."""
+    locked by a live process; a data dir with an empty file and a plain file. The finished run is
+    trained once for the session's workers and copied into each one's world."""
     out, data = tmp_path_factory.mktemp("out"), tmp_path_factory.mktemp("data")
-    res = run_ablate("run", *TINY, "train.ckpt_every=3", "train.threads=1", f"hydra.run.dir={out}/finished")
-    assert res.returncode == 0, res.stderr
+    trained = built_once(tmp_path_factory, "bad-inputs-finished",
+                         lambda d: trained_run(d / "run", *TINY, "train.ckpt_every=3", "train.threads=1"))
+    shutil.copytree(trained / "run", out / "finished")
     shutil.copytree(out / "finished", out / "damaged")
     for _, path in checkpoint.list_checkpoints(out / "damaged"):
         path.write_bytes(path.read_bytes()[:-100])

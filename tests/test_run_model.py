@@ -12,16 +12,17 @@ from ablate.record import read_record
 from ablate.run_model import load_run_model
 from ablate.train import checkpoint
 from ablate.vocab import Status
-from conftest import TINY, run_ablate
+from conftest import TINY, built_once, trained_run
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A tiny trained run with checkpoints at steps 2, 4 and 6."""
-    d = tmp_path_factory.mktemp("run_model") / "run"
-    r = run_ablate("run", *TINY, "train.ckpt_every=2", "train.keep_ckpts=3", f"hydra.run.dir={d}")
-    assert r.returncode == 0, r.stderr
-    return d
+    """A tiny trained run with checkpoints at steps 2, 4 and 6, once for the session's workers
+    (its tests only read it, or change a copy)."""
+    def build(d):
+        trained_run(d / "run", *TINY, "train.ckpt_every=2", "train.keep_ckpts=3")
+
+    return built_once(tmp_path_factory, "run-model", build) / "run"
 
 
 def _copy(run_dir, tmp_path):
