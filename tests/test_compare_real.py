@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import TINY, run_ablate
+from conftest import TINY, invoke_ablate, run_ablate
 
 
 @pytest.mark.slow
@@ -22,7 +22,8 @@ def test_compare_real_runs_prints_a_table_and_a_plot(tmp_path):
     for res in results:
         assert res.returncode == 0, res.stderr
     png = tmp_path / "curves.png"
-    res = run_ablate("compare", str(tmp_path / "runs"), "--plot", str(png), env={"COLUMNS": "200"})
+    # compare reads what the runs wrote: in this process, without another start-up
+    res = invoke_ablate("compare", str(tmp_path / "runs"), "--plot", str(png), env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "baseline" in out and "norm=rmsnorm" in out and "paired t, p=" in out
@@ -30,7 +31,7 @@ def test_compare_real_runs_prints_a_table_and_a_plot(tmp_path):
     # a real figure: two panels of curves, not an empty canvas
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert 20_000 < png.stat().st_size < 1_000_000
-    res = run_ablate("compare", str(tmp_path / "runs"), "--json", "--metric", "train_loss")
+    res = invoke_ablate("compare", str(tmp_path / "runs"), "--json", "--metric", "train_loss")
     rows = {r["variant"]: r for r in json.loads(res.stdout)}
     assert rows["baseline"]["n"] == 2 and rows["norm=rmsnorm"]["n"] == 2
     summaries = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("rms_s*/summary.json"))]

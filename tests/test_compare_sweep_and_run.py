@@ -11,7 +11,7 @@ import pytest
 
 from ablate.analysis import CompareError, compare_dirs
 from ablate.vocab import variant_name
-from conftest import TINY, run_ablate
+from conftest import TINY, invoke_ablate, run_ablate
 from compare_fixtures import BASE, NOISY, PAIRED, by_name, set_config, write_run
 
 SHARED = ["model.d_model=32", "train.steps=100"]  # given to the sweep and to the run alike
@@ -110,7 +110,7 @@ def test_a_real_sweep_and_a_real_run_with_another_eval_cadence(tmp_path):
     swept = json.loads(next((tmp_path / "sweep").glob("*act=swiglu*/summary.json")).read_text())
     alone = json.loads((tmp_path / "swiglu" / "summary.json").read_text())
     assert (alone["val_loss"], alone["train_loss"]) == (swept["val_loss"], swept["train_loss"])
-    res = run_ablate("compare", str(tmp_path / "sweep"), str(tmp_path / "relu"), "--json")
+    res = invoke_ablate("compare", str(tmp_path / "sweep"), str(tmp_path / "relu"), "--json")
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
     assert [r["variant"] for r in rows] == ["baseline", "act=swiglu", "act=relu"]

@@ -8,7 +8,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import TINY, read_jsonl, run_ablate
+from conftest import TINY, invoke_ablate, read_jsonl, run_ablate
 
 
 def diag(rows):
@@ -36,7 +36,7 @@ def test_init_profile_of_a_12_layer_model_covers_every_layer(tmp_path):
     assert summary["status"] == "completed"
     assert "gradient norm by layer at initialization" in res.stdout  # printed, not only logged
     # The same model and batch without a run: `ablate inspect --grad-profile --json`.
-    res = run_ablate("inspect", *TINY, "model.n_layers=12", "--grad-profile", "--json")
+    res = invoke_ablate("inspect", *TINY, "model.n_layers=12", "--grad-profile", "--json")
     assert res.returncode == 0, res.stderr
     prof = json.loads(res.stdout)
     assert list(prof) == ["layers"]
@@ -75,7 +75,7 @@ def test_diagnostics_do_not_change_training(tmp_path):
         assert r["diag/update_ratio/input"] > 0 and r["diag/update_ratio/output"] > 0
         assert r["diag/loss_spikes"] >= 0
     # compare --plot adds a diagnostics figure beside the curves, from the run that logged them
-    res = run_ablate("compare", str(on), str(off), "--plot", str(tmp_path / "cmp.png"))
+    res = invoke_ablate("compare", str(on), str(off), "--plot", str(tmp_path / "cmp.png"))
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "cmp.png").is_file()
     assert (tmp_path / "cmp_diag.png").read_bytes()[:4] == b"\x89PNG"
@@ -83,7 +83,7 @@ def test_diagnostics_do_not_change_training(tmp_path):
 
 
 def test_negative_diagnostics_every_is_refused(tmp_path):
-    res = run_ablate("run", *TINY, "train.diagnostics_every=-1", f"out_dir={tmp_path}")
+    res = invoke_ablate("run", *TINY, "train.diagnostics_every=-1", f"out_dir={tmp_path}")  # refused before Hydra
     assert res.returncode != 0
     assert "train.diagnostics_every" in res.stderr and "Traceback" not in res.stderr
     assert not any(tmp_path.iterdir())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TINY, find_run_dirs, run_ablate
+from conftest import TINY, built_once, find_run_dirs, invoke_ablate, run_ablate
 from ablate.length_record import EvalKey, EvalStatus, read_lengths
 from ablate.vocab import variant_name
 
@@ -22,11 +22,14 @@ LENGTHS = "train.eval_lengths=[32,128]"  # TINY: train.seq_len=32, model.max_seq
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    """pos=learned and pos=rope trained at 32 tokens, each evaluated at 32 and 128 when done."""
-    root = tmp_path_factory.mktemp("eval-sweep")
-    res = run_ablate("sweep", *TINY, "train.threads=1", "pos=learned,rope", LENGTHS, f"hydra.sweep.dir={root}")
-    assert res.returncode == 0, res.stderr
-    return root
+    """pos=learned and pos=rope trained at 32 tokens, each evaluated at 32 and 128 when done;
+    once for the session's workers (its tests change copies)."""
+    def build(d):
+        res = run_ablate("sweep", *TINY, "train.threads=1", "pos=learned,rope", LENGTHS,
+                         f"hydra.sweep.dir={d / 'sweep'}")
+        assert res.returncode == 0, res.stderr
+
+    return built_once(tmp_path_factory, "eval-sweep", build) / "sweep"
 
 
 def run_of(root: Path, pos: str) -> Path:
@@ -159,7 +162,7 @@ def test_a_sweep_evaluates_its_finished_runs_and_lists_the_skipped(sweep, tmp_pa
 def test_bad_input_is_one_line_and_writes_nothing(sweep, tmp_path, args, says):
     run = copied(sweep, tmp_path, "learned")
     before = files(run)
-    assert says in refused(run_ablate("eval", str(run), *args), run, before)
+    assert says in refused(invoke_ablate("eval", str(run), *args), run, before)  # refused before any device
 
 
 @pytest.mark.parametrize("damage,says", [("weights", "no checkpoint"), ("diverged", "the run diverged"),

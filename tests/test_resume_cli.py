@@ -14,7 +14,7 @@ import time
 
 import yaml
 
-from conftest import ROOT, TINY, find_run_dirs, run_ablate, train_rows
+from conftest import ROOT, TINY, find_run_dirs, invoke_ablate, run_ablate, train_rows
 
 LONG = [o for o in TINY if not o.startswith("train.steps")] + ["train.steps=300", "train.threads=1"]
 
@@ -56,9 +56,9 @@ def test_a_stopped_run_prints_and_accepts_its_resume_command(tmp_path):
 
 
 def test_resume_refuses_what_is_not_a_run(tmp_path):
-    res = run_ablate("resume", str(tmp_path / "nope"))
+    res = invoke_ablate("resume", str(tmp_path / "nope"))
     assert res.returncode == 2 and res.stderr.strip() == f"error: no such directory: {tmp_path / 'nope'}"
-    res = run_ablate("resume", str(tmp_path))
+    res = invoke_ablate("resume", str(tmp_path))
     assert res.returncode == 2 and "not a run directory" in res.stderr and "Traceback" not in res.stderr
 
 

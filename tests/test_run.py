@@ -9,7 +9,7 @@ import math
 
 import yaml
 
-from conftest import TINY, compose, find_run_dirs, read_jsonl, run_ablate, run_context
+from conftest import TINY, compose, find_run_dirs, invoke_ablate, read_jsonl, run_ablate, run_context
 
 from ablate.rundir import SUMMARY, write_json
 
@@ -72,7 +72,7 @@ def test_hydra_cfg_flag_passes_through(tmp_path):
 
 
 def test_wrong_option_lists_valid_options_without_traceback(tmp_path):
-    res = run_ablate("run", "norm=rmsnrm", f"out_dir={tmp_path}")
+    res = invoke_ablate("run", "norm=rmsnrm", f"out_dir={tmp_path}")  # refused before Hydra starts a job
     assert res.returncode != 0
     assert "rmsnrm" in res.stderr and "layernorm" in res.stderr and "rmsnorm" in res.stderr
     assert "Traceback" not in res.stderr + res.stdout
@@ -81,7 +81,7 @@ def test_wrong_option_lists_valid_options_without_traceback(tmp_path):
 
 
 def test_wrong_type_is_refused_before_training(tmp_path):
-    res = run_ablate("run", "train.steps=abc", f"out_dir={tmp_path}")
+    res = invoke_ablate("run", "train.steps=abc", f"out_dir={tmp_path}")
     assert res.returncode != 0
     assert "train.steps" in res.stderr and "Traceback" not in res.stderr
     assert not any(tmp_path.iterdir())
