@@ -17,7 +17,7 @@ from ablate.analysis import CompareError, compare_dirs
 from ablate.analysis.render import print_comparison, to_json
 from ablate.analysis.stats import holm, seed_test, seeds_needed
 from compare_fixtures import BASE, LONG_NAME, NOISY, PAIRED, WELCH, by_name, cli, write_run, write_study
-from conftest import run_ablate
+from conftest import invoke_ablate
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def test_empty_and_missing_paths(tmp_path):
 
 
 def test_cli_json_and_clear_errors(runs, tmp_path):
-    res = run_ablate("compare", str(runs), "--json")
+    res = invoke_ablate("compare", str(runs), "--json")  # the CLI's entry point, in this process
     assert res.returncode == 0, res.stderr
     data = {r["variant"]: r for r in json.loads(res.stdout)}
     assert data["norm=rmsnorm"]["verdict"] == "better" and data["norm=rmsnorm"]["test"] == "paired t"
@@ -234,7 +234,7 @@ def test_cli_json_and_clear_errors(runs, tmp_path):
     for args, msg in ((["compare", str(tmp_path / "empty")], "no runs found"),
                       (["compare", str(tmp_path / "nope")], "no such file or directory"),
                       (["compare", str(runs), "--plot", str(tmp_path / "no" / "x.png")], "does not exist")):
-        res = run_ablate(*args)
+        res = invoke_ablate(*args)
         assert res.returncode == 2 and res.stderr.startswith("error: ") and msg in res.stderr, res.stderr
         assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
