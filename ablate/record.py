@@ -237,9 +237,14 @@ class RunRecord:
         if not isinstance(data, dict) or "status" not in data:
             raise RecordError("not a run's record (no status)")
         try:
-            return _from_json(cls, data)
+            record = _from_json(cls, data)
         except (TypeError, ValueError) as e:
             raise RecordError(str(e)) from None
+        if record.axes is not None:  # an axis added after the run was recorded: it trained the default
+            from ablate.axes import default_axes
+
+            record.axes = {**default_axes(), **record.axes}
+        return record
 
     def write(self, run_dir: Path) -> None:
         """summary.json, replaced whole (atomically): a reader never sees half of it."""

@@ -24,7 +24,7 @@ PUBLIC_KEYS = {
     "wall_time_s", "params", "params_breakdown", "non_embedding_params", "flops_per_token",
     "vocab_size", "tokenizer_vocab", "data", "world_size", "device", "precision", "provenance",
     "compile", "compile_optimizer", "tokens_per_step", "micro_batch", "grad_accum_steps",
-    "warmup_steps", "wandb", "reason", "step", "steps", "tokens", "train_loss", "val_loss", "val_bpb",
+    "warmup_steps", "param", "base_width", "base_depth", "wandb", "reason", "step", "steps", "tokens", "train_loss", "val_loss", "val_bpb",
     "tokens_per_s", "skipped_steps", "resumed_from", "time_to_first_step_s", "compile_s", "mfu",
     "peak_flops", "peak_flops_source", "compile_fallback", "deterministic", "finished",
 }
@@ -85,6 +85,18 @@ def test_an_older_record_with_fewer_keys_reads_and_reports(tmp_path):
     text = render(summary_table(record, tmp_path))
     assert "1,000 (0 non-embedding)" in text and "4.5000" in text and "6/6" in text
     assert RunRecord.from_json({"status": "running"}).to_json()["status"] == "running"
+
+
+def test_an_axis_added_after_a_run_was_recorded_reads_as_its_default():
+    """A run recorded before an axis existed trained that axis's default (param=sp is the model
+    as it was): compare must still name it the baseline with 'no axis changed'."""
+    from ablate.axes import default_axes
+
+    base = default_axes()
+    older = {k: v for k, v in base.items() if k != "param"}
+    record = RunRecord.from_json({"status": "completed", "axes": {**older, "norm": "rmsnorm"}})
+    assert record.axes == {**base, "norm": "rmsnorm"}
+    assert RunRecord.from_json({"status": "completed", "axes": older}).axes == base
 
 
 def test_a_group_not_known_yet_leaves_its_keys_out():
