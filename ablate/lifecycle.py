@@ -28,6 +28,7 @@ from scratch, which is why it must be asked for and why summary.json records `ex
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -107,6 +108,15 @@ def _experiment(tree: dict) -> dict:
             if not is_not_training(k) and not k.startswith(HOW_COMPUTED)}
 
 
+@functools.lru_cache(maxsize=1)
+def _schema_defaults() -> dict:
+    from omegaconf import OmegaConf
+
+    from ablate.config import AblateConfig
+
+    return _experiment(OmegaConf.to_container(OmegaConf.structured(AblateConfig)))
+
+
 def _resolved(cfg: Any) -> dict:
     """The experiment's keys of a composed config, resolved key by key: a sweep job's config
     carries a hydra node whose ${hydra:...} values resolve only inside a job."""
@@ -141,8 +151,12 @@ def _same_warmup_terms(old: dict, new: dict) -> None:
 
 
 def differences(stored: dict, cfg: Any) -> list[tuple[str, Any, Any]]:
-    """(key, recorded value, new value) for every key in which `cfg` is another experiment."""
+    """(key, recorded value, new value) for every key in which `cfg` is another experiment. A
+    key the recorded config lacks (saved before the key existed: `param`, `model.base_width`)
+    counts as its schema default, what that run trained."""
     old, new = _experiment(stored), _resolved(cfg)
+    if set(new) - set(old):
+        old = {**{k: v for k, v in _schema_defaults().items() if k in set(new) - set(old)}, **old}
     _same_warmup_terms(old, new)
     return [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 

@@ -125,10 +125,14 @@ def test_norms_declare_whether_they_normalize(norm):
 
 
 def init_keys(cfg) -> dict:
-    """The model keys that choose how weights are drawn (not which weights exist)."""
+    """The model keys that choose how weights are drawn (not which weights exist); the depth
+    scaling as the parametrization applies it (param=completep draws without it)."""
+    from ablate.model.parametrization import Parametrization
+
     m = cfg.model
+    depth_scaled = Parametrization.of(ModelSpec.from_config(cfg)).depth_scaled_init
     return {"model.init": m.init, "model.init_std": m.init_std,
-            "model.depth_scaled_init": str(m.depth_scaled_init).lower()}
+            "model.depth_scaled_init": str(depth_scaled).lower()}
 
 
 @pytest.mark.parametrize("init", ["normal", "xavier"])

@@ -89,3 +89,18 @@ def test_the_record_keeps_the_base_shape_and_export_refuses_mup(tmp_path):
     assert bad.returncode == 2, bad.stderr
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     assert "param='mup'" in bad.stderr and not (tmp_path / "hf").exists()
+
+
+def test_a_run_recorded_before_param_existed_is_the_sp_run(tiny):
+    """A config.yaml saved without `param` and `model.base_width` re-enters as the sp run it
+    trained (resume, return, sweep re-runs), and a real change of param is still one."""
+    from omegaconf import OmegaConf
+
+    from ablate.lifecycle import differences
+    from conftest import compose
+
+    cfg = compose(tiny)
+    stored = OmegaConf.to_container(cfg, resolve=False)
+    del stored["param"], stored["model"]["base_width"], stored["model"]["base_depth"]
+    assert differences(stored, cfg) == []
+    assert differences(stored, compose([*tiny, "param=mup"])) == [("param.name", "sp", "mup")]
