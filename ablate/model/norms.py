@@ -51,7 +51,11 @@ class DyT(nn.Module):
     """y = g * tanh(alpha * x) + b   (Zhu et al. 2025, "Transformers without Normalization"):
     Dynamic Tanh, element-wise, no statistics (so no eps: accepted and unused). alpha is one
     learned scalar starting at the option's setting alpha0 (norm.alpha0, 0.5 as in the paper);
-    g starts at 1, b at 0, b only with bias=on (as LayerNorm's beta)."""
+    g starts at 1, b at 0, b only with bias=on (as LayerNorm's beta).
+
+    Unlike a norm, its output reaches |g| per coordinate only as tanh saturates, where no
+    gradient passes: with inputs far below 1 (N(0, 0.02) embeddings) Adam grows the residual
+    stream until the final DyT saturates and the blocks stop learning (docs/axes.md, DyT)."""
 
     def __init__(self, d: int, eps: float = 1e-5, bias: bool = True, alpha0: float = 0.5):
         super().__init__()
