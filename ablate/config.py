@@ -232,13 +232,28 @@ def validate(cfg: Any) -> None:
     from ablate.model.spec import ModelSpec
 
     spec = ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants
-    from ablate.model.parametrization import check_plugin_roles
-
-    check_plugin_roles(spec)  # param=mup: a plugin's parameter without a role, before any directory
+    _check_plugin_roles(spec)  # param=mup: a plugin's parameter without a role, before any directory
     from ablate.data.cache import preflight
 
     preflight(cfg.data)  # missing data paths fail here, before a run directory exists
 
+
+
+def _check_plugin_roles(spec: Any) -> None:
+    """Under mup / completep with a plugin's option chosen: its parameters' rules, read off a
+    model built on the meta device, so a parameter without a role is refused (ConfigError)
+    before a run starts. Built-in options tag every parameter (tests hold it): no torch then."""
+    from ablate.model import options
+
+    chosen = [options.get(axis, getattr(spec, axis)) for axis in ("norm", "norm_pos", "act", "pos")]
+    if not options.get("param", spec.param).width or not any(o.plugin for o in chosen):
+        return
+    import torch
+
+    from ablate.model.transformer import Transformer
+
+    with torch.device("meta"):
+        Transformer(spec)
 
 def _one_of(key: str, value: Any, choices: tuple) -> None:
     from ablate.errors import ConfigError

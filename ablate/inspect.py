@@ -97,7 +97,17 @@ def parametrization_report(spec: ModelSpec) -> dict:
             "attn_scale": spec.head_dim ** -0.5 if p.attn_scale is None else p.attn_scale,
             "branch_mult": p.branch_mult, "adam_eps": ADAM_EPS * p.eps_mult,
             "depth_scaled_init": p.depth_scaled_init,
-            "rules": [] if spec.param == options.AXES["param"].default else rule_rows(spec)}
+            "rules": [] if spec.param == options.AXES["param"].default else rule_rows(_meta_model(spec))}
+
+
+def _meta_model(spec: ModelSpec) -> Any:
+    """The model built on the meta device: shapes and rules, no memory, no init."""
+    import torch
+
+    from ablate.model.transformer import Transformer
+
+    with torch.device("meta"):
+        return Transformer(spec)
 
 
 def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int] = None,

@@ -76,13 +76,13 @@ def base_spec(spec: Spec) -> Spec:
                                base_width=None, base_depth=None, base_d_ff=None)
 
 
-def base_shapes(spec: Spec) -> dict[str, tuple]:
-    """Each parameter's shape in the base model, built on the meta device (no memory, no init),
-    as the `mup` package's set_base_shapes reads a base model's shapes."""
+def base_shapes(spec: Spec, model_cls: type) -> dict[str, tuple]:
+    """Each parameter's shape in the base model (model_cls: the model's own class, so this module
+    need not import it), built on the meta device (no memory, no init), as the `mup` package's
+    set_base_shapes reads a base model's shapes."""
     import torch
 
     from ablate.errors import ConfigError
-    from ablate.model.transformer import Transformer
 
     try:
         base = base_spec(spec)
@@ -90,7 +90,7 @@ def base_shapes(spec: Spec) -> dict[str, tuple]:
         raise ConfigError(f"the base model (model.base_width={spec.base_width}) is not a valid "
                           f"model: {e}") from None
     with torch.device("meta"):
-        return {name: tuple(p.shape) for name, p in Transformer(base).named_parameters()}
+        return {name: tuple(p.shape) for name, p in model_cls(base).named_parameters()}
 
 
 def param_rules(model: Any) -> dict[str, ParamRule]:
@@ -111,24 +111,9 @@ def param_rules(model: Any) -> dict[str, ParamRule]:
             raise ConfigError(f"parameter {name} {tuple(p.shape)} has no role, and param={spec.param} "
                               "sets init and LR by role: tag it (ablate.model.roles.tag, "
                               "docs/extending.md) or use param=sp") from None
-    shapes = base_shapes(spec)
+    shapes = base_shapes(spec, type(model))
     return {name: hidden_rule(name, role, tuple(p.shape), shapes) if role in HIDDEN_ROLES else ParamRule(role)
             for (name, p), role in zip(model.named_parameters(), roles.values())}
-
-
-def check_plugin_roles(spec: Spec) -> None:
-    """Under mup / completep with a plugin's option chosen: its parameters' rules, read off a
-    model built on the meta device, so a parameter without a role is refused (ConfigError)
-    before a run starts. Built-in options tag every parameter (tests hold it): no torch then."""
-    chosen = [options.get(axis, getattr(spec, axis)) for axis in ("norm", "norm_pos", "act", "pos")]
-    if not options.get("param", spec.param).width or not any(o.plugin for o in chosen):
-        return
-    import torch
-
-    from ablate.model.transformer import Transformer
-
-    with torch.device("meta"):
-        Transformer(spec)
 
 
 def hidden_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> ParamRule:
@@ -145,16 +130,12 @@ def hidden_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> P
     return ParamRule(role, fan_in, base_fan_in, init_mult=math.sqrt(ratio), lr_mult=ratio, wd_mult=1.0 / ratio)
 
 
-def rule_rows(spec: Spec) -> list[dict]:
-    """The rules of a spec's parameters, one row per (role, fan-ins, init std, multipliers):
-    what `ablate inspect` shows. Builds the model on the meta device (imports torch)."""
-    import torch
-
+def rule_rows(model: Any) -> list[dict]:
+    """The rules of a model's parameters (built on the meta device will do), one row per (role,
+    fan-ins, init std, multipliers): what `ablate inspect` shows."""
     from ablate.model.roles import CONSTANT, Role, normal_std
-    from ablate.model.transformer import Transformer
 
-    with torch.device("meta"):
-        model = Transformer(spec)
+    spec = model.spec
     out_div = math.sqrt(2 * spec.n_layers) if model.parametrization.depth_scaled_init else 1.0
     rows: dict[tuple, dict] = {}
     for name, p in model.named_parameters():
