@@ -266,10 +266,17 @@ def clean_dynamo():
 
 @pytest.fixture
 def own_registry(monkeypatch):
-    """Options registered inside the test are gone after it."""
+    """Options registered inside the test are gone after it, from the registry and from Hydra's
+    ConfigStore (where a later test in the same process would find them as config groups)."""
+    import copy
+
+    from hydra.core.config_store import ConfigStore
+
     from ablate.model import axis as declarations
 
     monkeypatch.setattr(declarations, "_OPTIONS", {a: dict(o) for a, o in declarations._OPTIONS.items()})
+    store = ConfigStore.instance()
+    monkeypatch.setattr(store, "repo", copy.deepcopy(store.repo))
 
 
 def find_run_dirs(root: Path) -> list[Path]:
