@@ -31,8 +31,8 @@ class Role(str, Enum):
 
 
 # Decay the matrices, never gains, biases or scalars: an explicit table, so bias=off cannot move
-# a weight between groups. A scalar is a gain on a whole tensor (DyT's official code, like its
-# ConvNeXt/ViT recipe, exempts 1-D parameters from weight decay).
+# a weight between groups. A scalar is a gain on a whole tensor, so it is not decayed either (as
+# DyT's ViT/ConvNeXt recipe exempts 1-D parameters; its LLaMA code decays every parameter).
 DECAY = {Role.EMBEDDING: True, Role.POSITION: True, Role.INPUT: True, Role.OUTPUT: True,
          Role.HEAD: True, Role.GAIN: False, Role.BIAS: False, Role.SCALAR: False}
 # Roles whose value is a constant at init; SCALAR has none: its module's init_parameters sets it.
