@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.stats import mean_std
 from ablate.errors import ConfigError
+from ablate.vocab import LR
 
 MIN_SIZES = 3  # a slope through two points has no residual: a third says whether it is a line
 DEFAULT_WIDTHS = (64, 128, 256, 512)
@@ -346,7 +347,7 @@ class CoordCheck:
         r, s = self.request, self.setting
         return {
             "sweep": r.sweep.value, "sizes": list(r.sizes), "steps": r.steps, "seeds": r.seeds,
-            "overrides": list(r.overrides), "param": s.param, "base": s.base, "lr": s.lr,
+            "overrides": list(r.overrides), "param": s.param, "base": s.base, LR: s.lr,
             "batch_size": s.batch_size, "seq_len": s.seq_len, "device": s.device, "precision": s.precision,
             "modules": [m.value for m in Module],
             "values": [{"size": t.size, "seed": t.seed, "step": i + 1, "module": m.value,
