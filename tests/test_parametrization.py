@@ -6,6 +6,7 @@ completep train exactly as sp."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -160,6 +161,50 @@ def test_mup_attention_scale_is_one_over_head_dim_matched_at_the_base(width):
     causal = ~torch.ones(10, 10, dtype=torch.bool).triu(1)
     assert attn.max_logit.item() == pytest.approx(logits[..., causal].max().item(), rel=1e-5)
     assert attn.mean_abs_logit.item() == pytest.approx(logits[..., causal].abs().mean().item(), rel=1e-5)
+
+
+# ---- against the mup package itself (recorded by scripts/mup_reference.py) -----------------------
+def reference_script():
+    """scripts/mup_reference.py as a module: its setting, batches and ablate's side of the check
+    (the mup package itself is imported only where the script records the golden file)."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    loader = importlib.util.spec_from_file_location("mup_reference", ROOT / "scripts" / "mup_reference.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module, json.loads(module.GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_mup_rules_are_the_mup_packages(tied):
+    """Per parameter, at width 128 against base 32: mup.init.normal_'s factor on the std,
+    MuAdamW's LR and weight-decay multipliers; MuReadout's (MuSharedReadout's) logit multiplier."""
+    script, golden = reference_script()
+    ref = golden["models"]["tied" if tied else "untied"]
+    model = Transformer(script.ablate_spec(tied), seed=0)
+    lr, wd = golden["setting"]["lr"], golden["setting"]["weight_decay"]
+    opt = optimizer_of(model, lr, wd)
+    named = dict(model.named_parameters())
+    assert sorted(named) == sorted(ref["params"])
+    for name, want in ref["params"].items():
+        group = group_of(opt, named[name])
+        assert model.param_rules[name].init_mult == pytest.approx(want["init_scale"], rel=1e-6), name
+        assert group["lr"] / lr == pytest.approx(want["lr_mult"], rel=1e-12), name
+        assert group["weight_decay"] / wd == pytest.approx(want["wd_mult"] or 0.0, rel=1e-12), name
+    assert model.logit_mult == pytest.approx(ref["logit_mult"], rel=1e-6)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_mup_trains_as_the_mup_package(tied):
+    """Five AdamW steps of ablate's model against MuAdamW steps of the package's model started
+    from the same weights: the same losses and, per parameter, the same final norm."""
+    script, golden = reference_script()
+    ref = golden["models"]["tied" if tied else "untied"]
+    losses, norms = script.ablate_trajectory(tied)
+    assert losses == pytest.approx(ref["losses"], rel=1e-5)
+    assert norms == pytest.approx(ref["final_norms"], rel=2e-4)
 
 
 # ---- completep: depth -----------------------------------------------------------------------------
