@@ -113,7 +113,7 @@ def _print(check) -> None:
     t = Table(title=f"coord-check: slope of log mean |x| against log {r.sweep.value} (mean ± sd over {r.seeds} seeds)",
               caption=f"param={s.param}{base}; {r.sweep.value}s {','.join(map(str, r.sizes))}; lr {s.lr:g} constant; "
                       f"batch {s.batch_size} x {s.seq_len} tokens; {s.device}, {s.precision}; "
-                      f"t=1: at init; layers averaged (--json: each layer)")
+                      f"t=1: at init; layers averaged, the residual stream the last block's (--json: each layer)")
     t.add_column("module")
     for step in shown:
         t.add_column(f"t={step}", justify="right")

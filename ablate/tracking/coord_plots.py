@@ -1,7 +1,7 @@
 """`ablate coord-check --plot FILE`: the `mup` package's coordinate-check panels
 (mup/coord_check.py, plot_coord_data): one panel per step, the swept width (or depth) on a log-2
-axis, a line per module (its mean |x| averaged over layers, the mean over seeds, the band the
-seeds' smallest to largest), log y. A flat line is what muP promises; a line rising to the right
+axis, a line per module (its mean |x| averaged over layers, the residual stream's the last
+block's; the mean over seeds, the band the seeds' smallest to largest), log y. A flat line is what muP promises; a line rising to the right
 is an activation that grows with width."""
 
 from __future__ import annotations
