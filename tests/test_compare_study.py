@@ -15,7 +15,7 @@ from scipy import stats
 
 from ablate.analysis import compare_dirs
 from ablate.analysis.render import print_comparison
-from conftest import run_ablate
+from conftest import invoke_ablate
 from compare_fixtures import LADDER, SWEEP, VALUES, write_run, write_study  # noqa: F401
 
 def paired_by_hand(after: dict, before: dict) -> tuple[float, float]:
@@ -101,7 +101,7 @@ def test_a_plain_sweep_has_no_ladder_columns_and_the_cli_json_has_them(tmp_path)
     print_comparison(rows, console)
     assert "previous rung" not in console.export_text()
 
-    res = run_ablate("compare", str(write_study(tmp_path / "s")), "--json")
+    res = invoke_ablate("compare", str(write_study(tmp_path / "s")), "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert [r["variant"] for r in data] == ["gpt2", "+rmsnorm", "+swiglu", "+rope"]
