@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import TINY, read_jsonl, run_ablate
+from conftest import TINY, invoke_ablate, read_jsonl, run_ablate
 
 
 @pytest.mark.slow  # two CLI runs: ~8 s alone, more on a busy machine
@@ -36,7 +36,7 @@ def test_stability_options_are_checked_before_anything_runs(tmp_path):
     for bad, key in (("model.act_clamp=5", "model.act_clamp"),  # default act=gelu is not gated
                      ("model.mtp_heads=40", "model.mtp_heads"),  # TINY seq_len is 32
                      ("model.logit_softcap=-1", "model.logit_softcap")):
-        res = run_ablate("run", *TINY, bad, f"out_dir={tmp_path}")
+        res = invoke_ablate("run", *TINY, bad, f"out_dir={tmp_path}")  # refused before Hydra starts a job
         assert res.returncode != 0, bad
         assert key in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert not any(tmp_path.iterdir())
