@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.axes import preset_axes
+from ablate.bench_options import CLOCKS
 from ablate.vocab import MFU, TOKENS, TOKENS_PER_S
 
 # ---- device peak FLOP/s: ablate/train/peak.py (the trainer's MFU uses it too) ---------------
@@ -48,10 +49,6 @@ def peak_rss_bytes() -> int:
 
 # ---- contenders: something that does one full training step ---------------------------------
 
-# wall: elapsed time, what a user waits (the default; use a quiet machine). cpu: CPU time of
-# this process, which a busy shared machine disturbs far less (descheduled time is not
-# counted); meaningful on CPU, best with train.threads=1 (idle OpenMP threads spin).
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 @dataclass
 class Contender:
@@ -283,28 +280,6 @@ def _memory_peak(device: torch.device, start: int) -> tuple[int, str]:
 
 def _finite(c: Contender) -> bool:
     return c.last_loss is not None and bool(torch.isfinite(c.last_loss).all())
-
-
-def check_options(steps: int, warmup: int, rounds: int, reference: bool, axes: bool, vs: list, only: list,
-                  clock: str, jobs_per_device: Optional[list[int]], sweep_jobs: int) -> None:
-    """The benchmark's own arguments, checked once here (the CLI hands them on); ConfigError."""
-    from ablate.errors import ConfigError
-
-    for name, value, low in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--rounds", rounds, 1),
-                             ("--sweep-jobs", sweep_jobs, 1)):
-        if value < low:
-            raise ConfigError(f"{name} must be >= {low}, got {value}")
-    if (axes or vs) and reference:
-        raise ConfigError("--reference and --axes/--vs are separate benchmarks: pick one")
-    if clock not in CLOCKS:
-        raise ConfigError(f"--clock must be {' or '.join(CLOCKS)}, got '{clock}'")
-    if only and not axes:
-        raise ConfigError("--only selects rows of --axes")
-    if jobs_per_device is not None and (not jobs_per_device or min(jobs_per_device) < 1):
-        raise ConfigError("--jobs-per-device takes a list of integers >= 1, e.g. 1,2,4,8")
-    if jobs_per_device and (reference or axes or vs or clock != "wall"):
-        raise ConfigError("--jobs-per-device times whole processes by the wall clock; use it without "
-                          "--reference, --axes, --vs and --clock cpu")
 
 
 def _clock(name: str, device: torch.device) -> Callable[[], float]:

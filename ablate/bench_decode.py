@@ -29,32 +29,6 @@ import torch
 from ablate.bench import Contender, _clock, _device_name, _memory_start, _ratios, alternate, sync
 from ablate.errors import ConfigError
 
-DEFAULT_BATCHES = (1, 8, 32)
-DEFAULT_NEW_TOKENS = 32
-
-
-def check_decode(batches: Optional[list[int]], context: Optional[int], new_tokens: Optional[int],
-                 reference: bool, jobs_per_device: Optional[str]) -> None:
-    """The decode benchmark's own arguments (ConfigError: one line each)."""
-    if batches is not None and (not batches or min(batches) < 1):
-        raise ConfigError("--batch takes a list of integers >= 1, e.g. 1,8,32")
-    for name, value in (("--context", context), ("--new-tokens", new_tokens)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
-    if reference or jobs_per_device is not None:
-        raise ConfigError("--decode times generation; --reference and --jobs-per-device time training "
-                          "steps: use them without --decode")
-
-
-def default_context(cfg: Any, new_tokens: int) -> int:
-    """The prompt that, with the new tokens, fills the training length (train.seq_len)."""
-    context = int(cfg.train.seq_len) - new_tokens
-    if context < 1:
-        raise ConfigError(f"--new-tokens {new_tokens} leaves no prompt within train.seq_len="
-                          f"{cfg.train.seq_len}; give --context N")
-    return context
-
-
 @dataclass
 class DecodeModel:
     """The configured model, built for generating: random init, eval mode, compute dtype."""

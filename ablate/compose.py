@@ -8,6 +8,7 @@ holds a batch. So bad input is refused with one line before Hydra makes a direct
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -16,13 +17,15 @@ from typing import Any, Optional
 from ablate.errors import ConfigError, DataError, RunDirError
 
 
-def schema_keys() -> list[str]:
-    """Every dotted key of the typed schema (for "did you mean" suggestions)."""
+@functools.lru_cache(maxsize=1)
+def schema_keys() -> tuple[str, ...]:
+    """Every dotted key of the typed schema (for "did you mean" suggestions). Built once: the
+    schema is fixed at import (plugins' options add settings, which setting_keys reads)."""
     from omegaconf import OmegaConf
 
     from ablate.config import AblateConfig
 
-    return list(_flat(OmegaConf.to_container(OmegaConf.structured(AblateConfig)), "").keys())
+    return tuple(_flat(OmegaConf.to_container(OmegaConf.structured(AblateConfig)), "").keys())
 
 
 def unknown_key_message(key: str, node: Optional[type] = None) -> str:

@@ -149,17 +149,19 @@ def register(app: typer.Typer) -> None:
 
 def _bench(overrides, steps, warmup, rounds, reference, axes, only, vs, clock, jobs_per_device, sweep_jobs,
            json_out) -> None:
-    from ablate import bench as b
+    from ablate.bench_options import check_options
     from ablate.compose import check_device, compose_config
 
     ks = _jobs_list(jobs_per_device) if jobs_per_device is not None else None
-    b.check_options(steps, warmup, rounds, reference, axes, vs, only, clock, ks, sweep_jobs)
+    check_options(steps, warmup, rounds, reference, axes, vs, only, clock, ks, sweep_jobs)
     cfg = compose_config(overrides)
     check_device(str(cfg.train.device))  # synthetic batches: no directory, corpus or tokenizer files
     if ks:
         _run_packing(cfg, ks, sweep_jobs, steps, warmup, json_out)
         return
     variants = _variants(overrides, axes, only, vs)
+    from ablate import bench as b  # torch: once every argument is checked
+
     if variants:
         result = b.bench_variants(overrides, variants, steps=steps, warmup=warmup,
                                   rounds=rounds, progress=_progress(json_out), clock=clock)
@@ -183,13 +185,14 @@ def _show(result: dict, json_out: bool, print_table) -> None:
 def _variants(overrides: list[str], axes: bool, only: list[str], vs: list[str]) -> list[tuple[str, list[str]]]:
     """(label, extra overrides): each --vs (composed now, so a bad one is refused before timing),
     then with --axes every other axis option and arch preset (--only: labels starting so)."""
-    from ablate import bench as b
     from ablate.compose import compose_config
 
     variants = [(v, v.split()) for v in vs]
     for _, extra in variants:
         compose_config(overrides + extra)
     if axes:
+        from ablate import bench as b
+
         variants += [(label, extra) for label, extra in b.axis_variants(overrides)
                      if not only or any(label.startswith(o) for o in only)]
     return variants
@@ -242,22 +245,23 @@ def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_ou
 def _decode(overrides, decode, batch, context, new_tokens, warmup, rounds, reference, axes, only, vs, clock,
             jobs_per_device, json_out) -> None:
     """`ablate bench --decode`: ablate/bench_decode.py."""
-    from ablate import bench as b
-    from ablate import bench_decode as d
+    from ablate import bench_options as o
     from ablate.compose import check_device, compose_config
     from ablate.errors import ConfigError
 
     if not decode:
         raise ConfigError("--batch, --context and --new-tokens go with --decode")
     batches = _jobs_list(batch) if batch is not None else None
-    d.check_decode(batches, context, new_tokens, reference, jobs_per_device)
-    b.check_options(1, warmup, rounds, False, axes, vs, only, clock, None, 1)  # no --steps, --sweep-jobs here
+    o.check_decode(batches, context, new_tokens, reference, jobs_per_device)
+    o.check_options(1, warmup, rounds, False, axes, vs, only, clock, None, 1)  # no --steps, --sweep-jobs here
     cfg = compose_config(overrides)
     check_device(str(cfg.train.device))
-    new_tokens = d.DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
-    context = d.default_context(cfg, new_tokens) if context is None else context
-    batches = batches or list(d.DEFAULT_BATCHES)
+    new_tokens = o.DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
+    context = o.default_context(cfg, new_tokens) if context is None else context
+    batches = batches or list(o.DEFAULT_BATCHES)
     variants = _variants(overrides, axes, only, vs)
+    from ablate import bench_decode as d  # torch: once every argument is checked
+
     if variants:
         result = d.bench_decode_variants(overrides, variants, batches, context, new_tokens, rounds, warmup,
                                          clock, _progress(json_out))

@@ -8,11 +8,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import ROOT, TINY, run_ablate
 
 PROBE = ("import sys, runpy; sys.argv = ['ablate'] + sys.argv[1:]\n"
          "try:\n    runpy.run_module('cli.main', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-         "heavy = [m for m in ('torch', 'wandb', 'datasets', 'hydra', 'numpy') if m in sys.modules]\n"
+         "heavy = [m for m in ('torch', 'torch._dynamo', 'wandb', 'datasets', 'hydra', 'numpy') if m in sys.modules]\n"
          "print('HEAVY=' + ','.join(heavy), file=sys.stderr)")
 
 
@@ -27,6 +29,24 @@ def test_help_and_axes_import_no_heavy_library():
     assert heavy_imports("--help") == []
     assert heavy_imports("bench", "--help") == []
     assert "torch" not in heavy_imports("axes")
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "--steps", "0"],
+    ["bench", "--decode", "--batch", "x"],
+    ["bench", "--decode", "--new-tokens", "500"],  # checked against the composed train.seq_len
+    ["bench", "norm=nope"],
+])
+def test_bench_refuses_bad_input_before_importing_torch(args):
+    assert "torch" not in heavy_imports(*args)
+
+
+def test_eager_decode_bench_does_not_import_the_compiler():
+    """torch.use_deterministic_algorithms imports Inductor's config and with it torch._dynamo
+    (~2 CPU-s): a process that compiles nothing and never turned determinism on skips it."""
+    loaded = heavy_imports("bench", "--decode", *TINY, "--batch", "1", "--new-tokens", "2", "--rounds", "1",
+                           "--warmup", "0", "--json")
+    assert "torch" in loaded and "torch._dynamo" not in loaded
 
 
 def test_process_age_counts_from_process_start():

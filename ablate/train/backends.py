@@ -37,10 +37,7 @@ def configure_backends(cfg: Any, device_type: str) -> BackendSettings:
     deterministic = bool(cfg.deterministic)
     if deterministic:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE  # before any cuBLAS handle exists
-    # Raises on an op that has no deterministic implementation instead of silently differing.
-    # It also makes SDPA's flash and memory-efficient backward kernels deterministic (one split
-    # over the keys, no atomic adds) and Inductor skip autotuning that changes numerics.
-    torch.use_deterministic_algorithms(deterministic)
+    set_deterministic(deterministic, compiles=bool(cfg.compile or cfg.compile_optimizer or cfg.flex_attention))
     settings = BackendSettings(deterministic=deterministic)
     from ablate.model import flex
 
@@ -57,6 +54,20 @@ def configure_backends(cfg: Any, device_type: str) -> BackendSettings:
         set_tf32(bool(cfg.tf32))
         settings.tf32 = bool(cfg.tf32)
     return settings  # CPU: TF32 is a CUDA tensor-core format; nothing to set
+
+
+def set_deterministic(mode: bool, compiles: bool) -> None:
+    """torch.use_deterministic_algorithms(mode): raises on an op that has no deterministic
+    implementation instead of silently differing; it also makes SDPA's flash and memory-efficient
+    backward kernels deterministic (one split over the keys, no atomic adds) and Inductor skip
+    autotuning that changes numerics. It sets Inductor's flag by importing Inductor's config,
+    which imports torch._dynamo (~2 CPU-s, most of a tiny eager run's start-up): off, in a
+    process where neither flag was ever set and nothing compiles, there is nothing to switch off."""
+    inductor = sys.modules.get("torch._inductor.config")
+    already_off = not torch.are_deterministic_algorithms_enabled() and (
+        inductor.deterministic is False if inductor is not None else not compiles)
+    if mode or not already_off:
+        torch.use_deterministic_algorithms(mode)
 
 
 def set_sdpa_backend(name: str, device_type: str, deterministic: bool = False) -> None:
