@@ -18,7 +18,7 @@ from ablate.model.roles import Role, param_groups, role_of
 from ablate.model.spec import ModelSpec, count_params
 from ablate.model.transformer import build_model, built_counts
 from ablate.axes import group_options
-from conftest import TINY, compose, find_run_dirs, run_ablate
+from conftest import TINY, compose, find_run_dirs, invoke_ablate, run_ablate
 
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=32",
          "train.seq_len=16", "logger=none"]
@@ -104,7 +104,7 @@ DYT_KEYS = "(none is close; norm has: alpha0, eps, name)"
     (["norm=dyt", "norm.alpha0=big"], "error: norm.alpha0: Value 'big' of type 'str' could not be converted"),
 ], ids=["unknown", "typo", "another-options", "appended", "mistyped"])
 def test_an_unknown_or_mistyped_setting_is_one_line_before_anything_runs(tmp_path, overrides, message):
-    res = run_ablate("run", *TINY, *overrides, f"out_dir={tmp_path}")
+    res = invoke_ablate("run", *TINY, *overrides, f"out_dir={tmp_path}")  # refused before Hydra starts a job
     assert res.returncode == 2 and res.stderr.startswith(message), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
 
