@@ -436,7 +436,7 @@ def _tokens_check(row: LadderRow, base_tokens: float) -> Optional[str]:
             cells.append(f"{r.rung} -")
             continue
         lo, hi = ci or (x, x)
-        cells.append(f"{r.rung} {x:.2f}" + (f" {_mult_ci(ci)}" if ci else "")
+        cells.append(f"{r.rung} {_mult(x)}" + (f" {_mult_ci(ci)}" if ci else "")
                      + (f" holds {k:g}" if lo <= k <= hi else " above" if lo > k else " below"))
     return (f"{row.variant} is the baseline on {k:g}x its tokens: on a compute-optimal ladder x is {k:g} "
             f"on every rung; here {', '.join(cells)}" + ("" if any(r.compute_multiplier_ci for r in row.rungs)
@@ -522,11 +522,19 @@ def _rank(rows: list[LadderRow], losses: dict, names: list[str], rungs: list, no
 
 
 # ---- the ladder's columns -----------------------------------------------------------------------
+def _mult(v: Optional[float]) -> str:
+    """A compute multiplier: two decimals, or two significant digits where two decimals would
+    lose the value (0.0011 as 0.00) or run to many digits (3.5e+07: the ends of a wide interval)."""
+    if v is None:
+        return "-"
+    return f"{v:.2g}" if v >= 1000 or 0 < v < 0.1 else f"{v:.2f}"
+
+
 def _mult_ci(v: Optional[Sequence[float]]) -> str:
     """A multiplier interval; an upper end the baseline's curve never reaches: ∞."""
     if v is None:
         return "-"
-    return f"[{v[0]:.2f}, " + ("∞]" if math.isinf(v[1]) else f"{v[1]:.2f}]")
+    return f"[{_mult(v[0])}, " + ("∞]" if math.isinf(v[1]) else f"{_mult(v[1])}]")
 
 
 @dataclass(frozen=True)
@@ -546,7 +554,7 @@ class Quantity:
 LR_AT = Quantity("LR", LR, lambda x: x.best_lr, _lr)
 LOSS_AT = Quantity("loss", "loss", lambda x: x.mean, lambda v: num(v, ".4f"))
 DELTA_AT = Quantity("Δ", "delta", lambda x: x.delta, lambda v: num(v, "+.4f"))
-X_AT = Quantity("x", "mult", lambda x: x.compute_multiplier, lambda v: num(v, ".2f"))
+X_AT = Quantity("x", "mult", lambda x: x.compute_multiplier, _mult)
 
 
 def _signed(steps: Optional[int]) -> str:
@@ -580,7 +588,7 @@ def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA, moved: bo
         return said + [LOSS_AT, DELTA_AT, X_AT] + ([x_ci] if with_ci else [])
 
     def projected(row: LadderRow) -> str:
-        at = {X_AT: num(row.compute_multiplier, ".2f"), x_ci: _mult_ci(row.compute_multiplier_ci)}
+        at = {X_AT: _mult(row.compute_multiplier), x_ci: _mult_ci(row.compute_multiplier_ci)}
         return "" if row.baseline else lines(*[at.get(q, "") for q in plan(row)])
 
     cols = [Column("variant", lambda r: r.variant, ("variant",), align=Align.LEFT),
@@ -594,7 +602,7 @@ def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA, moved: bo
         cols.append(Column(f"LR moved {rungs[0]}→{rungs[-1]}", lambda r: _signed(r.lr_steps_moved),
                            ("lr_steps_moved",), short=f"LR moved\n{rungs[0]}→{rungs[-1]}"))
     return cols + [
-        Column("x projected", lambda r: num(r.compute_multiplier, ".2f"), ("compute_multiplier",), targets=ONLY_TEXT),
+        Column("x projected", lambda r: _mult(r.compute_multiplier), ("compute_multiplier",), targets=ONLY_TEXT),
         Column(pct, lambda r: _mult_ci(r.compute_multiplier_ci), ("compute_multiplier_ci",), targets=ONLY_TEXT),
         Column("x projected", projected, targets=ONLY_TERMINAL, short="x\nprojected", priority=1),
         Column("wins every rung", lambda r: _wins(r, len(rungs)), ("wins_every_rung", "wins_beyond_noise"),
