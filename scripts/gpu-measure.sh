@@ -79,11 +79,12 @@ transfer)
   run "$ABLATE compare $out/lr_qk --json > $out/lr_qk.json; $ABLATE compare $out/lr_qk --plot $out/lr_qk.png"
   ;;
 twice)
-  # issue 23's twice-the-tokens check with the seeds that 2 CPU cores cannot afford at these
-  # tokens: the cpu ladder at 80 vs 160 tokens per parameter (one seed on 2 cores, 2026-11-25,
-  # docs/transfer.md: about 3 at r0, under 2 at r1). 12 jobs, 72k steps in all. The GPU machine
-  # is offline too, so this is the same 5 MB corpus: it gives those figures their intervals, and
-  # cannot make the check pass (a rung that repeats the corpus balances at its own ratio).
+  # the twice-the-tokens check at the ratios and seeds 2 CPU cores cannot afford: the cpu ladder
+  # at 40 vs 80 and 80 vs 160 tokens per parameter (docs/transfer.md). The GPU machine is offline
+  # too, so this is the same 5 MB corpus: it cannot make the check pass on every rung (a rung that
+  # repeats the corpus balances at its own ratio).
+  run "$ABLATE sweep ladder.tokens_per_param=40,80 --ladder cpu --seeds 2 train.device=cuda logger=none train.progress=false hydra.sweep.dir=$out/ladder_2x_40"
+  run "$ABLATE compare $out/ladder_2x_40 --json > $out/ladder_2x_40.json; $ABLATE compare $out/ladder_2x_40"
   run "$ABLATE sweep ladder.tokens_per_param=80,160 --ladder cpu --seeds 2 train.device=cuda logger=none train.progress=false hydra.sweep.dir=$out/ladder_2x"
   run "$ABLATE compare $out/ladder_2x --json > $out/ladder_2x.json; $ABLATE compare $out/ladder_2x"
   ;;
