@@ -42,8 +42,8 @@ FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
 # Directories and files the docs name, mapped to the session's fixtures (see doc_runs). Used
 # only for the positional arguments of compare, resume and export.
 PLACEHOLDERS = {
-    "RUN_DIR": "run", "runs/my-run": "run", "runs/llama": "run",
-    "runs/short": "short",
+    # runs/short only has to differ from the sweep in train.steps (docs/compare.md)
+    "RUN_DIR": "run", "runs/my-run": "run", "runs/llama": "run", "runs/short": "run",
     "SWEEP_DIR": "sweep", "runs/tour": "sweep", "runs/glu": "sweep",
     "runs/sweeps/2026-11-22_14-10-03": "sweep", "runs/sweeps/2026-11-23_10-57-04": "sweep",
     "runs/lr_qk": "sweep", "runs/ladder_pos": "sweep", "runs/ladder_2x": "sweep", "runs/ladder_pos_lr": "sweep",
@@ -288,24 +288,17 @@ def failed(check: Check) -> str:
 def doc_runs(tmp_path_factory) -> dict[str, Path]:
     """A 4-job sweep (norm=layernorm,rmsnorm x 2 seeds, 300 steps: docs/compare.md selects
     `--where train.steps=300`; a one-layer model on 2 x 16 tokens a step, as only its records are
-    read), a single run and a shorter run, all finished: what compare, resume and export are
-    pointed at."""
-    from conftest import run_ablate
+    read) and a finished 6-step run (the session's shared one: copy_of_trained_run), what
+    compare, resume and export are pointed at."""
+    from conftest import TINY as RUN, copy_of_trained_run, run_ablate
 
     root = tmp_path_factory.mktemp("doc-runs")
-    dirs = {"root": root, "sweep": root / "sweep", "run": root / "run", "short": root / "short"}
-    from concurrent.futures import ThreadPoolExecutor
-
-    commands = [
-        ("sweep", "norm=layernorm,rmsnorm", "--seeds", "2", *TINY, "train.steps=300", "model.n_layers=1",
-         "train.batch_size=2", "train.seq_len=16", f"hydra.sweep.dir={dirs['sweep']}"),
-        ("run", *TINY, "train.steps=6", f"hydra.run.dir={dirs['run']}"),
-        ("run", *TINY, "train.steps=4", f"hydra.run.dir={dirs['short']}"),
-    ]
-    run_ablate("data", "prepare", "--no-progress", cwd=root)  # tokenized once, not by each at once
-    with ThreadPoolExecutor(len(commands)) as pool:  # processes: they overlap their start-up
-        for p in pool.map(lambda args: run_ablate(*args, cwd=root), commands):
-            assert p.returncode == 0, p.stderr[-2000:]
+    dirs = {"root": root, "sweep": root / "sweep", "run": root / "run"}
+    copy_of_trained_run(tmp_path_factory, root, *RUN, "train.threads=1")
+    p = run_ablate("sweep", "norm=layernorm,rmsnorm", "--seeds", "2", *TINY, "train.steps=300",
+                   "model.n_layers=1", "train.batch_size=2", "train.seq_len=16", f"hydra.sweep.dir={dirs['sweep']}",
+                   cwd=root)
+    assert p.returncode == 0, p.stderr[-2000:]
     return dirs
 
 
