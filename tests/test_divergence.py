@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from conftest import TINY, find_run_dirs, read_jsonl, run_ablate, scripted_trainer
+from conftest import TINY, find_run_dirs, invoke_ablate, read_jsonl, run_ablate, scripted_trainer
 
 UNSTABLE = [o for o in TINY if not o.startswith(("train.steps", "train.warmup_steps"))] + [
     "norm_pos=post", "train.warmup_steps=0", "train.grad_clip=0", "train.steps=40", "train.threads=1"]
@@ -88,7 +88,7 @@ def test_a_sweep_with_a_diverging_variant_finishes_the_others(tmp_path):
                 for d in find_run_dirs(tmp_path)}
     assert sorted(statuses.values()) == ["completed", "diverged"], statuses
     assert [s for name, s in statuses.items() if "lr=30" in name] == ["diverged"]
-    res = run_ablate("compare", str(tmp_path), "--json")
+    res = invoke_ablate("compare", str(tmp_path), "--json")
     assert res.returncode == 0, res.stderr
     shown = {row["variant"]: row["status"] for row in json.loads(res.stdout)}
     assert shown == {"train.lr=30": {"diverged": 1}, "train.lr=0.003": {"completed": 1}}
