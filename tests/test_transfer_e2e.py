@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, built_once, no_login_env, run_ablate
+from conftest import TINY, built_once, invoke_ablate, no_login_env, run_ablate
 
 GRID_ARGS = [o for o in TINY if not o.startswith(("train.steps", "train.eval_every"))] + [
     "train.steps=12", "train.eval_every=12", "train.diagnostics_every=6"]  # eval at 0: loss_init
@@ -37,7 +37,7 @@ def test_the_grid_then_the_seeds_at_each_variants_best_lr(grid_sweep):
     assert names[:6] == ["baseline_lr0.001_seed0", "baseline_lr0.01_seed0", "baseline_lr0.1_seed0",
                          "qk_norm=on_lr0.001_seed0", "qk_norm=on_lr0.01_seed0", "qk_norm=on_lr0.1_seed0"]
     assert len(names) == 8 and all(n.endswith("_seed1") for n in names[6:])
-    cmp = json.loads(run_ablate("compare", str(sweep_dir), "--json").stdout)
+    cmp = json.loads(invoke_ablate("compare", str(sweep_dir), "--json").stdout)
     for row in cmp:
         loss = {float(k): v for k, v in row["curve"].items()}
         finished = {k: v for k, v in loss.items() if v is not None}
@@ -58,9 +58,9 @@ def test_every_format_carries_the_tuned_columns(grid_sweep, tmp_path):
     sweep_dir = grid_sweep
     for fmt, needle in (("table", "LR sensitivity"), ("markdown", "| best LR |"),
                         ("latex", r"\toprule"), ("csv", "best_lr,")):
-        res = run_ablate("compare", str(sweep_dir), "--format", fmt)
+        res = invoke_ablate("compare", str(sweep_dir), "--format", fmt)
         assert res.returncode == 0 and needle in res.stdout, res.stderr
-    res = run_ablate("compare", str(sweep_dir), "--plot", str(tmp_path / "lr.png"))
+    res = invoke_ablate("compare", str(sweep_dir), "--plot", str(tmp_path / "lr.png"))
     assert res.returncode == 0 and (tmp_path / "lr.png").stat().st_size > 10_000
 
 
@@ -74,8 +74,8 @@ def test_a_compare_mixing_two_grids_is_refused(grid_sweep, tmp_path):
     assert record["grid"] == pytest.approx([1e-3, 1e-2, 1e-1])
     record["grid"] = [1e-3, 10 ** -2.5, 1e-2]
     (other / "transfer.json").write_text(json.dumps(record))
-    assert run_ablate("compare", str(other), "--json").returncode == 0  # alone, the copy compares
-    res = run_ablate("compare", str(sweep_dir), str(other))
+    assert invoke_ablate("compare", str(other), "--json").returncode == 0  # alone, the copy compares
+    res = invoke_ablate("compare", str(sweep_dir), str(other))
     assert res.returncode == 2 and "mix sweeps of different LR grids" in res.stderr
     assert res.stderr.count("\n") == 1
 
@@ -126,7 +126,7 @@ def ladder_sweep(tmp_path_factory):
 def test_a_ladder_sweep_reports_the_compute_multiplier(ladder_sweep):
     sweep_dir, res = ladder_sweep
     assert "x projected" in res.stdout and (sweep_dir / "transfer.png").is_file()
-    base, twice = json.loads(run_ablate("compare", str(sweep_dir), "--json").stdout)
+    base, twice = json.loads(invoke_ablate("compare", str(sweep_dir), "--json").stdout)
     assert base["baseline"] and base["compute_multiplier"] is None
     assert [r["rung"] for r in twice["rungs"]] == ["a", "b", "c"]
     computes = [r["compute"] for r in base["rungs"]]
@@ -150,24 +150,24 @@ def test_fewer_than_three_rungs_show_the_table_and_refuse_to_project_and_a_resum
                      "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
     assert res.returncode == 0, res.stderr
     assert "fewer than 3 rungs" in res.stdout and re.search(r"┃\s+b\s+┃", res.stdout)  # rung b's column
-    before = run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout
+    before = invoke_ablate("compare", str(tmp_path / "sweep"), "--json").stdout
     rows = json.loads(before)
     assert rows[1]["compute_multiplier"] is None and rows[1]["rungs"][1]["delta"] is not None
     # a ladder sweep resumed (its variant's own tokens per parameter included): nothing runs again
     again = run_ablate("resume", str(tmp_path / "sweep"))
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count("done earlier") == 4 and "ladder.tokens_per_param=1_b" in again.stdout
-    assert run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout == before
+    assert invoke_ablate("compare", str(tmp_path / "sweep"), "--json").stdout == before
 
 
 def test_one_lr_of_a_grid_is_an_ordinary_comparison_and_other_flags_are_refused(grid_sweep):
     sweep_dir = grid_sweep
-    one = run_ablate("compare", str(sweep_dir), "--where", "train.lr=0.1", "--json")
+    one = invoke_ablate("compare", str(sweep_dir), "--where", "train.lr=0.1", "--json")
     rows = json.loads(one.stdout)
     assert [r["variant"] for r in rows] == ["baseline", "qk_norm=on"]
     assert rows[1]["n"] == 1 and rows[1]["delta"] is not None and "best_lr" not in rows[1]
     for flag in (["--per-seed"], ["--metric", "val_bpb"]):
-        res = run_ablate("compare", str(sweep_dir), *flag)
+        res = invoke_ablate("compare", str(sweep_dir), *flag)
         assert res.returncode == 2 and "not available for an --lr-grid or --ladder sweep" in res.stderr
 
 
@@ -176,7 +176,7 @@ def test_three_variants_on_a_ladder_report_ranks_and_their_agreement(tmp_path):
     res = run_ablate("sweep", "act=gelu,swiglu,relu", "--ladder", str(path), *LADDER_ARGS,
                      "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
     assert res.returncode == 0, res.stderr
-    rows = json.loads(run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
+    rows = json.loads(invoke_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
     assert len(rows) == 3 and "rank agreement" in res.stdout
     for i in range(3):  # each rung's ranks are 1..3, by mean loss
         by_rank = sorted(rows, key=lambda r: r["ranks"][i])
@@ -195,7 +195,7 @@ def test_a_ladder_with_an_lr_grid_compares_each_variant_at_its_best_lr_on_each_r
                      "--seeds", "2", *LADDER_ARGS, "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "[24/24]" in res.stdout and "│ LR " in res.stdout  # each rung's best LR, a line of its own
-    rows = json.loads(run_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
+    rows = json.loads(invoke_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
     runs = [(p.parent.name, json.loads(p.read_text())) for p in (tmp_path / "sweep").glob("*/summary.json")]
     lr_of = lambda s: float(next(o for o in s["overrides"] if o.startswith("train.lr=")).split("=")[1])  # noqa: E731
     for row in rows:
@@ -209,4 +209,4 @@ def test_a_ladder_with_an_lr_grid_compares_each_variant_at_its_best_lr_on_each_r
         first, last = row["rungs"][0]["best_lr"], row["rungs"][-1]["best_lr"]
         assert row["lr_steps_moved"] == round(math.log(last / first) / math.log(10 ** 0.5))
     assert rows[1]["compute_multiplier"] is not None and rows[1]["compute_multiplier_ci"] is not None
-    assert "LR moved a→c" in run_ablate("compare", str(tmp_path / "sweep"), "--format", "markdown").stdout
+    assert "LR moved a→c" in invoke_ablate("compare", str(tmp_path / "sweep"), "--format", "markdown").stdout
