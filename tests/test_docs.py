@@ -265,7 +265,8 @@ def run_checks(checks: list[Check], cwd: Path, tmp: Path, pythonpath: str = "") 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "offline", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)}
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(plan_path), str(results_path)],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=1800)  # a guard against a hang: ~200 s on 2 quiet cores, 730 s at load 5
     assert proc.returncode == 0 and results_path.is_file(), f"the checker itself failed:\n{proc.stderr[-3000:]}"
     results = {json.dumps([c["mode"], c["argv"]]): c["result"] for c in json.loads(results_path.read_text())}
     return [Check(**{**asdict(c), "result": results[k]}) for k, c in zip(keys, checks)]
