@@ -195,6 +195,7 @@ def test_a_ladder_with_an_lr_grid_compares_each_variant_at_its_best_lr_on_each_r
                      "--seeds", "2", *LADDER_ARGS, "train.batch_size=4", f"hydra.sweep.dir={tmp_path}/sweep")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "[24/24]" in res.stdout and "│ LR " in res.stdout  # each rung's best LR, a line of its own
+    assert "sweep: jobs 1-18 of 24 -> " in res.stdout and "sweep: jobs 19-24 of 24 -> " in res.stdout
     rows = json.loads(invoke_ablate("compare", str(tmp_path / "sweep"), "--json").stdout)
     runs = [(p.parent.name, json.loads(p.read_text())) for p in (tmp_path / "sweep").glob("*/summary.json")]
     lr_of = lambda s: float(next(o for o in s["overrides"] if o.startswith("train.lr=")).split("=")[1])  # noqa: E731

@@ -192,7 +192,10 @@ class AblateSweeper(Sweeper):
         # a packed task returns its group's results: its jobs are read from their directories
         collect = kind.submitit and not packed
         results: list = []
-        print(f"sweep: {len(jobs)} jobs -> {sweep_dir}", flush=True)
+        # a sweep launched in phases (an LR scan, then its picks) numbers its jobs as the progress does
+        span = f"{len(jobs)} jobs" if len(jobs) == progress.total else \
+            f"jobs {start + 1}-{start + len(jobs)} of {progress.total}"
+        print(f"sweep: {span} -> {sweep_dir}", flush=True)
         for first in range(0, len(batches), size):
             end = first + size
             if _stopped(results, kind):
