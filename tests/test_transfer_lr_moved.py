@@ -107,3 +107,11 @@ def test_an_lr_rule_mup_pick_on_the_grids_edge_is_noted_once():
     notes = ladder_report(points, _record("mup")).notes
     edge = [n for n in notes if "on the grid's edge" in n]
     assert edge == ["baseline at r0: the best LR 0.001 is on the grid's edge; widen the grid"]
+
+
+@pytest.mark.parametrize("seeds", [1, 2, 3])
+def test_the_note_on_each_rungs_own_best_lr_says_which_seeds_ran_there(seeds):
+    report = ladder_report(_scan_points("baseline", [2, 2, 2], seeds) + _scan_points("v", [1, 2, 3], seeds),
+                           {**_record(), "seeds": seeds})
+    note = next(n for n in report.notes if n.startswith("each variant on each rung at its own best LR"))
+    assert note.endswith("(seeds 1.. ran there)" if seeds > 1 else ", seed 0 only")

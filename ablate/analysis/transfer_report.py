@@ -346,7 +346,7 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     fits, target = _fit(names, base, losses, computes, notes)
     rows = [_ladder_row(n, base, rungs, losses, computes, fits, target, alpha) for n in names]
     if best:
-        _add_best_lrs(rows, best, notes, [float(x) for x in record["grid"]], one_scan)
+        _add_best_lrs(rows, best, notes, [float(x) for x in record["grid"]], one_scan, record.get("seeds", 1))
     for row in rows:
         beyond = [r.rung for r in row.rungs if r.compute_multiplier_extrapolated]
         if beyond:
@@ -468,7 +468,8 @@ def _best_per_rung(points: Sequence[Point], grid: Sequence[float], names: list, 
     return {cell: T.best_lr(T.grid_curve(runs)) for cell, runs in cells.items()}
 
 
-def _add_best_lrs(rows: list[LadderRow], best: dict, notes: list, grid: list, one_scan: bool) -> None:
+def _add_best_lrs(rows: list[LadderRow], best: dict, notes: list, grid: list, one_scan: bool,
+                  seeds: int) -> None:
     """Each row's best LR on each rung and how many grid steps it moves from the smallest rung to
     the largest, a note where it is on the grid's edge (once a variant under one scan)."""
     for row in rows:
@@ -486,7 +487,8 @@ def _add_best_lrs(rows: list[LadderRow], best: dict, notes: list, grid: list, on
                      f"there, so the LR shown on every rung is that one pick (the parametrization "
                      "scales the rest), not a best LR of the rung")
         return
-    notes.append("each variant on each rung at its own best LR of the grid (seeds 1.. ran there)")
+    notes.append("each variant on each rung at its own best LR of the grid" +
+                 (" (seeds 1.. ran there)" if seeds > 1 else ", seed 0 only"))
     notes.append(f"LR moved: grid steps (x{grid[1] / grid[0]:.3g} each) from the best LR at {first} to "
                  f"the best at {last}; negative: a smaller LR at {last}")
 
