@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,27 +85,73 @@ def _isolated_env(tmp_path_factory):
 
 def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
                timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (as a user would), capturing output. Outside the cuda
-    tier the subprocess sees no GPU: no CUDA context per test process (12 xdist workers each
-    opening one ended in CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics whatever the machine."""
+    """The real CLI with `args`, as a user would run it: exit code, stdout and stderr. Run in
+    this process (CliRunner capture, the process state restored after: in_process) where the
+    test cannot tell the difference, which spares the ~5 s of CPU that a new process spends
+    importing torch and torch._dynamo; in a subprocess (see needs_process) for the rest. The
+    subprocess sees no GPU outside the cuda tier: no CUDA context per test process (12 xdist
+    workers each opening one ended in CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics
+    whatever the machine."""
+    if not needs_process(args, env):
+        return in_process(*args, cwd=cwd, env=env)
     full_env = {**os.environ, **({} if _cuda_test else {"CUDA_VISIBLE_DEVICES": ""}), **(env or {})}
     return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd or ROOT,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
-def invoke_ablate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """run_ablate's result from the CLI's own entry point (cli.main.main) called in this process,
-    output captured by typer's CliRunner: for a command whose test is not about the process (no
-    Hydra job, no signal, CPU only), without the ~4 s of CPU a process importing torch starts
-    with. An exception that would reach the console is in stderr as the traceback it would print."""
+# What only a process of its own shows: torchrun ranks and other child processes (their output
+# goes to the process's file descriptors), a compiled model (dynamo's caches), plugins (they
+# stay registered), W&B (its service process), launchers of processes.
+_PROCESS_ONLY = re.compile(r"^(\+*train\.(nproc|compile\w*|strategy)|\+*plugins|\+*logger(\.mode)?=wandb|"
+                           r"\+*logger\.|launcher=(?!basic)|hydra/launcher)")
+
+
+def needs_process(args, env: dict | None = None) -> bool:
+    """Whether `ablate args` must run in a process of its own (run_ablate): see _PROCESS_ONLY;
+    a GPU; a command run from another thread (signal handlers are the main thread's); a
+    PYTHONPATH of its own (an installed plugin's entry point)."""
+    import threading
+
+    return _cuda_test or _gpu_present() or any(_PROCESS_ONLY.match(a) for a in args) or \
+        (bool(args) and args[0] in ("sample", "bench")) or _may_use_wandb(args) or \
+        threading.current_thread() is not threading.main_thread() or "PYTHONPATH" in (env or {})
+
+
+_NO_TRAINING = {"--dry-run", "--cfg", "--info", "--help", "--hydra-help"}
+
+
+def _may_use_wandb(args) -> bool:
+    """A command that trains with the default logger (W&B), or resumes runs that did."""
+    if not args or args[0] not in ("run", "sweep", "resume") or _NO_TRAINING & set(args):
+        return False
+    if args[0] != "resume":
+        return "logger=none" not in args
+    configs = [p for a in args[1:] if not a.startswith("-") and "=" not in a
+               for p in ([Path(a) / "config.yaml"] + list(Path(a).glob("*/config.yaml")))]
+    return "logger=none" not in args and not (configs and all(
+        p.is_file() and "logger:\n  name: none" in p.read_text() for p in configs if p.exists()))
+
+
+def _gpu_present() -> bool:
+    """A GPU in this machine: the subprocess hides it (CUDA_VISIBLE_DEVICES), this process cannot."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def in_process(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """run_ablate's result from the CLI's entry point called in this process (process_state
+    restores what the command changes), output captured by typer's CliRunner. An exception that
+    would reach the console is in stderr as the traceback it would print."""
     import traceback
 
     from typer.testing import CliRunner
 
     from cli.main import main
 
-    argv, code = sys.argv, 0
-    with CliRunner().isolation(env=env) as (out, err, _):
+    code = 0
+    with process_state(), CliRunner().isolation(env=env) as (out, err, _):
+        os.chdir(cwd or ROOT)
         sys.argv = ["ablate", *args]
         try:
             main()
@@ -115,12 +163,73 @@ def invoke_ablate(*args: str, env: dict | None = None) -> subprocess.CompletedPr
             traceback.print_exc()
             code = 1
         finally:
-            sys.argv = argv
             sys.stdout.flush()
             sys.stderr.flush()
         # as run_ablate's text-mode pipes read them: universal newlines
         stdout, stderr = (s.getvalue().decode().replace("\r\n", "\n").replace("\r", "\n") for s in (out, err))
     return subprocess.CompletedProcess(["ablate", *args], code, stdout, stderr)
+
+
+invoke_ablate = in_process
+
+_FRESH_WARNING_FILTERS = list(__import__("warnings").filters)  # as a new process starts
+
+
+@contextlib.contextmanager
+def process_state():
+    """What a command changes in its process, restored after it: environment, cwd, argv,
+    logging (Hydra configures it per job), signal handlers, warning filters (as a new process
+    has them, so a command's warnings print as they would), torch's threads, RNG, dtype and
+    determinism, Python's and numpy's RNGs."""
+    import logging
+    import random
+    import signal
+    import warnings
+
+    import numpy as np
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+
+    environ, cwd, argv = dict(os.environ), os.getcwd(), sys.argv
+    loggers = [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(v, logging.Logger)]
+    saved_logging = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers]
+    signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
+                                                 signal.SIGUSR2, signal.SIGPIPE)}
+    torch_state = (torch.get_num_threads(), torch.get_rng_state(), torch.get_default_dtype(),
+                   torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision())
+    rngs = random.getstate(), np.random.get_state()
+    hydra_cfg = HydraConfig.instance().cfg  # a job's: outside a job nothing reads one
+    try:
+        with warnings.catch_warnings():
+            warnings.filters[:] = _FRESH_WARNING_FILTERS
+            warnings.showwarning = warnings._showwarning_orig  # printed, not recorded by pytest
+            yield
+    finally:
+        for lg in {id(x): x for x in [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values()
+                                                              if isinstance(v, logging.Logger)]}.values():
+            for h in lg.handlers:
+                if not any(h in before[2] for before in saved_logging if before[0] is lg):
+                    h.close()
+        for lg, level, handlers, propagate, disabled in saved_logging:
+            lg.setLevel(level)
+            lg.handlers[:], lg.propagate, lg.disabled = handlers, propagate, disabled
+        for s, handler in signals.items():
+            signal.signal(s, handler)
+        threads, rng, dtype, deterministic, precision = torch_state
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng)
+        torch.set_default_dtype(dtype)
+        if torch.are_deterministic_algorithms_enabled() != deterministic:
+            torch.use_deterministic_algorithms(deterministic)
+        torch.set_float32_matmul_precision(precision)
+        random.setstate(rngs[0])
+        np.random.set_state(rngs[1])
+        HydraConfig.instance().cfg = hydra_cfg
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        sys.argv = argv
 
 
 def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dict | None = None,
@@ -153,6 +262,16 @@ def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dic
     code = proc.wait(timeout=timeout)
     text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+@pytest.fixture(scope="session")
+def other_pid():
+    """The pid of another live process on this host, for a run lock or record held by a live
+    process: a command run in this process (in_process) must not find itself holding it."""
+    proc = subprocess.Popen(["sleep", "3600"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
 
 
 def built_once(tmp_path_factory, name: str, build) -> Path:

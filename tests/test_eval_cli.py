@@ -5,7 +5,6 @@ directory with runs skipped, and every bad input refused in one line with nothin
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 from pathlib import Path
@@ -168,17 +167,17 @@ def test_bad_input_is_one_line_and_writes_nothing(sweep, tmp_path, args, says):
 @pytest.mark.parametrize("damage,says", [("weights", "no checkpoint"), ("diverged", "the run diverged"),
                                          ("locked", "in use by another process"),
                                          ("training", "the run is being trained")])
-def test_a_run_that_cannot_be_evaluated_is_refused(sweep, tmp_path, damage, says):
+def test_a_run_that_cannot_be_evaluated_is_refused(sweep, tmp_path, other_pid, damage, says):
     run = copied(sweep, tmp_path, "rope")
     if damage == "weights":
         shutil.rmtree(run / "checkpoints")
     elif damage == "diverged":
         diverge(run)
-    elif damage == "locked":  # a live process holds the run's lock: this test's
-        (run / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    elif damage == "locked":  # a live process holds the run's lock
+        (run / "run.lock").write_text(json.dumps({"pid": other_pid, "host": socket.gethostname()}))
     else:  # its record says running, in a live process
         summary = json.loads((run / "summary.json").read_text())
-        summary.update(status="running", pid=os.getpid(), host=socket.gethostname())
+        summary.update(status="running", pid=other_pid, host=socket.gethostname())
         (run / "summary.json").write_text(json.dumps(summary))
     before = files(run)
     assert says in refused(run_ablate("eval", str(run), "--lengths", "64"), run, before)
