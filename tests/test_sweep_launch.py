@@ -5,7 +5,6 @@ launcher renders the sbatch script it would submit."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 from pathlib import Path
 
@@ -27,10 +26,10 @@ def table_column(out: str, header: str) -> dict[str, str]:
     return {cells[1].strip(): cells[col].strip() for cells in (line.split("│") for line in lines if line.startswith("│"))}
 
 
-def hold(run_dir: Path) -> None:
-    """Make run_dir look in use by a live process (this test): its job fails at run time."""
+def hold(run_dir: Path, pid: int) -> None:
+    """Make run_dir look in use by the live process `pid`: its job fails at run time."""
     run_dir.mkdir(parents=True)
-    (run_dir / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    (run_dir / "run.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
 
 
 @pytest.mark.slow
@@ -59,11 +58,11 @@ def test_ofat_sweep_with_submitit_local_runs_three_variants(tmp_path):
     assert rows[0]["baseline"] and all(r["n"] == 1 for r in rows)
 
 
-def test_failing_and_diverging_jobs_do_not_stop_the_sweep(tmp_path):
+def test_failing_and_diverging_jobs_do_not_stop_the_sweep(tmp_path, other_pid):
     # A failure no pre-check can foresee: job #1's directory is held by another live process.
     sweep_dir = tmp_path / "sweeps" / "s"
     held = sweep_dir / "1_norm=rmsnorm"
-    hold(held)
+    hold(held, other_pid)
     res = run_ablate("sweep", *TINY, *ONE_THREAD, f"hydra.sweep.dir={sweep_dir}",
                      "train.warmup_steps=0", "train.grad_clip=0",
                      "norm=layernorm,rmsnorm", "train.lr=0.003,1e9")
@@ -88,10 +87,10 @@ def test_failing_and_diverging_jobs_do_not_stop_the_sweep(tmp_path):
     assert not [f for f in record_file.parent.iterdir() if f.name.startswith(".sweep.json")]
 
 
-def test_a_sweep_where_every_job_fails_exits_non_zero(tmp_path):
+def test_a_sweep_where_every_job_fails_exits_non_zero(tmp_path, other_pid):
     sweep_dir = tmp_path / "s"
     for name in ("0_baseline", "1_train.lr=0.001"):
-        hold(sweep_dir / name)
+        hold(sweep_dir / name, other_pid)
     res = run_ablate("sweep", *TINY, *ONE_THREAD, f"hydra.sweep.dir={sweep_dir}", "train.lr=0.003,0.001")
     assert res.returncode != 0
     assert res.stderr.count("failed: #") == 2 and "0/2 jobs finished" in res.stdout
@@ -164,3 +163,25 @@ def test_sbatch_preview_is_the_script_the_launcher_submits(tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="captured"):
         launcher.launch([["seed=0"]] * 6, initial_job_idx=0)
     assert submitted == [preview + "\n"]
+
+
+def test_each_job_is_composed_once_and_trains_with_its_own_overrides(tmp_path, monkeypatch):
+    """The checks before launch compose every job; the basic launcher reuses that config (a
+    copy) instead of composing it again, and each job still gets its own values and number."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    composed = []
+    load = ConfigLoaderImpl.load_sweep_config
+
+    def counted(self, master_config, sweep_overrides):
+        composed.append(list(sweep_overrides))
+        return load(self, master_config, sweep_overrides)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counted)
+    res = run_ablate("sweep", *TINY, *ONE_THREAD, "norm=layernorm,rmsnorm", "--seeds", "2",
+                     f"hydra.sweep.dir={tmp_path / 's'}")
+    assert res.returncode == 0, res.stderr
+    assert len(composed) == 4 == len({tuple(o) for o in composed})
+    runs = summaries(tmp_path / "s")
+    assert sorted((n.split("_", 1)[0], r["axes"]["norm"], r["seed"]) for n, r in runs.items()) == [
+        ("0", "layernorm", 0), ("1", "layernorm", 1), ("2", "rmsnorm", 0), ("3", "rmsnorm", 1)]
