@@ -64,3 +64,24 @@ def test_time_to_first_step_is_in_the_summary(tmp_path):
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert 0 < summary["time_to_first_step_s"] <= elapsed + 0.05  # /proc/uptime ticks: 10 ms
+
+
+@pytest.mark.parametrize("mode", [None, "RUN"])
+def test_a_run_composes_its_config_twice_unless_the_command_line_sets_hydra_mode(tmp_path, monkeypatch, mode):
+    """The checks before Hydra and the run itself compose the config; Hydra's third composition,
+    which only reads hydra.mode, happens only where the command line sets it."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    composed = []
+    load = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        composed.append(kwargs.get("run_mode"))
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    extra = [f"hydra.mode={mode}"] if mode else []
+    res = run_ablate("run", *TINY, "train.steps=1", *extra, f"hydra.run.dir={tmp_path / 'r'}")
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "completed"
+    assert len(composed) == (3 if mode else 2)
