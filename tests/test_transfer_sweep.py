@@ -112,7 +112,7 @@ def test_ladder_runs_every_variant_on_every_rung_with_its_rules(tmp_path):
     (["ladder.tokens_per_param=20,40"], "variant of a --ladder sweep"),
 ])
 def test_bad_transfer_input_is_one_line_and_nothing_launched(args, message, tmp_path):
-    res = run_ablate("sweep", "act=gelu,swiglu", *args, f"out_dir={tmp_path}")
+    res = run_ablate("sweep", "act=gelu,swiglu", *args, "logger=none", f"out_dir={tmp_path}")
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stderr and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert not list(tmp_path.iterdir())
@@ -125,7 +125,7 @@ def test_a_ladder_whose_rungs_do_not_grow_is_refused(tmp_path):
                    "  - {name: b, d_model: 48, n_layers: 4, n_heads: 4}\n")
     with pytest.raises(ConfigError, match="do not grow"):
         load_ladder(str(bad))
-    res = run_ablate("sweep", "act=gelu,swiglu", "--ladder", str(bad), f"out_dir={tmp_path / 'o'}")
+    res = run_ablate("sweep", "act=gelu,swiglu", "--ladder", str(bad), "logger=none", f"out_dir={tmp_path / 'o'}")
     assert res.returncode == 2 and "do not grow" in res.stderr
     with pytest.raises(ConfigError, match="do not grow"):
         check_ladder(Ladder("same", (Rung("a", 32, 2, 2), Rung("b", 32, 2, 2)), 10, 1e-3, 128))
@@ -175,7 +175,8 @@ def test_a_variant_with_its_own_tokens_per_param_trains_that_many_tokens_on_ever
                       "--dry-run").stdout  # the baseline's own value is the ladder's, as run
     assert "rungs (30 tokens per non-embedding parameter of the baseline)" in text
     for bad in ("0", "x"):
-        res = run_ablate("sweep", f"ladder.tokens_per_param=20,{bad}", "--ladder", "cpu", f"out_dir={tmp_path}/o")
+        res = run_ablate("sweep", f"ladder.tokens_per_param=20,{bad}", "--ladder", "cpu", "logger=none",
+                         f"out_dir={tmp_path}/o")
         assert res.returncode == 2 and "positive number of tokens per parameter" in res.stderr
 
 
