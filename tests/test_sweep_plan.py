@@ -73,14 +73,14 @@ def test_sweep_names_job_dirs_by_their_change_and_seed():
 
 
 def test_ofat_sweep_with_no_swept_axis_is_refused(tmp_path):
-    res = run_ablate("sweep", "norm=rmsnorm", "train.steps=5", f"out_dir={tmp_path}")
+    res = run_ablate("sweep", "norm=rmsnorm", "train.steps=5", "logger=none", f"out_dir={tmp_path}")
     assert res.returncode != 0
     assert res.stderr.startswith("error: an ofat sweep needs") and "Traceback" not in res.stderr
     assert not list(tmp_path.iterdir())
 
 
 def test_unknown_option_in_a_sweep_is_refused_before_launch(tmp_path):
-    res = run_ablate("sweep", "norm=layernorm,rmsnrm", f"out_dir={tmp_path}")
+    res = run_ablate("sweep", "norm=layernorm,rmsnrm", "logger=none", f"out_dir={tmp_path}")
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "rmsnrm" in res.stderr and "rmsnorm" in res.stderr and not list(tmp_path.iterdir())
 
@@ -100,9 +100,9 @@ def test_a_launcher_that_is_not_installed_is_named_before_launch(tmp_path):
 
 
 def test_bad_mode_and_json_without_dry_run(tmp_path):
-    res = run_ablate("sweep", "norm=layernorm,rmsnorm", "--mode", "random", f"out_dir={tmp_path}")
+    res = run_ablate("sweep", "norm=layernorm,rmsnorm", "--mode", "random", "logger=none", f"out_dir={tmp_path}")
     assert res.returncode != 0 and "error: unknown --mode 'random'" in res.stderr
-    res = run_ablate("sweep", "norm=layernorm,rmsnorm", "--json", f"out_dir={tmp_path}")
+    res = run_ablate("sweep", "norm=layernorm,rmsnorm", "--json", "logger=none", f"out_dir={tmp_path}")
     assert res.returncode != 0 and "--dry-run" in res.stderr and not list(tmp_path.iterdir())
 
 

@@ -109,17 +109,18 @@ def test_lr_grid_scans_the_smallest_rung_then_runs_every_rung_at_its_pick(tmp_pa
     (["param=mup,completep", "ladder.lr_rule=mup"], "model.base_width=128 is not divisible by model.n_heads=3"),
 ])
 def test_bad_mup_ladder_input_is_one_line_and_nothing_launched(args, message, tmp_path):
-    res = run_ablate("sweep", *args, "--ladder", "cpu", f"out_dir={tmp_path}")
+    res = run_ablate("sweep", *args, "--ladder", "cpu", "logger=none", f"out_dir={tmp_path}")
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stderr and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert not list(tmp_path.iterdir())
 
 
 def test_ladder_keys_outside_a_ladder_and_tokens_on_a_steps_ladder_are_refused(tmp_path):
-    res = run_ablate("sweep", "act=gelu,relu", "ladder.lr_rule=mup", f"out_dir={tmp_path}")
+    res = run_ablate("sweep", "act=gelu,relu", "ladder.lr_rule=mup", "logger=none", f"out_dir={tmp_path}")
     assert res.returncode == 2 and "ladder.lr_rule sets the ladder of a --ladder sweep" in res.stderr
     path = ladder_file(tmp_path, RUNGS, steps=20, lr_rule="fixed")
-    res = run_ablate("sweep", "ladder.tokens_per_param=1,2", "--ladder", str(path), f"out_dir={tmp_path}/o")
+    res = run_ablate("sweep", "ladder.tokens_per_param=1,2", "--ladder", str(path), "logger=none",
+                     f"out_dir={tmp_path}/o")
     assert res.returncode == 2 and "trains 20 steps on every rung" in res.stderr and res.stderr.count("\n") == 1
     assert not (tmp_path / "o").exists()
 
