@@ -102,8 +102,8 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
 # What only a process of its own shows: torchrun ranks and other child processes (their output
 # goes to the process's file descriptors), a compiled model (dynamo's caches), plugins (they
 # stay registered), W&B (its service process), launchers of processes.
-_PROCESS_ONLY = re.compile(r"^(\+*train\.(nproc|compile\w*|strategy)|\+*plugins|\+*logger(\.mode)?=wandb|"
-                           r"\+*logger\.|launcher=(?!basic)|hydra/launcher)")
+_PROCESS_ONLY = re.compile(r"^(\+*train\.(nproc|compile\w*|strategy)|\+*plugins|\+*logger(=wandb|\.)|"
+                           r"launcher=(?!basic)|hydra/launcher)")
 
 
 def needs_process(args, env: dict | None = None) -> bool:
@@ -122,14 +122,13 @@ _NO_TRAINING = {"--dry-run", "--cfg", "--info", "--help", "--hydra-help"}
 
 def _may_use_wandb(args) -> bool:
     """A command that trains with the default logger (W&B), or resumes runs that did."""
-    if not args or args[0] not in ("run", "sweep", "resume") or _NO_TRAINING & set(args):
+    if not args or args[0] not in ("run", "sweep", "resume") or _NO_TRAINING & set(args) or "logger=none" in args:
         return False
     if args[0] != "resume":
-        return "logger=none" not in args
+        return True
     configs = [p for a in args[1:] if not a.startswith("-") and "=" not in a
-               for p in ([Path(a) / "config.yaml"] + list(Path(a).glob("*/config.yaml")))]
-    return "logger=none" not in args and not (configs and all(
-        p.is_file() and "logger:\n  name: none" in p.read_text() for p in configs if p.exists()))
+               for p in [Path(a) / "config.yaml", *Path(a).glob("*/config.yaml")] if p.is_file()]
+    return not configs or not all("logger:\n  name: none" in p.read_text() for p in configs)
 
 
 def _gpu_present() -> bool:
@@ -180,7 +179,7 @@ def process_state():
     """What a command changes in its process, restored after it: environment, cwd, argv,
     logging (Hydra configures it per job), signal handlers, warning filters (as a new process
     has them, so a command's warnings print as they would), torch's threads, RNG, dtype and
-    determinism, Python's and numpy's RNGs."""
+    determinism, Python's and numpy's RNGs, Hydra's job config."""
     import logging
     import random
     import signal
@@ -190,10 +189,12 @@ def process_state():
     import torch
     from hydra.core.hydra_config import HydraConfig
 
+    def loggers():
+        return [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values()
+                                        if isinstance(v, logging.Logger)]
+
     environ, cwd, argv = dict(os.environ), os.getcwd(), sys.argv
-    loggers = [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(v, logging.Logger)]
-    saved_logging = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers]
+    saved_logging = {id(lg): (lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers()}
     signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
                                                  signal.SIGUSR2, signal.SIGPIPE)}
     torch_state = (torch.get_num_threads(), torch.get_rng_state(), torch.get_default_dtype(),
@@ -206,12 +207,12 @@ def process_state():
             warnings.showwarning = warnings._showwarning_orig  # printed, not recorded by pytest
             yield
     finally:
-        for lg in {id(x): x for x in [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values()
-                                                              if isinstance(v, logging.Logger)]}.values():
+        for lg in loggers():  # close the handlers the command added (Hydra's ablate.log)
+            kept = saved_logging[id(lg)][2] if id(lg) in saved_logging else []
             for h in lg.handlers:
-                if not any(h in before[2] for before in saved_logging if before[0] is lg):
+                if h not in kept:
                     h.close()
-        for lg, level, handlers, propagate, disabled in saved_logging:
+        for lg, level, handlers, propagate, disabled in saved_logging.values():
             lg.setLevel(level)
             lg.handlers[:], lg.propagate, lg.disabled = handlers, propagate, disabled
         for s, handler in signals.items():
