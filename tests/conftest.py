@@ -399,6 +399,18 @@ def own_registry(monkeypatch):
     monkeypatch.setattr(store, "repo", copy.deepcopy(store.repo))
 
 
+def record_calls(monkeypatch, owner, name: str) -> list:
+    """The (args, kwargs) of every call of owner.name during the test; the calls still happen."""
+    calls, original = [], getattr(owner, name)
+
+    def recorded(*args, **kwargs):
+        calls.append((args, kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recorded)
+    return calls
+
+
 def find_run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in Path(root).rglob("summary.json"))
 

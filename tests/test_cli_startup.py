@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TINY, run_ablate
+from conftest import ROOT, TINY, record_calls, run_ablate
 
 PROBE = ("import sys, runpy; sys.argv = ['ablate'] + sys.argv[1:]\n"
          "try:\n    runpy.run_module('cli.main', run_name='__main__')\nexcept SystemExit:\n    pass\n"
@@ -72,16 +72,9 @@ def test_a_run_composes_its_config_twice_unless_the_command_line_sets_hydra_mode
     which only reads hydra.mode, happens only where the command line sets it."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    composed = []
-    load = ConfigLoaderImpl.load_configuration
-
-    def counted(self, *args, **kwargs):
-        composed.append(kwargs.get("run_mode"))
-        return load(self, *args, **kwargs)
-
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    calls = record_calls(monkeypatch, ConfigLoaderImpl, "load_configuration")
     extra = [f"hydra.mode={mode}"] if mode else []
     res = run_ablate("run", *TINY, "train.steps=1", *extra, f"hydra.run.dir={tmp_path / 'r'}")
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "completed"
-    assert len(composed) == (3 if mode else 2)
+    assert len(calls) == (3 if mode else 2)

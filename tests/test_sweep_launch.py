@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, find_run_dirs, run_ablate
+from conftest import TINY, find_run_dirs, record_calls, run_ablate
 
 ONE_THREAD = ["train.threads=1"]
 
@@ -170,18 +170,11 @@ def test_each_job_is_composed_once_and_trains_with_its_own_overrides(tmp_path, m
     copy) instead of composing it again, and each job still gets its own values and number."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    composed = []
-    load = ConfigLoaderImpl.load_sweep_config
-
-    def counted(self, master_config, sweep_overrides):
-        composed.append(list(sweep_overrides))
-        return load(self, master_config, sweep_overrides)
-
-    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counted)
+    calls = record_calls(monkeypatch, ConfigLoaderImpl, "load_sweep_config")
     res = run_ablate("sweep", *TINY, *ONE_THREAD, "norm=layernorm,rmsnorm", "--seeds", "2",
                      f"hydra.sweep.dir={tmp_path / 's'}")
     assert res.returncode == 0, res.stderr
-    assert len(composed) == 4 == len({tuple(o) for o in composed})
+    assert len(calls) == 4 == len({tuple(args[2]) for args, _ in calls})  # (self, master, overrides)
     runs = summaries(tmp_path / "s")
     assert sorted((n.split("_", 1)[0], r["axes"]["norm"], r["seed"]) for n, r in runs.items()) == [
         ("0", "layernorm", 0), ("1", "layernorm", 1), ("2", "rmsnorm", 0), ("3", "rmsnorm", 1)]

@@ -296,18 +296,20 @@ class ComposedJobs:
             self.configs[key] = config_loader.load_sweep_config(master, list(overrides))
         return copy.deepcopy(self.configs[key])
 
-    def loader(self, config_loader):
+    def loader(self, config_loader) -> "_ComposedLoader":
         """`config_loader` with its load_sweep_config answered from this memo."""
-        composed = self
+        return _ComposedLoader(config_loader, self)
 
-        class Loader:
-            def __getattr__(self, name):
-                return getattr(config_loader, name)
 
-            def load_sweep_config(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
-                return composed.load(config_loader, master_config, sweep_overrides)
+class _ComposedLoader:
+    def __init__(self, delegate, composed: ComposedJobs):
+        self.delegate, self.composed = delegate, composed
 
-        return Loader()
+    def __getattr__(self, name):
+        return getattr(self.delegate, name)
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
+        return self.composed.load(self.delegate, master_config, sweep_overrides)
 
 
 def _job_overrides(job) -> list:
