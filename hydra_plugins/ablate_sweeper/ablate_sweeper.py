@@ -9,7 +9,6 @@ No `from __future__ import annotations` here: Hydra's plugin scanner executes th
 before it is in sys.modules, and dataclasses then cannot resolve string annotations."""
 
 import contextlib
-import copy
 import json
 import sys
 import time
@@ -23,6 +22,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.context import JOB_ENV, VARIANT_ENV
+from ablate.sweep.composed import ComposedJobs
 
 
 @dataclass
@@ -277,39 +277,6 @@ def _refusing(suffix: str = " (nothing was launched)"):
     except AblateError as e:
         print(f"error: {e}{suffix}", file=sys.stderr)
         raise SystemExit(e.exit_code) from None
-
-
-class ComposedJobs:
-    """Each job's config composed once per sweep: the checks before launch compose every job,
-    and Hydra's basic launcher, which composes each job again in this process
-    (`load_sweep_config`, ~0.2 s of CPU), gets a copy of the same config instead. A copy, since
-    the checks and the launcher set the job's number and Hydra marks its node read-only; the same
-    config, since composition depends only on the sweep's config (its timestamps included) and
-    the job's overrides."""
-
-    def __init__(self):
-        self.configs: dict = {}
-
-    def load(self, config_loader, master: DictConfig, overrides: List[str]) -> DictConfig:
-        key = (id(master), tuple(overrides))
-        if key not in self.configs:
-            self.configs[key] = config_loader.load_sweep_config(master, list(overrides))
-        return copy.deepcopy(self.configs[key])
-
-    def loader(self, config_loader) -> "_ComposedLoader":
-        """`config_loader` with its load_sweep_config answered from this memo."""
-        return _ComposedLoader(config_loader, self)
-
-
-class _ComposedLoader:
-    def __init__(self, delegate, composed: ComposedJobs):
-        self.delegate, self.composed = delegate, composed
-
-    def __getattr__(self, name):
-        return getattr(self.delegate, name)
-
-    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
-        return self.composed.load(self.delegate, master_config, sweep_overrides)
 
 
 def _job_overrides(job) -> list:
