@@ -101,9 +101,9 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
 
 # What only a process of its own shows: torchrun ranks and other child processes (their output
 # goes to the process's file descriptors), a compiled model (dynamo's caches), plugins (they
-# stay registered), W&B (its service process), launchers of processes.
-_PROCESS_ONLY = re.compile(r"^(\+*train\.(nproc|compile\w*|strategy)|\+*plugins|\+*logger(=wandb|\.)|"
-                           r"launcher=(?!basic)|hydra/launcher)")
+# stay registered), W&B (its service process), launchers of processes (unless nothing launches).
+_PROCESS_ONLY = re.compile(r"^(\+*train\.(nproc|compile\w*|strategy)|\+*plugins|\+*logger(=wandb|\.))")
+_LAUNCHER = re.compile(r"^(launcher=(?!basic)|hydra/launcher)")
 
 
 def needs_process(args, env: dict | None = None) -> bool:
@@ -112,7 +112,9 @@ def needs_process(args, env: dict | None = None) -> bool:
     PYTHONPATH of its own (an installed plugin's entry point)."""
     import threading
 
+    launches = not _NO_TRAINING & set(args)
     return _cuda_test or _gpu_present() or any(_PROCESS_ONLY.match(a) for a in args) or \
+        (launches and any(_LAUNCHER.match(a) for a in args)) or \
         (bool(args) and args[0] in ("sample", "bench")) or _may_use_wandb(args) or \
         threading.current_thread() is not threading.main_thread() or "PYTHONPATH" in (env or {})
 

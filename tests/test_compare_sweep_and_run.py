@@ -5,7 +5,6 @@ trained or measured still do, and a single run is named only by the settings tha
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -103,9 +102,8 @@ def test_a_real_sweep_and_a_real_run_with_another_eval_cadence(tmp_path):
     jobs = [("sweep", "act=gelu,swiglu", *tiny, "train.eval_every=3", f"hydra.sweep.dir={tmp_path}/sweep"),
             ("run", "act=relu", *tiny, "train.eval_every=0", f"hydra.run.dir={tmp_path}/relu"),
             ("run", "act=swiglu", *tiny, "train.eval_every=0", f"hydra.run.dir={tmp_path}/swiglu")]
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda job: run_ablate(*job), jobs))
-    for res in results:
+    for job in jobs:
+        res = run_ablate(*job)
         assert res.returncode == 0, res.stderr
     swept = json.loads(next((tmp_path / "sweep").glob("*act=swiglu*/summary.json")).read_text())
     alone = json.loads((tmp_path / "swiglu" / "summary.json").read_text())

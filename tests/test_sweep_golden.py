@@ -11,14 +11,14 @@ runs on one CPU core with no GPU visible, so placement and threads are the same 
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import run_ablate
 
 GOLDEN = Path(__file__).parent / "golden" / "sweep"
 UPDATE = os.environ.get("ABLATE_UPDATE_GOLDEN") == "1"
@@ -51,16 +51,21 @@ CASES = {
 }
 
 
-def one_core() -> None:
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+@contextlib.contextmanager
+def one_core():
+    """This process on one core (a subprocess started inside inherits it), as before after."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def dry_run(args: list[str], tmp_path: Path) -> str:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    res = subprocess.run([sys.executable, "-m", "cli.main", "sweep", *args, "--dry-run",
-                          f"out_dir={tmp_path / 'runs'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                         preexec_fn=one_core)
+    with one_core():
+        res = run_ablate("sweep", *args, "--dry-run", f"out_dir={tmp_path / 'runs'}",
+                         f"hydra.sweep.dir={tmp_path / 'sweep'}", env={"CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 0, res.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "sweep").exists()  # nothing made
     return res.stdout.replace(str(tmp_path), "<TMP>").replace(sys.executable, "<PYTHON>")
