@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
     subprocess sees no GPU outside the cuda tier: no CUDA context per test process (12 xdist
     workers each opening one ended in CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics
     whatever the machine."""
-    if not needs_process(args, env):
+    if not needs_process(args):
         return in_process(*args, cwd=cwd, env=env)
     full_env = {**os.environ, **({} if _cuda_test else {"CUDA_VISIBLE_DEVICES": ""}), **(env or {})}
     return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd or ROOT,
@@ -100,23 +101,22 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
 
 
 # What only a process of its own shows: torchrun ranks and other child processes (their output
-# goes to the process's file descriptors), a compiled model (dynamo's caches), plugins (they
-# stay registered), W&B (its service process), launchers of processes (unless nothing launches).
-_PROCESS_ONLY = re.compile(r"^(\+*train\.(nproc|compile\w*|strategy)|\+*plugins|\+*logger(=wandb|\.))")
+# goes to the process's file descriptors), a compiled model (dynamo's caches), W&B (its service
+# process), launchers of processes (unless nothing launches).
+_PROCESS_ONLY = re.compile(r"^(\+*train\.(nproc|compile\w*|strategy)|\+*logger(=wandb|\.))")
 _LAUNCHER = re.compile(r"^(launcher=(?!basic)|hydra/launcher)")
 
 
-def needs_process(args, env: dict | None = None) -> bool:
+def needs_process(args) -> bool:
     """Whether `ablate args` must run in a process of its own (run_ablate): see _PROCESS_ONLY;
-    a GPU; a command run from another thread (signal handlers are the main thread's); a
-    PYTHONPATH of its own (an installed plugin's entry point)."""
+    a GPU; a command run from another thread (signal handlers are the main thread's)."""
     import threading
 
     launches = not _NO_TRAINING & set(args)
     return _cuda_test or _gpu_present() or any(_PROCESS_ONLY.match(a) for a in args) or \
         (launches and any(_LAUNCHER.match(a) for a in args)) or \
         (bool(args) and args[0] in ("sample", "bench")) or _may_use_wandb(args) or \
-        threading.current_thread() is not threading.main_thread() or "PYTHONPATH" in (env or {})
+        threading.current_thread() is not threading.main_thread()
 
 
 _NO_TRAINING = {"--dry-run", "--cfg", "--info", "--help", "--hydra-help"}
@@ -151,7 +151,8 @@ def in_process(*args: str, cwd: Path | None = None, env: dict | None = None) -> 
     from cli.main import main
 
     code = 0
-    with process_state(), CliRunner().isolation(env=env) as (out, err, _):
+    paths = (env or {}).get("PYTHONPATH", "").split(os.pathsep)
+    with process_state(), registry_state(paths), CliRunner().isolation(env=env) as (out, err, _):
         os.chdir(cwd or ROOT)
         sys.argv = ["ablate", *args]
         try:
@@ -387,18 +388,48 @@ def clean_dynamo():
 
 
 @pytest.fixture
-def own_registry(monkeypatch):
+def own_registry():
     """Options registered inside the test are gone after it, from the registry and from Hydra's
     ConfigStore (where a later test in the same process would find them as config groups)."""
-    import copy
+    with registry_state():
+        yield
+
+
+@contextlib.contextmanager
+def registry_state(paths: Sequence[str] = ()):
+    """The axis options, loaded plugins and Hydra's ConfigStore as before, after; `paths` on
+    sys.path meanwhile (a plugin's PYTHONPATH), and the modules imported from there unloaded
+    after, so the next command imports (and registers) them afresh, as a new process would."""
+    import importlib
 
     from hydra.core.config_store import ConfigStore
 
+    from ablate import plugins
     from ablate.model import axis as declarations
 
-    monkeypatch.setattr(declarations, "_OPTIONS", {a: dict(o) for a, o in declarations._OPTIONS.items()})
-    store = ConfigStore.instance()
-    monkeypatch.setattr(store, "repo", copy.deepcopy(store.repo))
+    options = {a: dict(o) for a, o in declarations._OPTIONS.items()}
+    loaded, entry_points = dict(plugins._loaded), plugins._entry_points_loaded
+    modules, path = set(sys.modules), list(sys.path)
+    roots = [Path(p).resolve() for p in paths if p]
+    sys.path[:0] = [str(r) for r in roots]
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        for axis, added in declarations._OPTIONS.items():  # their config group entries too
+            for name in set(added) - set(options.get(axis, ())):
+                ConfigStore.instance().repo.get(axis, {}).pop(f"{name}.yaml", None)
+        declarations._OPTIONS.clear()
+        declarations._OPTIONS.update(options)
+        plugins._loaded.clear()
+        plugins._loaded.update(loaded)
+        plugins._entry_points_loaded = entry_points
+        for name in set(sys.modules) - modules:
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if file and any(Path(file).resolve().is_relative_to(r) for r in roots):
+                del sys.modules[name]
+        sys.path[:] = path
+        importlib.invalidate_caches()
 
 
 def record_calls(monkeypatch, owner, name: str) -> list:
