@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/ablate run
 
-# Two workers: most tests wait on a subprocess (a real `ablate` run), so two cores keep two of
-# them going. TEST_WORKERS=0 runs the suite in one process.
+# Two workers, one per core: the suite is CPU-bound (most commands run in the test's process,
+# tests/conftest.py run_ablate). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)

@@ -413,6 +413,7 @@ def registry_state(paths: Sequence[str] = ()):
     roots = [Path(p).resolve() for p in paths if p]
     sys.path[:0] = [str(r) for r in roots]
     importlib.invalidate_caches()
+    plugins._entry_points_loaded = False  # read again, as a new process reads them (with `paths`)
     try:
         yield
     finally:

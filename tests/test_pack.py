@@ -225,7 +225,7 @@ def test_a_packed_task_preempted_requeues_and_every_job_resumes(tmp_path):
 
     from conftest import ROOT
 
-    steps = 1500
+    steps = 500  # both jobs are past step 30 when signalled: hundreds of steps still to go
     long = [o for o in TINY if not o.startswith("train.steps")] + [f"train.steps={steps}"]
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "sweep", *long, "launcher=submitit_local",
                              "--seeds", "2", "--jobs-per-gpu", "2", f"out_dir={tmp_path}"],
