@@ -397,9 +397,10 @@ def own_registry():
 
 @contextlib.contextmanager
 def registry_state(paths: Sequence[str] = ()):
-    """The axis options, loaded plugins and Hydra's ConfigStore as before, after; `paths` on
-    sys.path meanwhile (a plugin's PYTHONPATH), and the modules imported from there unloaded
-    after, so the next command imports (and registers) them afresh, as a new process would."""
+    """The axis options (with their entries in Hydra's ConfigStore) and the loaded plugins as
+    before, after; `paths` on sys.path meanwhile (a plugin's PYTHONPATH), and the modules
+    imported from there unloaded after, so the next command imports (and registers) them
+    afresh, as a new process would."""
     import importlib
 
     from hydra.core.config_store import ConfigStore

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import TINY, find_run_dirs, read_jsonl, run_ablate, start_ablate as start
 
-STEPS = 1500  # long enough to be interrupted after 30 steps (a tiny step takes ~1-5 ms)
+STEPS = 500  # long enough to be interrupted after 30 steps (a tiny step takes ~1-10 ms)
 LONG = [o for o in TINY if not o.startswith("train.steps")] + [f"train.steps={STEPS}", "train.threads=1"]
 
 
