@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TINY, record_calls, run_ablate
+from conftest import ROOT, TINY, in_process, record_calls, run_ablate
 
 PROBE = ("import sys, runpy; sys.argv = ['ablate'] + sys.argv[1:]\n"
          "try:\n    runpy.run_module('cli.main', run_name='__main__')\nexcept SystemExit:\n    pass\n"
@@ -74,7 +74,7 @@ def test_a_run_composes_its_config_twice_unless_the_command_line_sets_hydra_mode
 
     calls = record_calls(monkeypatch, ConfigLoaderImpl, "load_configuration")
     extra = [f"hydra.mode={mode}"] if mode else []
-    res = run_ablate("run", *TINY, "train.steps=1", *extra, f"hydra.run.dir={tmp_path / 'r'}")
+    res = in_process("run", *TINY, "train.steps=1", *extra, f"hydra.run.dir={tmp_path / 'r'}")  # counted here
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "completed"
     assert len(calls) == (3 if mode else 2)

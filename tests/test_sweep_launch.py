@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, find_run_dirs, record_calls, run_ablate
+from conftest import TINY, find_run_dirs, in_process, record_calls, run_ablate
 
 ONE_THREAD = ["train.threads=1"]
 
@@ -172,8 +172,8 @@ def test_each_variant_is_composed_once_and_each_job_trains_with_its_own_override
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     calls = record_calls(monkeypatch, ConfigLoaderImpl, "load_sweep_config")
-    res = run_ablate("sweep", *TINY, *ONE_THREAD, "norm=layernorm,rmsnorm", "--seeds", "2",
-                     f"hydra.sweep.dir={tmp_path / 's'}")
+    res = in_process("sweep", *TINY, *ONE_THREAD, "norm=layernorm,rmsnorm", "--seeds", "2",
+                     f"hydra.sweep.dir={tmp_path / 's'}")  # in this process, where the calls are counted
     assert res.returncode == 0, res.stderr
     assert len(calls) == 2 == len({tuple(args[2]) for args, _ in calls})  # (self, master, overrides)
     runs = summaries(tmp_path / "s")
