@@ -24,7 +24,8 @@ def study(tmp_path, jobs: str) -> list[str]:
 
 def as_hydra_composes(monkeypatch) -> tuple[list, list]:
     """Every config the sweep loads, beside Hydra's own composition of the same job
-    (load_sweep_config, which the sweep now mostly skips); and the compositions the sweep ran."""
+    (load_sweep_config, which the sweep itself runs once per variant); and the compositions the
+    sweep ran."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     from ablate.sweep.composed import ComposedJobs
