@@ -412,9 +412,10 @@ def registry_state(paths: Sequence[str] = ()):
     loaded, entry_points = dict(plugins._loaded), plugins._entry_points_loaded
     modules, path = set(sys.modules), list(sys.path)
     roots = [Path(p).resolve() for p in paths if p]
-    sys.path[:0] = [str(r) for r in roots]
-    importlib.invalidate_caches()
-    plugins._entry_points_loaded = False  # read again, as a new process reads them (with `paths`)
+    if roots:
+        sys.path[:0] = [str(r) for r in roots]
+        importlib.invalidate_caches()
+        plugins._entry_points_loaded = False  # read again, as a new process would, with `paths`
     try:
         yield
     finally:
@@ -426,12 +427,13 @@ def registry_state(paths: Sequence[str] = ()):
         plugins._loaded.clear()
         plugins._loaded.update(loaded)
         plugins._entry_points_loaded = entry_points
-        for name in set(sys.modules) - modules:
-            file = getattr(sys.modules[name], "__file__", None) or ""
-            if file and any(Path(file).resolve().is_relative_to(r) for r in roots):
-                del sys.modules[name]
-        sys.path[:] = path
-        importlib.invalidate_caches()
+        if roots:
+            for name in set(sys.modules) - modules:
+                file = getattr(sys.modules[name], "__file__", None) or ""
+                if file and any(Path(file).resolve().is_relative_to(r) for r in roots):
+                    del sys.modules[name]
+            sys.path[:] = path
+            importlib.invalidate_caches()
 
 
 def record_calls(monkeypatch, owner, name: str) -> list:
