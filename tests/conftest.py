@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import forkserver
+
 ROOT = Path(__file__).resolve().parent.parent
 # One thread per process (before torch is imported; subprocesses inherit it): two xdist workers
 # on two cores, each running an `ablate` subprocess, would otherwise spin four or more OpenMP
@@ -85,19 +87,36 @@ def _isolated_env(tmp_path_factory):
 
 
 def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
-               timeout: float = 600) -> subprocess.CompletedProcess:
+               timeout: float = 600, fresh: bool = False) -> subprocess.CompletedProcess:
     """The real CLI with `args`, as a user would run it: exit code, stdout and stderr. Run in
     this process (CliRunner capture, the process state restored after: in_process) where the
     test cannot tell the difference, which spares the ~5 s of CPU that a new process spends
-    importing torch and torch._dynamo; in a subprocess (see needs_process) for the rest. The
-    subprocess sees no GPU outside the cuda tier: no CUDA context per test process (12 xdist
-    workers each opening one ended in CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics
-    whatever the machine."""
+    importing torch and torch._dynamo; in a process of its own (see needs_process) for the rest.
+    That process is forked from this worker's zygote (tests/forkserver.py: an interpreter that
+    imported torch, torch._dynamo, Hydra and cli.main once), which spares those ~5 CPU-s of
+    imports per command too; a fresh interpreter where the zygote cannot stand in for one
+    exactly (it is not running, the environment changes what an import read), in the cuda tier
+    or where a GPU is present (the zygote never touches CUDA), and where a test asks for one
+    (`fresh`: start-up itself is what it checks). The process sees no GPU outside the cuda
+    tier: no CUDA context per test process (12 xdist workers each opening one ended in
+    CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics whatever the machine."""
     if not needs_process(args):
         return in_process(*args, cwd=cwd, env=env)
     full_env = {**os.environ, **({} if _cuda_test else {"CUDA_VISIBLE_DEVICES": ""}), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd or ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "cli.main", *args]
+    if not (fresh or _cuda_test or _gpu_present()):
+        forked = forkserver.run(cmd, args, cwd=cwd or ROOT, env=full_env, timeout=timeout)
+        if forked is not None:
+            return forked
+    return subprocess.run(cmd, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _zygote():
+    """run_ablate's zygote ends with the session (this worker waits for it: its children's CPU
+    time counts in this process's)."""
+    yield
+    forkserver.stop()
 
 
 # What only a process of its own shows: torchrun ranks and other child processes (their output
