@@ -200,9 +200,9 @@ copyreg.pickle(type(dataclasses.MISSING), lambda missing: "MISSING")
 def register_configs() -> None:
     """The schema, and every axis option as an option of its config group (with the defaults
     list `axes` that conf/config.yaml includes), in Hydra's ConfigStore."""
-    from hydra.core.config_store import ConfigStore
+    from ablate.model.axis import store_once
 
-    ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
+    store_once("", "ablate_schema", AblateConfig, lambda: AblateConfig, provider=None)
     options.store_in_hydra()
 
 

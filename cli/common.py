@@ -158,6 +158,7 @@ Config groups and their options: `ablate run --help`. Shell completion is not pr
 
 
 def call_hydra(args: list[str], multirun: bool = False) -> None:
+    from ablate.compose import derived_compositions
     from ablate.run import hydra_entry
 
     if "--hydra-help" in args:
@@ -165,7 +166,7 @@ def call_hydra(args: list[str], multirun: bool = False) -> None:
         raise typer.Exit(0)
 
     sys.argv = ["ablate"] + (["-m"] if multirun else []) + overrides_first(args)
-    with _mode_from_the_command(args):
+    with _mode_from_the_command(args), derived_compositions():
         hydra_entry()
 
 

@@ -345,14 +345,36 @@ def conf_dir_of(module: Any) -> Optional[Path]:
     return conf if conf.is_dir() else None
 
 
-def _store(option: Option) -> None:
+_stored: dict = {}  # (group, name) -> (what was stored, its ConfigStore entry)
+
+
+def store_once(group: str, name: str, source: Any, node: Callable[[], Any], provider: Optional[str] = "ablate") -> None:
+    """`node()` in Hydra's ConfigStore as group/name, unless the entry made from `source` is still
+    there: storing again would cost ~4 ms an option at every composition, and a new entry
+    object makes the compositions ablate/compose.py keeps look stale."""
     from hydra.core.config_store import ConfigStore
 
+    held = _stored.get((group, name))
+    if held is not None and held[0] is source and held[1] is _entry(group, name):
+        return
+    ConfigStore.instance().store(group=group or None, name=name, node=node(), provider=provider)
+    _stored[(group, name)] = (source, _entry(group, name))
+
+
+def _entry(group: str, name: str) -> Any:
+    from hydra.core.config_store import ConfigStore
+
+    repo = ConfigStore.instance().repo
+    for part in group.split("/") if group else ():
+        repo = repo.get(part, {})
+    return repo.get(f"{name}.yaml")
+
+
+def _store(option: Option) -> None:
     conf = conf_dir_of(sys.modules.get(option.plugin)) if option.plugin else None
     if conf is not None and (conf / option.axis / f"{option.name}.yaml").is_file():
         return  # the plugin's own file is the option's config (both: Hydra warns, schema matching)
-    ConfigStore.instance().store(group=option.axis, name=option.name,
-                                 node=option.schema(name=option.name, **option.config), provider="ablate")
+    store_once(option.axis, option.name, option, lambda: option.schema(name=option.name, **option.config))
 
 
 def store_in_hydra() -> None:
@@ -360,11 +382,9 @@ def store_in_hydra() -> None:
     groups find them: `norm=rmsnorm` composes the declaration's {name, **config, **settings},
     typed by its schema."""
     global _hydra
-    from hydra.core.config_store import ConfigStore
 
     for options in _OPTIONS.values():
         for option in options.values():
             _store(option)
-    ConfigStore.instance().store(name=AXES_DEFAULTS, provider="ablate",
-                                 node={"defaults": [{a: ax.default} for a, ax in AXES.items()]})
+    store_once("", AXES_DEFAULTS, AXES, lambda: {"defaults": [{a: ax.default} for a, ax in AXES.items()]})
     _hydra = True
