@@ -11,6 +11,7 @@ plain subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -98,9 +99,9 @@ def _serve(path: str) -> None:
 def _report(pid: int, conn: socket.socket) -> None:
     """Reap the child (its CPU time joins this process's children's, and so the worker's) and
     send its wait status."""
-    _, status, _ = os.wait4(pid, 0)
-    with conn, __import__("contextlib").suppress(OSError):
-        conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+    _, status, usage = os.wait4(pid, 0)
+    with conn, contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"status": status, "cpu": usage.ru_utime + usage.ru_stime}).encode() + b"\n")
 
 
 def _fork_request(conn: socket.socket, base_path: list[str]) -> int | None:
@@ -111,30 +112,34 @@ def _fork_request(conn: socket.socket, base_path: list[str]) -> int | None:
     except (OSError, ValueError):  # the worker went away mid-request
         conn.close()
         return None
-    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
-        conn.sendall(b'{"refused": "the zygote has more than one thread"}\n')
-        conn.close()
-        for fd in fds:
-            os.close(fd)
-        return None
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _child(request, *fds, base_path)
-        finally:
-            os._exit(70)  # never back into the serving loop, whatever happened
+    pid = None
+    if threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child(request, *fds, base_path)
+            finally:
+                os._exit(70)  # never back into the serving loop, whatever happened
     for fd in fds:
         os.close(fd)
-    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    with contextlib.suppress(OSError):  # the worker has gone: the child's status goes nowhere
+        conn.sendall(json.dumps({"pid": pid} if pid else {"refused": "a second thread"}).encode() + b"\n")
+    if pid is None:
+        conn.close()
     return pid
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     head, fds, _, _ = socket.recv_fds(conn, HEADER, 2)
-    if len(fds) != 2:
-        raise ValueError("a request carries the command's stdout and stderr")
-    head += _recv_exactly(conn, HEADER - len(head))
-    return json.loads(_recv_exactly(conn, int(head))), fds
+    try:
+        if len(fds) != 2:
+            raise ValueError("a request carries the command's stdout and stderr")
+        head += _recv_exactly(conn, HEADER - len(head))
+        return json.loads(_recv_exactly(conn, int(head))), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def _recv_exactly(conn: socket.socket, size: int) -> bytes:
@@ -211,7 +216,7 @@ def _finish(outcome: int | BaseException) -> int:
 
 
 def _kill_group(pid: int) -> None:
-    """SIGKILL the child's process group (its session, from its first instruction on), or the
+    """SIGKILL the child's process group (the one it leads: setsid is its first call), or the
     child alone if it has not called setsid yet."""
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -233,6 +238,7 @@ class _Zygote:
     read: frozenset = frozenset()  # what its imports read of that environment
     set: dict = {}  # what they set in it
     failed = False  # it could not start: the plain subprocess from then on
+    children_cpu = 0.0  # CPU-s of the commands it ran (user + system), as it reaped them
 
 
 def _started() -> _Zygote | None:
@@ -245,6 +251,9 @@ def _started() -> _Zygote | None:
 
 
 def _start() -> None:
+    if not hasattr(os, "pidfd_open"):  # Linux only (pidfds, /proc): elsewhere the plain subprocess
+        _Zygote.failed = True
+        return
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")  # fork-safe: no CUDA, one thread
     path = os.path.join(tempfile.mkdtemp(prefix="ablate-zygote-"), "socket")
@@ -387,6 +396,7 @@ class _Reader:
             msg = json.loads(line)
             self.pid = msg.get("pid", self.pid)
             self.status = msg.get("status", self.status)
+            _Zygote.children_cpu += msg.get("cpu", 0.0)
             self.refused = msg.get("refused", self.refused)
 
     def wait_status(self, timeout: float) -> None:

@@ -99,3 +99,13 @@ def test_a_variable_read_at_import_or_start_up_gets_a_fresh_interpreter(key):
     """torch's configs read these when the zygote imported torch: forking would ignore them."""
     assert forkserver.run([sys.executable, "-m", "cli.main", "--version"], ("--version",), cwd=ROOT,
                           env=env_for(**{key: "1"}), timeout=60) is None
+
+
+def test_a_variable_that_importing_torch_sets_as_it_would_set_it_still_forks():
+    """Compiling in the test's process sets TORCHINDUCTOR_CACHE_DIR in its environment, to what
+    the zygote's import of torch set: commands after it still fork."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # cache_dir() would set it here
+
+    res = forkserver.run([sys.executable, "-m", "cli.main", "--version"], ("--version",), cwd=ROOT,
+                         env=env_for(TORCHINDUCTOR_CACHE_DIR=os.path.abspath(default_cache_dir())), timeout=60)
+    assert res is not None and res.returncode == 0
