@@ -9,6 +9,7 @@ holds a batch. So bad input is refused with one line before Hydra makes a direct
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import os
 import re
@@ -202,6 +203,7 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
 
 
 _BASES: Any = None  # derived_compositions keeps Hydra's compositions here (ablate/composition.py)
+_LOADING: Optional[dict] = None  # the config files read for the composition in progress
 
 
 @contextlib.contextmanager
@@ -210,10 +212,13 @@ def derived_compositions() -> Iterator[None]:
     run mode: the compose API, `ablate run`, a sweep's jobs) is derived from one this process
     made with the same config groups and inputs where only values differ (ablate/composition.py:
     about 8x less CPU than composing): the check before a run and the run's own composition,
-    coord_check's widths, bench's variants, one sweep's checks after another's."""
+    coord_check's widths, bench's variants, one sweep's checks after another's. A composition
+    that is not derived reads each config (a file, a ConfigStore entry) once for the command:
+    Hydra reads each one twice a composition, and again for the next (~25% of its CPU)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_repository import ConfigRepository
 
-    original = ConfigLoaderImpl.load_configuration
+    original, read = ConfigLoaderImpl.load_configuration, ConfigRepository.load_config
     if getattr(original, "derived", False):  # already within
         yield
         return
@@ -221,12 +226,20 @@ def derived_compositions() -> Iterator[None]:
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         return _derived_or_loaded(original, self, config_name, list(overrides), run_mode, *args, **kwargs)
 
+    def load_config(self, config_path):
+        if _LOADING is None:
+            return read(self, config_path)
+        key = (tuple((s.provider, s.path) for s in self.sources), config_path)
+        if key not in _LOADING:
+            _LOADING[key] = read(self, config_path)
+        return copy.deepcopy(_LOADING[key])  # Hydra changes what it reads: the copy, never the read
+
     load_configuration.derived = True
-    ConfigLoaderImpl.load_configuration = load_configuration
+    ConfigLoaderImpl.load_configuration, ConfigRepository.load_config = load_configuration, load_config
     try:
         yield
     finally:
-        ConfigLoaderImpl.load_configuration = original
+        ConfigLoaderImpl.load_configuration, ConfigRepository.load_config = original, read
 
 
 def _derived_or_loaded(load, loader: Any, config_name: str, overrides: list[str], run_mode: Any, *args, **kwargs):
@@ -234,15 +247,18 @@ def _derived_or_loaded(load, loader: Any, config_name: str, overrides: list[str]
 
     from ablate.composition import Bases, parse
 
-    global _BASES
-    if run_mode != RunMode.RUN:
-        return load(loader, config_name, overrides, run_mode, *args, **kwargs)
+    global _BASES, _LOADING
     _BASES = _BASES or Bases()
     context, job = (_inputs(loader), config_name), parse(loader, overrides)
-    cfg = _BASES.derive(context, job)
+    cfg = _BASES.derive(context, job) if run_mode == RunMode.RUN else None
     if cfg is None:
-        cfg = load(loader, config_name, overrides, run_mode, *args, **kwargs)
-        _BASES.add(context, job, cfg)
+        _LOADING = _BASES.read(context)
+        try:
+            cfg = load(loader, config_name, overrides, run_mode, *args, **kwargs)
+        finally:
+            _LOADING = None
+        if run_mode == RunMode.RUN:
+            _BASES.add(context, job, cfg)
     return cfg
 
 
@@ -275,8 +291,8 @@ def _inputs(loader: Any) -> tuple:
                 yield f"{prefix}{key}", _Same(value)
 
     path = tuple((e.provider, e.path) for e in loader.get_search_path().get_path())
-    files = tuple((p, hash(p.read_bytes())) for _, d in path if d.startswith("file://")
-                  for p in sorted(Path(d[len("file://"):]).rglob("*.yaml")))
+    dirs = [d.removeprefix("file://") for _, d in path if d.startswith("file://") or "://" not in d]
+    files = tuple((p, hash(p.read_bytes())) for d in dirs for p in sorted(Path(d).rglob("*.yaml")))
     return tuple(entries(ConfigStore.instance().repo, "")), path, files, JobRuntime.instance().get("name")
 
 

@@ -139,3 +139,30 @@ def test_a_second_command_of_the_same_shape_composes_nothing(fresh_memo, tmp_pat
     expected = OmegaConf.create(first.stdout)
     expected.seed, expected.train.lr = 2, 0.004
     assert OmegaConf.create(second.stdout) == expected
+
+
+DISTINCT = [["norm=rmsnorm", "attn=gqa"], ["arch=llama"], ["act=swiglu", "pos=rope", "qk_norm=on"],
+            ["norm=rmsnorm", "attn=mqa", "model=small"], ["arch=llama", "norm=layernorm"]]
+
+
+def test_a_composition_of_other_groups_is_the_one_hydra_composes(fresh_memo):
+    """Not derived, but read from the configs the command read before (each one once)."""
+    for overrides in DISTINCT:
+        mine = memo_composes(overrides)
+        theirs = hydra_composes(overrides)
+        assert OmegaConf.to_yaml(mine) == OmegaConf.to_yaml(theirs), overrides
+        assert flags(mine) == flags(theirs), overrides
+
+
+def test_a_config_file_changed_between_compositions_is_read_again(tmp_path):
+    """A config dir of the user's, edited between two commands of one process."""
+    from hydra import compose, initialize_config_dir
+
+    from ablate.compose import derived_compositions
+
+    (tmp_path / "size").mkdir()
+    (tmp_path / "config.yaml").write_text("defaults:\n  - size: small\n  - _self_\nseed: 0\n")
+    for width in (32, 48):
+        (tmp_path / "size" / "small.yaml").write_text(f"width: {width}\n")
+        with derived_compositions(), initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+            assert compose(config_name="config", overrides=[f"seed={width}"]).size.width == width
