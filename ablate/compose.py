@@ -249,10 +249,13 @@ def _derived_or_loaded(load, loader: Any, config_name: str, overrides: list[str]
 
     global _BASES, _LOADING
     _BASES = _BASES or Bases()
-    context, job = (_inputs(loader), config_name), parse(loader, overrides)
+    from hydra.core.utils import JobRuntime
+
+    inputs, job = _inputs(loader), parse(loader, overrides)
+    context = (inputs, config_name, JobRuntime.instance().get("name"))  # the job's name: hydra.job.name
     cfg = _BASES.derive(context, job) if run_mode == RunMode.RUN else None
     if cfg is None:
-        _LOADING = _BASES.read(context)
+        _LOADING = _BASES.read(inputs)
         try:
             cfg = load(loader, config_name, overrides, run_mode, *args, **kwargs)
         finally:
@@ -281,7 +284,6 @@ def _inputs(loader: Any) -> tuple:
     """What a composition reads besides its overrides: the entries of Hydra's ConfigStore (the
     schema, every option, a plugin's), the search path, and its directories' files as of now."""
     from hydra.core.config_store import ConfigStore
-    from hydra.core.utils import JobRuntime
 
     def entries(node: dict, prefix: str):
         for key, value in node.items():
@@ -293,7 +295,7 @@ def _inputs(loader: Any) -> tuple:
     path = tuple((e.provider, e.path) for e in loader.get_search_path().get_path())
     dirs = [d.removeprefix("file://") for _, d in path if d.startswith("file://") or "://" not in d]
     files = tuple((p, hash(p.read_bytes())) for d in dirs for p in sorted(Path(d).rglob("*.yaml")))
-    return tuple(entries(ConfigStore.instance().repo, "")), path, files, JobRuntime.instance().get("name")
+    return tuple(entries(ConfigStore.instance().repo, "")), path, files
 
 
 # ---- pre-flight: the machine, not the config ---------------------------------------------------

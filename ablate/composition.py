@@ -65,13 +65,13 @@ class Bases:
     def __init__(self, per_shape: int = 4, shapes: int = 128):
         self.bases: dict = {}  # (context, shape.fixed) -> [(its overrides, a composed config)]
         self.per_shape, self.shapes = per_shape, shapes  # ~0.2 MB a config: bounded
-        self.reads: dict = {}  # context -> what its compositions read, by source and config path
+        self.reads: dict = {}  # inputs -> the configs read from them, by source and config path
 
-    def read(self, context: Any) -> dict:
-        """The configs read under `context` (the compositions of the same inputs share them)."""
-        if context not in self.reads and len(self.reads) >= 4:
+    def read(self, inputs: Any) -> dict:
+        """The configs read from `inputs` (the compositions of the same inputs share them)."""
+        if inputs not in self.reads and len(self.reads) >= 4:
             del self.reads[next(iter(self.reads))]
-        return self.reads.setdefault(context, {})
+        return self.reads.setdefault(inputs, {})
 
     def derive(self, context: Any, job: Optional[Overrides]):
         """The config `job` composes to, derived from a base; None when none fits, or when its
