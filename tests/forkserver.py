@@ -17,6 +17,7 @@ import os
 import re
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -261,12 +262,13 @@ def _start() -> None:
         proc = subprocess.Popen([sys.executable, __file__, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
     except OSError:
-        _Zygote.failed = True
-        return
-    ready = proc.stdout.readline() if select.select([proc.stdout], [], [], 120)[0] else b""
-    if not ready.startswith(b"ready "):
-        proc.kill()
-        proc.wait()
+        proc = None
+    ready = proc.stdout.readline() if proc and select.select([proc.stdout], [], [], 120)[0] else b""
+    if not ready.startswith(b"ready "):  # it failed to start, import or listen: never again
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         _Zygote.failed = True
         return
     imported = json.loads(ready[len(b"ready "):])

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import forkserver
-from conftest import ROOT
+from conftest import ROOT, run_ablate
 
 # a plugin module (ablate axes plugins=[probe]) that does what PROBE names when it is imported
 PROBE = """
@@ -109,3 +109,12 @@ def test_a_variable_that_importing_torch_sets_as_it_would_set_it_still_forks():
     res = forkserver.run([sys.executable, "-m", "cli.main", "--version"], ("--version",), cwd=ROOT,
                          env=env_for(TORCHINDUCTOR_CACHE_DIR=os.path.abspath(default_cache_dir())), timeout=60)
     assert res is not None and res.returncode == 0
+
+
+def test_run_ablate_runs_a_fresh_interpreter_where_the_zygote_cannot_start(monkeypatch):
+    monkeypatch.setattr(forkserver._Zygote, "proc", None)  # this worker's zygote comes back after
+    monkeypatch.setattr(forkserver._Zygote, "failed", False)
+    monkeypatch.setattr(forkserver, "__file__", "/nonexistent/forkserver.py")
+    res = run_ablate("sample")  # a subprocess-only command
+    assert forkserver._Zygote.failed
+    assert (res.returncode, res.stderr) == (2, "error: missing argument 'run_dir' (usage: ablate sample --help)\n")
