@@ -87,7 +87,7 @@ def _isolated_env(tmp_path_factory):
 
 
 def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
-               timeout: float = 600, fresh: bool = False) -> subprocess.CompletedProcess:
+               timeout: float = 600, fresh: bool = False, process: bool = False) -> subprocess.CompletedProcess:
     """The real CLI with `args`, as a user would run it: exit code, stdout and stderr. Run in
     this process (CliRunner capture, the process state restored after: in_process) where the
     test cannot tell the difference, which spares the ~5 s of CPU that a new process spends
@@ -97,10 +97,12 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
     imports per command too; a fresh interpreter where the zygote cannot stand in for one
     exactly (it is not running, the environment changes what an import read), in the cuda tier
     or where a GPU is present (the zygote never touches CUDA), and where a test asks for one
-    (`fresh`: start-up itself is what it checks). The process sees no GPU outside the cuda
-    tier: no CUDA context per test process (12 xdist workers each opening one ended in
-    CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics whatever the machine."""
-    if not needs_process(args):
+    (`fresh`: start-up itself is what it checks). `process`: a process of its own even where
+    the test could not otherwise tell (what it checks counts from the process's start). The
+    process sees no GPU outside the cuda tier: no CUDA context per test process (12 xdist
+    workers each opening one ended in CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics
+    whatever the machine."""
+    if not (process or needs_process(args)):
         return in_process(*args, cwd=cwd, env=env)
     full_env = {**os.environ, **({} if _cuda_test else {"CUDA_VISIBLE_DEVICES": ""}), **(env or {})}
     cmd = [sys.executable, "-m", "cli.main", *args]

@@ -59,7 +59,7 @@ def test_process_age_counts_from_process_start():
 
 def test_time_to_first_step_is_in_the_summary(tmp_path):
     t0 = time.time()
-    res = run_ablate("run", *TINY, "train.steps=2", f"hydra.run.dir={tmp_path / 'run'}")
+    res = run_ablate("run", *TINY, "train.steps=2", f"hydra.run.dir={tmp_path / 'run'}", process=True)
     elapsed = time.time() - t0
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -68,13 +68,18 @@ def test_time_to_first_step_is_in_the_summary(tmp_path):
 
 @pytest.mark.parametrize("mode", [None, "RUN"])
 def test_a_run_composes_its_config_twice_unless_the_command_line_sets_hydra_mode(tmp_path, monkeypatch, mode):
-    """The checks before Hydra and the run itself compose the config; Hydra's third composition,
-    which only reads hydra.mode, happens only where the command line sets it."""
+    """In a new process, the checks before Hydra and the run itself compose the config; Hydra's
+    third composition, which only reads hydra.mode, happens only where the command line sets it.
+    A second run with other values in the same process derives the first two (ablate/composition.py)."""
+    import ablate.compose
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
+    monkeypatch.setattr(ablate.compose, "_BASES", None)  # as a new process starts
     calls = record_calls(monkeypatch, ConfigLoaderImpl, "load_configuration")
     extra = [f"hydra.mode={mode}"] if mode else []
-    res = in_process("run", *TINY, "train.steps=1", *extra, f"hydra.run.dir={tmp_path / 'r'}")  # counted here
-    assert res.returncode == 0, res.stderr
-    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "completed"
-    assert len(calls) == (3 if mode else 2)
+    for seed in (0, 1):
+        res = in_process("run", *TINY, "train.steps=1", f"seed={seed}", *extra,
+                         f"hydra.run.dir={tmp_path / str(seed)}")  # counted here
+        assert res.returncode == 0, res.stderr
+        assert json.loads((tmp_path / str(seed) / "summary.json").read_text())["status"] == "completed"
+        assert len(calls) == (3 if mode else 2) + (seed if mode else 0)
