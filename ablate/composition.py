@@ -5,9 +5,9 @@ applies the overrides: ~0.3 s of CPU. A value override (`train.lr=0.01`: a key, 
 group) is applied by Hydra after composition, in order, to the composed config; so a config whose
 overrides differ from a composed one's only in scalar values is that config with its own values
 applied in the same way, and its hydra node's overrides, `override_dirname`, working directory and
-copied environment written as Hydra writes them. Used by `compose_config` (ablate/compose.py) and
-by a sweep's jobs (ablate/sweep/composed.py); tests/test_composition.py and
-tests/test_sweep_composed.py hold every derived config equal to Hydra's own composition."""
+copied environment written as Hydra writes them. Used within a command (`derived_compositions`,
+ablate/compose.py) and among a sweep's jobs (ablate/sweep/composed.py); tests/test_composition.py
+and tests/test_sweep_composed.py hold every derived config equal to Hydra's own composition."""
 
 from __future__ import annotations
 
