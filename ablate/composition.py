@@ -6,8 +6,8 @@ group) is applied by Hydra after composition, in order, to the composed config; 
 overrides differ from a composed one's only in scalar values is that config with its own values
 applied in the same way, and its hydra node's overrides, `override_dirname`, working directory and
 copied environment written as Hydra writes them. Used within a command (`derived_compositions`,
-ablate/compose.py) and among a sweep's jobs (ablate/sweep/composed.py); tests/test_composition.py
-and tests/test_sweep_composed.py hold every derived config equal to Hydra's own composition."""
+ablate/compose.py: a run, a sweep and its jobs); tests/test_composition.py and
+tests/test_sweep_composed.py hold every derived config equal to Hydra's own composition."""
 
 from __future__ import annotations
 
@@ -62,9 +62,10 @@ class Bases:
     """Composed configs by shape. A config is derived from one composed with the same fixed
     overrides whose scalar keys it sets too (so it writes over every value the base set)."""
 
-    def __init__(self, per_shape: int = 4, shapes: int = 128):
+    PER_SHAPE, SHAPES = 4, 128  # ~0.2 MB a config: bounded
+
+    def __init__(self):
         self.bases: dict = {}  # (context, shape.fixed) -> [(its overrides, a composed config)]
-        self.per_shape, self.shapes = per_shape, shapes  # ~0.2 MB a config: bounded
         self.reads: dict = {}  # inputs -> the configs read from them, by source and config path
 
     def read(self, inputs: Any) -> dict:
@@ -85,10 +86,10 @@ class Bases:
         return None
 
     def add(self, context: Any, job: Optional[Overrides], config) -> None:
-        if job is not None and (context, job.shape.fixed) not in self.bases and len(self.bases) >= self.shapes:
+        if job is not None and (context, job.shape.fixed) not in self.bases and len(self.bases) >= self.SHAPES:
             del self.bases[next(iter(self.bases))]  # the oldest shape
         held = self.bases.setdefault((context, job.shape.fixed), []) if job is not None else None
-        if held is not None and len(held) < self.per_shape:
+        if held is not None and len(held) < self.PER_SHAPE:
             held.append((job, copy.deepcopy(config)))
 
 

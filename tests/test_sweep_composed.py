@@ -24,23 +24,40 @@ def study(tmp_path, jobs: str) -> list[str]:
 
 def as_hydra_composes(monkeypatch) -> tuple[list, list]:
     """Every config the sweep loads, beside Hydra's own composition of the same job
-    (load_sweep_config, which the sweep itself runs once per variant); and the compositions the
-    sweep ran."""
+    (load_sweep_config with no memo, which the sweep itself runs once per variant); and the
+    compositions Hydra ran for the sweep's jobs."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     from ablate.sweep.composed import ComposedJobs
 
-    pairs, load = [], ComposedJobs.load
-    composed = record_calls(monkeypatch, ConfigLoaderImpl, "load_sweep_config")
+    pairs, composed, inside = [], [], []
+    compose, sweep_config, load = (ConfigLoaderImpl.load_configuration, ConfigLoaderImpl.load_sweep_config,
+                                   ComposedJobs.load)
+
+    def counted(self, config_name, overrides, *args, **kwargs):  # derived_compositions wraps it
+        if inside:
+            composed.append(list(overrides))
+        return compose(self, config_name, overrides, *args, **kwargs)
+
+    def job_config(self, master, overrides):
+        inside.append(True)
+        try:
+            return sweep_config(self, master, overrides)
+        finally:
+            inside.pop()
 
     def checked(self, config_loader, master, overrides):
         config = load(self, config_loader, master, overrides)
-        before = len(composed)
-        pairs.append((OmegaConf.to_yaml(config), flags(config), overrides,
-                      config_loader.load_sweep_config(master, list(overrides))))
-        del composed[before:]  # the check's own composition is not the sweep's
+        memo, ConfigLoaderImpl.load_configuration = ConfigLoaderImpl.load_configuration, compose
+        try:  # Hydra alone: neither derived nor counted
+            hydra = sweep_config(config_loader, master, list(overrides))
+        finally:
+            ConfigLoaderImpl.load_configuration = memo
+        pairs.append((OmegaConf.to_yaml(config), flags(config), overrides, hydra))
         return config
 
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", job_config)
     monkeypatch.setattr(ComposedJobs, "load", checked)
     return pairs, composed
 
