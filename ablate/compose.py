@@ -243,25 +243,24 @@ def derived_compositions() -> Iterator[None]:
 
 
 def _derived_or_loaded(load, loader: Any, config_name: str, overrides: list[str], run_mode: Any, *args, **kwargs):
+    from hydra.core.utils import JobRuntime
     from hydra.types import RunMode
 
     from ablate.composition import Bases, parse
 
     global _BASES, _LOADING
     _BASES = _BASES or Bases()
-    from hydra.core.utils import JobRuntime
-
-    inputs, job = _inputs(loader), parse(loader, overrides)
+    inputs = _inputs(loader)
+    job = parse(loader, overrides) if run_mode == RunMode.RUN else None  # a sweep's master: composed
     context = (inputs, config_name, JobRuntime.instance().get("name"))  # the job's name: hydra.job.name
-    cfg = _BASES.derive(context, job) if run_mode == RunMode.RUN else None
+    cfg = _BASES.derive(context, job)
     if cfg is None:
         _LOADING = _BASES.read(inputs)
         try:
             cfg = load(loader, config_name, overrides, run_mode, *args, **kwargs)
         finally:
             _LOADING = None
-        if run_mode == RunMode.RUN:
-            _BASES.add(context, job, cfg)
+        _BASES.add(context, job, cfg)
     return cfg
 
 

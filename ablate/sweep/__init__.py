@@ -3,7 +3,7 @@ hydra_plugins/ablate_sweeper/ calls into this package for everything ablate-spec
 
     planning.py   which jobs a sweep runs (ofat, grid, a study's list; seeds) and --dry-run's list
     checks.py     the checks before anything is launched (check_job: one job's config)
-    composed.py   each job's config composed once, or derived from a job that differs in values only
+    composed.py   each job's config composed once, for its checks and the launcher
     launchers.py  each Hydra launcher as one description (local, sequential, packing, preview)
     placement.py  several jobs per GPU (--jobs-per-gpu): devices and threads per job
     sbatch.py     the sbatch script a SLURM sweep submits, for --dry-run
