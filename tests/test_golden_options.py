@@ -1,4 +1,4 @@
-"""Golden outputs of the option machinery: `ablate inspect --json` for every option of every axis
+"""Golden outputs of the option machinery: `ablate inspect --dtype bf16 --json` for every option of every axis
 and each arch preset, and `ablate axes --json`, frozen in tests/golden/. A refactor of how options
 are declared, counted or listed must leave these byte for byte unchanged.
 
@@ -52,7 +52,7 @@ def cli(*args: str) -> str:
 
 
 def produce() -> tuple[dict, list]:
-    inspect = {case: json.loads(cli("inspect", *case.split(), "logger=none", "--json")) for case in CASES}
+    inspect = {case: json.loads(cli("inspect", *case.split(), "logger=none", "--dtype", "bf16", "--json")) for case in CASES}
     return inspect, json.loads(cli("axes", "--json"))
 
 
