@@ -17,7 +17,7 @@ are counted on its class, built on the meta device. A `conf/` directory beside t
 It is loaded by `plugins=[my_pkg.my_norm]` on the command line (recorded in the run's config, so
 torchrun ranks, SLURM jobs and `ablate resume` load it too) or, for an installed package, by an
 entry point in the group `ablate.plugins` (loaded always). Loading happens before Hydra composes
-(ablate.compose, and the search-path plugin in hydra_plugins/ablate_sweeper for `@hydra.main`),
+(ablate.config.compose, and the search-path plugin in hydra_plugins/ablate_sweeper for `@hydra.main`),
 so `norm=crmsnorm` is an ordinary option of `run`, `sweep`, `inspect`.
 """
 

@@ -1,6 +1,6 @@
 """`ablate bench`: timed training steps of the configured model on synthetic batches.
 
-Typer only parses; the work is in ablate.bench (imported inside the command: it needs torch)."""
+Typer only parses; the work is in ablate.measure.bench (imported inside the command: it needs torch)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from ablate.vocab import MFU, TOKENS_PER_S
+from ablate.names import MFU, TOKENS_PER_S
 
 
 def _gb(n: Optional[float]) -> str:
@@ -32,7 +32,7 @@ def _pct(x: Optional[float]) -> str:
 def _print_result(r: dict) -> None:
     from rich.table import Table
 
-    from ablate.report import table_console
+    from ablate.terminal import table_console
 
     con = table_console()
     setting = (f"{r['device']}, {r['precision']}, compile={'on' if r['compile'] else 'off'}, "
@@ -73,7 +73,7 @@ def _print_versus(r: dict, what: str, caption: str, columns: tuple[str, ...], ce
     row's figures. Returns the console it was printed on."""
     from rich.table import Table
 
-    from ablate.report import table_console
+    from ablate.terminal import table_console
 
     base = " ".join(r["baseline"]["overrides"]) or "defaults"
     t = Table(title=f"{what} of each option vs the baseline ({base})", caption=caption)
@@ -149,8 +149,8 @@ def register(app: typer.Typer) -> None:
 
 def _bench(overrides, steps, warmup, rounds, reference, axes, only, vs, clock, jobs_per_device, sweep_jobs,
            json_out) -> None:
-    from ablate.bench_options import check_options
-    from ablate.compose import check_device, compose_config
+    from ablate.measure.bench_args import check_options
+    from ablate.config.compose import check_device, compose_config
 
     ks = _jobs_list(jobs_per_device) if jobs_per_device is not None else None
     check_options(steps, warmup, rounds, reference, axes, vs, only, clock, ks, sweep_jobs)
@@ -160,7 +160,7 @@ def _bench(overrides, steps, warmup, rounds, reference, axes, only, vs, clock, j
         _run_packing(cfg, ks, sweep_jobs, steps, warmup, json_out)
         return
     variants = _variants(overrides, axes, only, vs)
-    from ablate import bench as b  # torch: once every argument is checked
+    from ablate.measure import bench as b  # torch: once every argument is checked
 
     if variants:
         result = b.bench_variants(overrides, variants, steps=steps, warmup=warmup,
@@ -185,13 +185,13 @@ def _show(result: dict, json_out: bool, print_table) -> None:
 def _variants(overrides: list[str], axes: bool, only: list[str], vs: list[str]) -> list[tuple[str, list[str]]]:
     """(label, extra overrides): each --vs (composed now, so a bad one is refused before timing),
     then with --axes every other axis option and arch preset (--only: labels starting so)."""
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
 
     variants = [(v, v.split()) for v in vs]
     for _, extra in variants:
         compose_config(overrides + extra)
     if axes:
-        from ablate import bench as b
+        from ablate.measure import bench as b
 
         variants += [(label, extra) for label, extra in b.axis_variants(overrides)
                      if not only or any(label.startswith(o) for o in only)]
@@ -209,7 +209,7 @@ def _jobs_list(text: str) -> list[int]:
 def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_out: bool) -> None:
     from cli.common import fail
 
-    from ablate import bench as b
+    from ablate.measure import bench as b
     from ablate.errors import AblateError
 
     try:
@@ -221,7 +221,7 @@ def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_ou
         return
     from rich.table import Table
 
-    from ablate.report import table_console
+    from ablate.terminal import table_console
 
     t = Table(title=f"a sweep of {result['jobs']} jobs, K at a time on one device",
               caption=f"{result['device']}; {result['cores']} cores; each job: its own process, "
@@ -244,9 +244,9 @@ def _run_packing(cfg, ks: list[int], jobs: int, steps: int, warmup: int, json_ou
 
 def _decode(overrides, decode, batch, context, new_tokens, warmup, rounds, reference, axes, only, vs, clock,
             jobs_per_device, json_out) -> None:
-    """`ablate bench --decode`: ablate/bench_decode.py."""
-    from ablate import bench_options as o
-    from ablate.compose import check_device, compose_config
+    """`ablate bench --decode`: ablate/measure/decode_bench.py."""
+    from ablate.measure import bench_args as o
+    from ablate.config.compose import check_device, compose_config
     from ablate.errors import ConfigError
 
     if not decode:
@@ -260,7 +260,7 @@ def _decode(overrides, decode, batch, context, new_tokens, warmup, rounds, refer
     context = o.default_context(cfg, new_tokens) if context is None else context
     batches = batches or list(o.DEFAULT_BATCHES)
     variants = _variants(overrides, axes, only, vs)
-    from ablate import bench_decode as d  # torch: once every argument is checked
+    from ablate.measure import decode_bench as d  # torch: once every argument is checked
 
     if variants:
         result = d.bench_decode_variants(overrides, variants, batches, context, new_tokens, rounds, warmup,
@@ -273,8 +273,8 @@ def _decode(overrides, decode, batch, context, new_tokens, warmup, rounds, refer
 def _print_decode(r: dict) -> None:
     from rich.table import Table
 
-    from ablate.report import table_console
-    from cli.inspect import _bytes
+    from ablate.terminal import table_console
+    from ablate.terminal import human_bytes
 
     t = Table(title="ablate bench --decode",
               caption=f"{r['device']}, {r['precision']}, eager, {r['params']:,} params (random weights); prompt "
@@ -287,7 +287,7 @@ def _print_decode(r: dict) -> None:
     for row in r["rows"]:
         t.add_row(str(row["batch"]), f"{row['prefill_tokens_per_s']:,.0f}", f"{row['time_to_first_token_ms']:.1f} ms",
                   f"{row['decode_tokens_per_s_aggregate']:,.0f}", f"{row['decode_tokens_per_s_per_stream']:,.1f}",
-                  _bytes(row["kv_cache_bytes"]), f"{row['kv_cache_bytes_per_token']:,}", _bytes(row["peak_memory_bytes"]))
+                  human_bytes(row["kv_cache_bytes"]), f"{row['kv_cache_bytes_per_token']:,}", human_bytes(row["peak_memory_bytes"]))
     con = table_console()
     con.print(t)
     con.print(f"KV cache: measured from the cache tensors at {r['context'] + r['new_tokens']} positions per "

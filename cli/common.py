@@ -52,7 +52,7 @@ def compose_checked(overrides: list[str], prepare_data: bool = False):
     """Compose and validate a config without starting Hydra's job machinery (no directory is
     made), so bad input is refused with one line before anything is written. `prepare_data`:
     also tokenize the corpus into the cache now, so its problems are refused the same way."""
-    from ablate.compose import compose_config, prepare_checked, preflight
+    from ablate.config.compose import compose_config, prepare_checked, preflight
     from ablate.errors import AblateError
 
     try:
@@ -67,10 +67,10 @@ def compose_checked(overrides: list[str], prepare_data: bool = False):
 
 def finished_here(overrides: list[str], cfg) -> bool:
     """A finished run's directory re-entered with the same experiment: its recorded outcome is
-    the answer (ablate/lifecycle.py), said in one line without starting Hydra (which would
+    the answer (ablate/run/lifecycle.py), said in one line without starting Hydra (which would
     rewrite the directory's .hydra/ record)."""
-    from ablate.compose import explicit_run_dir
-    from ablate.lifecycle import RETURN, check_reentry
+    from ablate.config.compose import explicit_run_dir
+    from ablate.run.lifecycle import RETURN, check_reentry
 
     run_dir = explicit_run_dir(overrides)
     decision = check_reentry(run_dir, cfg) if run_dir is not None else None
@@ -135,7 +135,7 @@ def check_flags_config(args: list[str]) -> None:
     overrides, flags = split_flags(args)
     if not any(f in ("--cfg", "-c") or f.startswith("--cfg=") for f in flags):
         return
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
     from ablate.errors import AblateError
 
     try:
@@ -158,8 +158,8 @@ Config groups and their options: `ablate run --help`. Shell completion is not pr
 
 
 def call_hydra(args: list[str], multirun: bool = False) -> None:
-    from ablate.compose import derived_compositions
-    from ablate.run import hydra_entry
+    from ablate.config.compose import derived_compositions
+    from ablate.run.entry import hydra_entry
 
     if "--hydra-help" in args:
         typer.echo(HYDRA_HELP)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from ablate.vocab import VAL_LOSS
+from ablate.names import VAL_LOSS
 
 if TYPE_CHECKING:
     from ablate.analysis.report import CompareOptions, Report

@@ -1,7 +1,7 @@
 """`ablate coord-check`: the mean |activation| of each module against width (or depth) over the
 first training steps, and its log-log slope; no run directory.
 
-Typer only parses; the measurement is ablate.coord_check (torch, imported inside the command)."""
+Typer only parses; the measurement is ablate.measure.coord_check (torch, imported inside the command)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from ablate.coord_check import DEFAULT_SEEDS, DEFAULT_STEPS, DEFAULT_WIDTHS
+from ablate.measure.coord_check import DEFAULT_SEEDS, DEFAULT_STEPS, DEFAULT_WIDTHS
 
 TABLE_STEPS = 5  # step columns in the table (all of them in --json and --plot)
 
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _request(overrides, widths, depths, steps, seeds):
-    from ablate.coord_check import Request, Sweep, check_request, parse_sizes
+    from ablate.measure.coord_check import Request, Sweep, check_request, parse_sizes
     from ablate.errors import ConfigError
 
     if widths is not None and depths is not None:
@@ -93,7 +93,7 @@ def _check_plot(plot: Path) -> None:
 
 
 def _measure(request, json_out: bool):
-    from ablate.coord_check import measure
+    from ablate.measure.coord_check import measure
 
     def progress(what: str) -> None:
         typer.echo(f"coord-check: {what} ...", err=True)
@@ -104,8 +104,8 @@ def _measure(request, json_out: bool):
 def _print(check) -> None:
     from rich.table import Table
 
-    from ablate.coord_check import Module
-    from ablate.report import print_text, table_console
+    from ablate.measure.coord_check import Module
+    from ablate.terminal import print_text, table_console
 
     r, s = check.request, check.setting
     shown = _shown_steps(r.steps)

@@ -33,7 +33,7 @@ def prepare(
 
     Takes the same overrides as `ablate run`, e.g. `ablate data prepare data=fineweb_edu tokenizer=gpt2`.
     """
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
     from ablate.data.cache import prepare as prepare_cache
     from ablate.data.tokenizers import build_tokenizer
     from ablate.errors import AblateError

@@ -1,5 +1,5 @@
 """`ablate eval RUN_OR_SWEEP_DIR --lengths 256,512,1024`: finished runs' loss at other context
-lengths, added to each run's length_eval.json (ablate/lengths.py)."""
+lengths, added to each run's length_eval.json (ablate/evaluation/lengths.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import typer
 def check_finished(run_dir: Path) -> None:
     """A completed run; AblateError (one line) otherwise (a diverged one with its reason)."""
     from ablate.errors import RunDirError
-    from ablate.record import live_status
-    from ablate.rundir import resume_command
-    from ablate.run_model import check_not_diverged, run_config
-    from ablate.vocab import Status
+    from ablate.run.record import live_status
+    from ablate.run.directory import resume_command
+    from ablate.run.trained import check_not_diverged, run_config
+    from ablate.names import Status
 
     run_config(run_dir)  # a run directory at all
     check_not_diverged(run_dir)
@@ -32,7 +32,7 @@ def check_finished(run_dir: Path) -> None:
 def locked(run_dir: Path):
     """The run's lock, held inside the block: no training and no other eval of it meanwhile."""
     from ablate.errors import RunDirError
-    from ablate.rundir import RunLock
+    from ablate.run.directory import RunLock
 
     lock = RunLock(run_dir)
     try:
@@ -52,8 +52,8 @@ def evaluate_finished(run_dir: Path, keys: list):
     import torch
 
     from ablate.errors import ConfigError
-    from ablate.lengths import EvalData, evaluate_run, has_rope
-    from ablate.run_model import load_run_model
+    from ablate.evaluation.lengths import EvalData, evaluate_run, has_rope
+    from ablate.run.trained import load_run_model
     from ablate.train.launch import prepare_data
 
     check_finished(run_dir)  # before the lock: a refused run's directory is left as it was
@@ -74,7 +74,7 @@ def evaluate_finished(run_dir: Path, keys: list):
 def run_dirs(path: Path) -> list[Path]:
     """The run itself, or every run (a directory holding summary.json) under a sweep directory."""
     from ablate.analysis.load import natural
-    from ablate.rundir import CONFIG, SUMMARY
+    from ablate.run.directory import CONFIG, SUMMARY
     from cli.common import fail
 
     if not path.is_dir():
@@ -90,8 +90,8 @@ def run_dirs(path: Path) -> list[Path]:
 def parse_keys(lengths: str, stride: Optional[int], rope_scaling: Optional[str]):
     """The keys asked for; one line and exit 2 for bad input, before anything is read."""
     from ablate.errors import ConfigError
-    from ablate.length_record import EvalKey
-    from ablate.lengths import check_stride, parse_lengths
+    from ablate.evaluation.length_record import EvalKey
+    from ablate.evaluation.lengths import check_stride, parse_lengths
     from ablate.model.positions import RopeScaling
     from cli.common import fail
 
@@ -107,7 +107,7 @@ def parse_keys(lengths: str, stride: Optional[int], rope_scaling: Optional[str])
 def report(evaluated: list, skipped: list[tuple[Path, str]], json_out: bool) -> None:
     import json
 
-    from ablate.lengths import format_run
+    from ablate.evaluation.lengths import format_run
 
     if json_out:
         typer.echo(json.dumps({"runs": [ev.to_json() | {"scored_tokens": n} for ev, n in evaluated],

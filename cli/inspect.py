@@ -1,6 +1,6 @@
 """`ablate inspect`: parameters by component, FLOPs/token, KV-cache bytes; no training.
 
-Typer only parses; the numbers come from ablate.inspect (torch-free unless --build)."""
+Typer only parses; the numbers come from ablate.measure.inspect (torch-free unless --build)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,11 @@ from typing import List, Optional
 import typer
 
 
-def _bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def _print_report(r: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from ablate.report import print_table, print_text, table_console
+    from ablate.terminal import human_bytes, print_table, print_text, table_console
 
     con = table_console()  # piped: full lines; on a terminal: lines broken between words
 
@@ -59,7 +52,7 @@ def _print_report(r: dict) -> None:
         f"= {escape(r['flops_formula'])}")
     say(f"KV cache ({r['dtype']}): [bold]{r['kv_cache_bytes_per_token']:,} bytes/token[/bold] "
         f"= {r['kv_cache_formula']}; for seq_len {r['seq_len']} x batch {r['batch']}: "
-        f"{r['kv_cache_bytes']:,} bytes ({_bytes(r['kv_cache_bytes'])})")
+        f"{r['kv_cache_bytes']:,} bytes ({human_bytes(r['kv_cache_bytes'])})")
     _print_parametrization(r["parametrization"], say)
 
 
@@ -67,7 +60,7 @@ def _print_parametrization(p: dict, say) -> None:
     """The param axis: its base shape and multipliers, and under mup / completep a table of rules."""
     from rich.table import Table
 
-    from ablate.report import print_table
+    from ablate.terminal import print_table
 
     say(f"parametrization [bold]{p['param']}[/bold]: base width {p['base_width']}, base depth "
         f"{p['base_depth']}; width x{p['width_mult']:.4g}, depth x{p['depth_mult']:.4g}; logits "
@@ -105,15 +98,15 @@ def register(app: typer.Typer) -> None:
         """
         from cli.common import fail
 
-        from ablate.compose import compose_config
+        from ablate.config.compose import compose_config
         from ablate.errors import AblateError
-        from ablate.inspect import cross_check, inspect_config
+        from ablate.measure.inspect import cross_check, inspect_config
 
         try:
             cfg = compose_config(list(overrides or []))
             if grad_profile:  # builds the model and reads one batch of the data
-                from ablate.diagnostics import format_profile, profile_json
-                from ablate.inspect import grad_profile_for_config
+                from ablate.train.diagnostics import format_profile, profile_json
+                from ablate.measure.inspect import grad_profile_for_config
 
                 profile = grad_profile_for_config(cfg)
                 typer.echo(json.dumps(profile_json(profile)) if json_out else format_profile(profile))

@@ -1,5 +1,5 @@
 """The `ablate` command. Typer only dispatches: `run` and `sweep` hand their arguments to the
-one `@hydra.main` entry point (ablate.run.hydra_entry), so Hydra keeps its output directories,
+one `@hydra.main` entry point (ablate.run.entry.hydra_entry), so Hydra keeps its output directories,
 logging, sweepers and launchers. Heavy imports happen inside the commands."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def config_groups_help() -> str:
     """`ablate run --help`: every config group and its options, from the axes' declarations and
     conf/ (no import of the package's heavy parts: `ablate --help` builds this too)."""
-    from ablate.axes import config_groups
+    from ablate.config.axes import config_groups
 
     return "\n".join(f"{group}: {', '.join(options)}" for group, options in config_groups().items())
 
@@ -70,7 +70,7 @@ def axes(overrides: list[str] = typer.Argument(  # "\\[": rich would read [..] a
          json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every axis, its options and the default, with the options of installed plugins (entry
     points) and of those named by plugins=[...]."""
-    from ablate.axes import list_axes
+    from ablate.config.axes import list_axes
     from ablate.errors import ConfigError
     from ablate.plugins import KEY, load_from_overrides, loaded_confs
 

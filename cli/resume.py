@@ -39,7 +39,7 @@ def _read_yaml(path: Path):
 
 
 def run_args(run_dir: Path, extra: list[str]) -> list[str]:
-    from ablate.overrides import quote
+    from ablate.config.overrides import quote
 
     recorded = _read_yaml(run_dir / ".hydra" / "overrides.yaml") or []
     # train.resume=auto: the run continues whatever it was started with (never would start over)
@@ -48,7 +48,7 @@ def run_args(run_dir: Path, extra: list[str]) -> list[str]:
 
 
 def sweep_args(sweep_dir: Path, extra: list[str]) -> list[str]:
-    from ablate.overrides import quote
+    from ablate.config.overrides import quote
 
     recorded = (_read_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra", {}).get("overrides", {})
     hydra_overrides = [str(o) for o in recorded.get("hydra") or [] if _key(str(o)) not in NOT_REPLAYED]
@@ -99,10 +99,10 @@ def register(app: typer.Typer) -> None:
         if not (d / ".hydra" / "overrides.yaml").is_file():
             fail(f"{run_dir} is not a run directory (no .hydra/overrides.yaml) nor a sweep directory "
                  "(no multirun.yaml)")
-        from ablate.lifecycle import RESUME, RETURN, check_reentry
+        from ablate.run.lifecycle import RESUME, RETURN, check_reentry
 
         args = run_args(d, extra)
-        cfg = compose_checked(args, prepare_data=True)  # refuses another experiment (ablate/lifecycle.py)
+        cfg = compose_checked(args, prepare_data=True)  # refuses another experiment (ablate/run/lifecycle.py)
         decision = check_reentry(d, cfg)
         if decision is not None and decision.action == RETURN:
             typer.echo(decision.notice, err=True)

@@ -1,4 +1,4 @@
-"""`ablate sample RUN_DIR`: text from a run's model (ablate/sample.py), decoded with a KV cache."""
+"""`ablate sample RUN_DIR`: text from a run's model (ablate/evaluation/sample.py), decoded with a KV cache."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         stderr, the text to stdout. Nothing is written.
         """
         from ablate.errors import AblateError
-        from ablate.sample import SampleOptions, sample_run
+        from ablate.evaluation.sample import SampleOptions, sample_run
         from cli.common import fail
 
         opts = SampleOptions(prompt, max_new_tokens, temperature, top_k, seed, num_samples, step)

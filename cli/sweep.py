@@ -37,14 +37,14 @@ def register(app: typer.Typer) -> None:
         """
         from ablate.errors import AblateError
         from ablate.sweep import check_options, preflight
-        from ablate.overrides import quote
+        from ablate.config.overrides import quote
         from cli.common import call_hydra, check_flags, fail
 
         try:
             check_options(mode, seeds, jobs_per_gpu, lr_grid, ladder)
         except AblateError as e:
             fail(str(e), e.exit_code)
-        from ablate.sweep.transfer import as_added_keys
+        from ablate.sweep.transfer_plan import as_added_keys
 
         args = as_added_keys(list(ctx.args))  # ladder.lr_rule=mup: not a config key
         check_flags(args)

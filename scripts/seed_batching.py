@@ -26,7 +26,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ablate.compose import compose_config  # noqa: E402
+from ablate.config.compose import compose_config  # noqa: E402
 from ablate.model.spec import ModelSpec  # noqa: E402
 from ablate.model.transformer import build_model  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from ablate.vocab import Status
+from ablate.names import Status
 
 DEFAULT_AXES = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
                 "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off"}
@@ -211,8 +211,8 @@ def write_lengths(run_dir: Path, losses: dict, train_seq_len: int = TRAIN_LEN, s
                   rope_scaling=None) -> None:
     """Add results to a run's length_eval.json as `ablate eval` writes them: length -> loss (a
     str: n/a with that reason)."""
-    from ablate.length_record import EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths
-    from ablate.length_record import write_lengths as write
+    from ablate.evaluation.length_record import EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths
+    from ablate.evaluation.length_record import write_lengths as write
 
     record = read_lengths(run_dir) or LengthRecord(train_seq_len)
     for length, v in losses.items():

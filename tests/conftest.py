@@ -474,7 +474,7 @@ def find_run_dirs(root: Path) -> list[Path]:
 
 
 def compose(overrides=(), validate=True):
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
 
     return compose_config(list(overrides), validate=validate)
 
@@ -493,8 +493,8 @@ def compare_runs(tmp_path):
 
 
 def run_context(run_dir: Path, variant: str = "baseline", sweep: str | None = None):
-    """The RunContext of a plain run in `run_dir` (rank 0 of 1), as ablate/run.py builds it."""
-    from ablate.context import RunContext
+    """The RunContext of a plain run in `run_dir` (rank 0 of 1), as ablate/run/entry.py builds it."""
+    from ablate.run.context import RunContext
     from ablate.train.signals import StopRequest
 
     return RunContext(Path(run_dir), [], variant, sweep, False, StopRequest())
@@ -509,7 +509,7 @@ def scripted_trainer(run_dir: Path, *overrides: str, losses=None, diagnostics: b
     import torch
 
     from ablate.data.cache import TokenData
-    from ablate.diagnostics import Diagnostics
+    from ablate.train.diagnostics import Diagnostics
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
     from ablate.tracking.sinks import Sink

@@ -19,8 +19,8 @@ import resource, sys, torch
 import ablate.train.allocator as allocator
 if sys.argv[1] == "off":
     allocator.keep_freed_memory = lambda: False
-from ablate.bench import build_trainer, trainer_contender
-from ablate.compose import compose_config
+from ablate.measure.bench import build_trainer, trainer_contender
+from ablate.config.compose import compose_config
 torch.set_num_threads(1)
 trainer, _, params = build_trainer(compose_config(["train.threads=1", "logger=none", "train.device=cpu"]))
 c = trainer_contender("x", trainer, params)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ablate.config import AXES
+from ablate.config.schema import AXES
 from ablate.model import options
 from conftest import TINY, compose, find_run_dirs, invoke_ablate, run_ablate
 
@@ -25,8 +25,8 @@ def hydra_group_options(group: str) -> list[str]:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ablate.axes import CONF_DIR
-    from ablate.config import register_configs
+    from ablate.config.axes import CONF_DIR
+    from ablate.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -98,7 +98,7 @@ PRESETS = {
 
 @pytest.mark.parametrize("arch", list(PRESETS))
 def test_presets_compose_to_documented_axes(arch):
-    from ablate.config import axis_values
+    from ablate.config.schema import axis_values
     from ablate.model.spec import ModelSpec
 
     cfg = compose([f"arch={arch}"])
@@ -112,7 +112,7 @@ def test_presets_compose_to_documented_axes(arch):
 
 
 def test_command_line_axis_wins_over_preset():
-    from ablate.config import axis_values
+    from ablate.config.schema import axis_values
     from ablate.model.spec import ModelSpec
 
     cfg = compose(["arch=llama", "norm=layernorm", "dropout=on"])

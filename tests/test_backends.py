@@ -74,7 +74,7 @@ def test_a_kernel_that_cannot_run_the_model_is_refused_at_start(monkeypatch):
 def test_bench_times_each_contender_under_its_own_settings():
     """`bench --vs train.sdpa_backend=math`: the switches are process-wide and the contenders
     alternate in one process, so each round must run under its own contender's settings."""
-    from ablate.bench import bench_variants
+    from ablate.measure.bench import bench_variants
 
     seen = []
     real = torch.nn.functional.scaled_dot_product_attention

@@ -40,7 +40,7 @@ def test_reference_has_the_same_dimensions_and_gives_a_ratio():
 
 
 def test_reference_says_when_the_architectures_differ():
-    from ablate.bench import reference_differences
+    from ablate.measure.bench import reference_differences
 
     assert reference_differences(compose(["norm=rmsnorm", "attn=gqa"])) == ["norm=rmsnorm", "attn=gqa"]
     assert set(reference_differences(compose(["arch=llama"]))) >= {"norm=rmsnorm", "act=swiglu", "pos=rope"}
@@ -80,7 +80,7 @@ def test_bad_input_is_one_line(args, message):
 
 def test_bench_times_the_trainers_own_step(monkeypatch):
     """No separate loop: every timed step goes through Trainer.train_step and apply_update."""
-    from ablate import bench
+    from ablate.measure import bench
     from ablate.train.trainer import Trainer
 
     calls = {"train_step": 0, "apply_update": 0}
@@ -105,7 +105,7 @@ def test_bench_times_the_trainers_own_step(monkeypatch):
     ("Some Future GPU", "bf16", None),
 ])
 def test_gpu_peak_table_matches_specific_names_first(name, precision, peak):
-    from ablate.bench import gpu_peak
+    from ablate.measure.bench import gpu_peak
 
     assert gpu_peak(name, precision).flops == peak
 
@@ -113,8 +113,8 @@ def test_gpu_peak_table_matches_specific_names_first(name, precision, peak):
 def test_diagnostics_are_off_in_bench_unless_asked_and_then_timed(monkeypatch):
     """`ablate bench --vs train.diagnostics_every=N` prices diagnostics: they run inside the
     timed steps, and a full row (update ratios included) is produced each time."""
-    from ablate import bench
-    from ablate.diagnostics import Diagnostics
+    from ablate.measure import bench
+    from ablate.train.diagnostics import Diagnostics
 
     rows = []
     original = Diagnostics.__call__

@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from ablate import bench_decode as d
-from ablate.inspect import inspect_config
+from ablate.measure import decode_bench as d
+from ablate.measure.inspect import inspect_config
 from compare_fixtures import cli
 from conftest import compose, run_ablate
 

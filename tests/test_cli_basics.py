@@ -9,8 +9,8 @@ import sys
 from conftest import ROOT, run_ablate
 
 from ablate import __version__
-from ablate.axes import CONF_DIR
-from ablate.config import AXES
+from ablate.config.axes import CONF_DIR
+from ablate.config.schema import AXES
 from ablate.model.options import names
 
 

@@ -70,11 +70,11 @@ def test_time_to_first_step_is_in_the_summary(tmp_path):
 def test_a_run_composes_its_config_twice_unless_the_command_line_sets_hydra_mode(tmp_path, monkeypatch, mode):
     """In a new process, the checks before Hydra and the run itself compose the config; Hydra's
     third composition, which only reads hydra.mode, happens only where the command line sets it.
-    A second run with other values in the same process derives the first two (ablate/composition.py)."""
-    import ablate.compose
+    A second run with other values in the same process derives the first two (ablate/config/derivation.py)."""
+    import ablate.config.compose
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    monkeypatch.setattr(ablate.compose, "_BASES", None)  # as a new process starts
+    monkeypatch.setattr(ablate.config.compose, "_BASES", None)  # as a new process starts
     calls = record_calls(monkeypatch, ConfigLoaderImpl, "load_configuration")
     extra = [f"hydra.mode={mode}"] if mode else []
     for seed in (0, 1):

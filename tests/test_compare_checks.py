@@ -1,4 +1,4 @@
-"""Which runs may share a comparison (ablate/analysis/checks.py): runs that differ in a setting
+"""Which runs may share a comparison (ablate/analysis/comparable.py): runs that differ in a setting
 are refused in one line naming the keys, unless --allow-mixed or --where keeps like with like;
 axis sub-keys, stability keys and a sweep's own swept key are variants, not settings."""
 

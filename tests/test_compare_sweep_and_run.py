@@ -9,7 +9,7 @@ import json
 import pytest
 
 from ablate.analysis import CompareError, compare_dirs
-from ablate.vocab import variant_name
+from ablate.names import variant_name
 from conftest import TINY, invoke_ablate, run_ablate
 from compare_fixtures import BASE, NOISY, PAIRED, by_name, set_config, write_run
 

@@ -1,4 +1,4 @@
-"""The configuration a run starts from (conf/ composed by ablate/compose.py): with no overrides,
+"""The configuration a run starts from (conf/ composed by ablate/config/compose.py): with no overrides,
 the GPT-2 baseline on every axis, Shakespeare and the byte tokenizer; each baseline option
 composes by name."""
 

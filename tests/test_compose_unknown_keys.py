@@ -29,7 +29,7 @@ def test_a_name_close_to_nothing_lists_the_keys_of_its_node(override, node):
 
 
 def test_an_unknown_top_level_name_lists_the_top_level_keys():
-    from ablate.compose import unknown_key_message
+    from ablate.config.compose import unknown_key_message
 
     message = unknown_key_message("foo")
     assert "did you mean" not in message
@@ -38,7 +38,7 @@ def test_an_unknown_top_level_name_lists_the_top_level_keys():
 
 
 def test_a_typo_of_every_key_suggests_that_key():
-    from ablate.compose import schema_keys, unknown_key_message
+    from ablate.config.compose import schema_keys, unknown_key_message
 
     for key in (k.lstrip(".") for k in schema_keys()):
         head, _, leaf = key.rpartition(".")

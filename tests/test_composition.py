@@ -1,6 +1,6 @@
 """Within derived_compositions (compose_config, a run, a sweep), Hydra composes a config once per
 set of config groups and the next one that differs only in values is derived from it
-(ablate/composition.py): every derived config must be the one Hydra composes, hydra node
+(ablate/config/derivation.py): every derived config must be the one Hydra composes, hydra node
 included, a value Hydra refuses must be refused with Hydra's message, and a change to what
 composition reads (an option registered again, a ConfigStore entry) must not serve a stale
 config."""
@@ -28,14 +28,14 @@ def hydra_composes(overrides):
     """Hydra's own composition (the compose API, hydra node kept), no memo involved."""
     from hydra import compose, initialize_config_dir
 
-    from ablate.axes import CONF_DIR
+    from ablate.config.axes import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 
 
 def memo_composes(overrides):
-    from ablate.compose import derived_compositions
+    from ablate.config.compose import derived_compositions
 
     with derived_compositions():
         return hydra_composes(overrides)
@@ -48,13 +48,13 @@ def flags(config) -> tuple:
 @pytest.fixture
 def fresh_memo(monkeypatch):
     """An empty memo for this test; Hydra's compositions counted."""
-    import ablate.compose
+    import ablate.config.compose
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    from ablate.config import register_configs
+    from ablate.config.schema import register_configs
 
     register_configs()
-    monkeypatch.setattr(ablate.compose, "_BASES", None)
+    monkeypatch.setattr(ablate.config.compose, "_BASES", None)
     return record_calls(monkeypatch, ConfigLoaderImpl, "load_configuration")
 
 
@@ -70,7 +70,7 @@ def test_every_derived_config_is_the_one_hydra_composes(fresh_memo):
 
 
 def test_compose_config_returns_a_copy_without_the_hydra_node(fresh_memo):
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
 
     first = compose_config([*TINY, "train.lr=0.01"])
     first.train.lr = 0.5  # what a caller does to its config stays in its config
@@ -88,7 +88,7 @@ def test_compose_config_returns_a_copy_without_the_hydra_node(fresh_memo):
     ["train.nope=1"],  # no such key
 ])
 def test_a_value_hydra_refuses_is_refused_with_hydras_message(fresh_memo, bad):
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
     from ablate.errors import ConfigError
 
     with pytest.raises(ConfigError) as first:
@@ -103,7 +103,7 @@ def test_a_value_hydra_refuses_is_refused_with_hydras_message(fresh_memo, bad):
 def test_an_option_registered_again_is_composed_again(fresh_memo):
     from torch import nn
 
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
     from ablate.model import options
     from conftest import registry_state
 
@@ -117,7 +117,7 @@ def test_an_option_registered_again_is_composed_again(fresh_memo):
 def test_a_replaced_config_store_entry_is_composed_again(fresh_memo):
     from hydra.core.config_store import ConfigStore
 
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
 
     store = ConfigStore.instance()
     try:
@@ -158,7 +158,7 @@ def test_a_config_file_changed_between_compositions_is_read_again(tmp_path):
     """A config dir of the user's, edited between two commands of one process."""
     from hydra import compose, initialize_config_dir
 
-    from ablate.compose import derived_compositions
+    from ablate.config.compose import derived_compositions
 
     (tmp_path / "size").mkdir()
     (tmp_path / "config.yaml").write_text("defaults:\n  - size: small\n  - _self_\nseed: 0\n")

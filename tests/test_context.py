@@ -1,9 +1,9 @@
-"""What a process learns from its environment (ablate/context.py): read in one place, and what a
+"""What a process learns from its environment (ablate/run/context.py): read in one place, and what a
 run hands its torchrun ranks reads back as the same identity."""
 
 from __future__ import annotations
 
-from ablate.context import JOB_ENV, SWEEP_ENV, VARIANT_ENV, ProcessEnv
+from ablate.run.context import JOB_ENV, SWEEP_ENV, VARIANT_ENV, ProcessEnv
 
 
 def test_a_plain_process_is_rank_0_of_1_with_no_identity(monkeypatch):
@@ -28,6 +28,6 @@ def test_a_run_outside_a_sweep_passes_no_sweep_and_empty_values_count_as_unset(m
     assert ProcessEnv.read().sweep is None
 
 def test_the_sweep_job_directory_is_named_by_the_variable_the_sweeper_sets():
-    from ablate.axes import CONF_DIR
+    from ablate.config.axes import CONF_DIR
 
     assert f"hydra.job.env_set.{JOB_ENV}" in (CONF_DIR / "config.yaml").read_text()

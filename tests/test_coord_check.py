@@ -1,4 +1,4 @@
-"""The coordinate check (ablate/coord_check.py): what it records is the forward pass written out
+"""The coordinate check (ablate/measure/coord_check.py): what it records is the forward pass written out
 by hand, its slope is numpy's and scipy's least-squares fit, and on real models it separates the
 standard parametrization (activations grow with width) from muP (flat), and CompleteP's residual
 stream (flat in depth) from muP's (grows)."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ablate.coord_check import (FLAT, SMALL_BATCH, CoordCheck, Module, Request, Sweep, Trace,
+from ablate.measure.coord_check import (FLAT, SMALL_BATCH, CoordCheck, Module, Request, Sweep, Trace,
                                 loglog_slope, measure, slope_of, train_trace)
 
 # Small enough that the four widths x two seeds of one check take seconds on a CPU core.
@@ -88,7 +88,7 @@ def test_spread_is_the_sample_standard_deviation_over_seeds():
 
 def power_law_check(slopes: dict[Module, list[float]], steps: int) -> CoordCheck:
     """A check whose mean |x| is exactly size^slope at each step (one seed; other modules flat)."""
-    from ablate.coord_check import Setting
+    from ablate.measure.coord_check import Setting
 
     sizes = (64, 128, 256)
     traces = [Trace(size, 0, {m: [[size ** slopes.get(m, [0.0] * steps)[i]] for i in range(steps)] for m in Module})
@@ -138,7 +138,7 @@ def by_hand(model, x: torch.Tensor) -> dict[Module, list[float]]:
 def test_each_step_records_the_forward_pass_on_that_steps_batch_after_the_updates_before_it():
     """Step 1 is the model at init on batch 0; step s is the model after s - 1 AdamW updates at
     the constant train.lr, on batch s - 1 of the run's paired order."""
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
     from ablate.data.batches import Batches
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
@@ -256,7 +256,7 @@ def test_plot_has_a_panel_per_step_and_a_line_per_module_on_log_axes(sp_widths):
 
 
 def test_a_sweep_with_rules_takes_the_smallest_size_as_its_base_unless_given():
-    from ablate.coord_check import size_overrides
+    from ablate.measure.coord_check import size_overrides
 
     r = Request(Sweep.WIDTH, (64, 128, 256), 2, 1, ("param=mup",))
     assert size_overrides(r, 256, "mup", base_set=False)[-2:] == ["model.d_model=256", "model.base_width=64"]

@@ -40,7 +40,7 @@ def test_default_preset_bf16_compiled_run(tmp_path):
 
 
 def _axis_runs() -> list[str]:
-    from ablate.axes import list_axes
+    from ablate.config.axes import list_axes
 
     runs = [f"{row['group']}={o}" for row in list_axes() if row["axis"] or row["group"] == "arch"
             for o in row["options"] if o != row["default"]]
@@ -169,7 +169,7 @@ def test_a_kernel_that_takes_no_fp32_is_refused_in_one_line(tmp_path):
 def test_auto_micro_batch_takes_the_largest_pass_that_fits():
     """GPT-2-small dims at T=1024: the whole global batch (512 sequences) cannot fit in one
     pass on any GPU of today; auto settles on a divisor that does, and that pass then runs."""
-    from ablate.bench import build_trainer
+    from ablate.measure.bench import build_trainer
     from conftest import compose
 
     cfg = compose(["model=small", "tokenizer=gpt2", "train=gpu", "train.batch_size=128",

@@ -57,7 +57,7 @@ def test_two_processes_train_like_one_and_only_rank0_writes(tmp_path, one_proces
     # Hydra's files are the parent's: a rank's copy would record the run dir pinned for it
     assert "hydra.run.dir=" not in (run_dir / ".hydra" / "hydra.yaml").read_text()
     if strategy == "fsdp":  # the sharded model was gathered into one checkpoint: it resumes
-        from ablate.overrides import quote  # the auto-named dir holds '=' and ','
+        from ablate.config.overrides import quote  # the auto-named dir holds '=' and ','
 
         res = run_ablate("run", *args, "train.steps=9", "train.extend=true", f"hydra.run.dir={quote(str(run_dir))}")
         assert res.returncode == 0, res.stderr

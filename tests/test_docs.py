@@ -177,7 +177,7 @@ def _parse_only(argv: list[str]) -> tuple[int, str]:
     except ImportError:  # an older typer on click
         from click import ClickException
 
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
     from ablate.errors import AblateError
     from cli.main import app
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conftest import TINY, built_once, find_run_dirs, invoke_ablate, run_ablate
-from ablate.length_record import EvalKey, EvalStatus, read_lengths
-from ablate.vocab import variant_name
+from ablate.evaluation.length_record import EvalKey, EvalStatus, read_lengths
+from ablate.names import variant_name
 
 LENGTHS = "train.eval_lengths=[32,128]"  # TINY: train.seq_len=32, model.max_seq_len=64
 

@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
-from ablate.axes import default_axes, group_options
-from ablate.config import AXES
+from ablate.config.axes import default_axes, group_options
+from ablate.config.schema import AXES
 from ablate.model import options
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import build_model
@@ -77,7 +77,7 @@ def signals(model) -> dict[str, float]:
 
 @pytest.mark.parametrize("axis, option", OPTIONS + PRESETS, ids=lambda v: str(v))
 def test_option_changes_only_its_axis(baseline, axis, option, capsys):
-    from ablate.inspect import inspect_config
+    from ablate.measure.inspect import inspect_config
     from cli.inspect import _print_report
 
     _, base, base_signals = baseline

@@ -68,7 +68,7 @@ def test_piped_the_report_is_full_lines_and_on_a_terminal_it_breaks_between_word
 
 
 def test_gqa_kv_cache_and_dtype():
-    from ablate.inspect import inspect_config
+    from ablate.measure.inspect import inspect_config
 
     cfg = compose(["arch=llama", "model.d_model=256", "model.n_heads=8", "model.n_layers=3"])
     r = inspect_config(cfg, seq_len=100, batch=2, dtype="fp16")
@@ -86,7 +86,7 @@ def test_gqa_on_the_default_model_sits_between_mqa_and_mha():
     r = invoke_ablate("inspect", "attn=gqa", "--json")
     assert r.returncode == 0, r.stderr
     gqa = json.loads(r.stdout)
-    from ablate.inspect import inspect_config
+    from ablate.measure.inspect import inspect_config
 
     mqa, mha = (inspect_config(compose([f"attn={a}"])) for a in ("mqa", "mha"))
     assert gqa["spec"]["n_kv_heads"] == 2
@@ -96,7 +96,7 @@ def test_gqa_on_the_default_model_sits_between_mqa_and_mha():
 
 
 def test_ffn_size_matching_explained():
-    from ablate.inspect import inspect_config
+    from ablate.measure.inspect import inspect_config
 
     plain = inspect_config(compose(["act=gelu"]))["ffn"]
     gated = inspect_config(compose(["act=geglu"]))["ffn"]

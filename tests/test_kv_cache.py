@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ablate.axes import group_options
+from ablate.config.axes import group_options
 from ablate.model import options
 from ablate.model.blocks import Block
 from ablate.model.kv_cache import KVCache

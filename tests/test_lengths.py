@@ -1,4 +1,4 @@
-"""Loss at other context lengths (ablate/lengths.py) against a brute-force computation token by
+"""Loss at other context lengths (ablate/evaluation/lengths.py) against a brute-force computation token by
 token, and RoPE scaling against its formulas in NumPy."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from ablate.errors import ConfigError
-from ablate.length_record import EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths
-from ablate.lengths import EvalData, evaluate_key, evaluate_run, parse_lengths, windows
+from ablate.evaluation.length_record import EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths
+from ablate.evaluation.lengths import EvalData, evaluate_key, evaluate_run, parse_lengths, windows
 from ablate.model.positions import RopeScaling
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import Transformer

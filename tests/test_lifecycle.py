@@ -1,4 +1,4 @@
-"""The re-entry rule on its own (ablate/lifecycle.py, the table in its docstring): what entering a
+"""The re-entry rule on its own (ablate/run/lifecycle.py, the table in its docstring): what entering a
 run directory with a config does, for each thing the directory can hold."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from conftest import TINY, compose
 
 from ablate.errors import RunDirError
-from ablate.lifecycle import EXTEND, RESUME, RETURN, START, check_reentry
-from ablate.rundir import CONFIG, SUMMARY, write_json
+from ablate.run.lifecycle import EXTEND, RESUME, RETURN, START, check_reentry
+from ablate.run.directory import CONFIG, SUMMARY, write_json
 
 
 def held(run_dir, status, overrides=(), checkpoint=False, **record):

@@ -1,4 +1,4 @@
-"""The one rule for re-entering a run directory (ablate/lifecycle.py): a finished run's results
+"""The one rule for re-entering a run directory (ablate/run/lifecycle.py): a finished run's results
 change only when the user asks for it by name (`--extend`, `train.resume=never`), whichever way
 the directory is entered (`run` into it, `resume`, a sweep re-run); a killed run loses at most
 one evaluation interval and says so when it has to start over."""
@@ -160,7 +160,7 @@ def test_an_automatic_warmup_is_the_same_experiment_as_the_count_it_gives():
     automatic warmups differ only where their rule does, so an extended run stays the same run."""
     from omegaconf import OmegaConf
 
-    from ablate.lifecycle import differences
+    from ablate.run.lifecycle import differences
 
     auto = compose(BASE)  # TINY: 40% of the steps, at most 2: 2 of 10
     recorded = OmegaConf.to_container(auto, resolve=True)

@@ -13,7 +13,7 @@ import sys
 
 from conftest import ROOT, TINY, run_ablate, run_on_terminal
 
-from ablate.record import RunInfo, RunRecord
+from ablate.run.record import RunInfo, RunRecord
 from ablate.tracking.sinks import About, ConsoleSink
 
 STEP = re.compile(r"^step +(\d+)/(\d+) \| loss \d+\.\d{4} \| [\d,]+ tok/s( \| mfu \d+\.\d%)? \| eta (\?|\S+)$")
@@ -79,7 +79,7 @@ def test_step_lines_show_mfu_when_the_row_has_it(capsys, caplog):
 
 
 def test_a_sweep_job_prints_nothing_but_logs_everything(capsys, caplog):
-    from ablate.report import print_summary
+    from ablate.run.summary import print_summary
 
     sink = ConsoleSink(100, quiet=True, tty=True, about=About("v", 0, "d"))
     with caplog.at_level(logging.INFO, logger="ablate"):
@@ -166,7 +166,7 @@ def test_the_banner_breaks_between_fields_on_a_terminal_and_not_when_piped(tmp_p
 
 
 def test_wrapped_lines_keep_every_word_and_fit_unless_a_word_cannot():
-    from ablate.report import wrap_line
+    from ablate.terminal import wrap_line
     from ablate.tracking.sinks import banner
 
     path = "/runs/2026-11-26/17-19-28_" + "data.paths=h74dba236,model.d_model=32," * 3

@@ -206,7 +206,7 @@ def test_a_fused_training_run_follows_the_plain_loss_curve(tmp_path):
 
 
 def test_ce_chunk_must_be_positive_and_fused_ce_is_not_part_of_the_variant(tmp_path):
-    from ablate.config import validate
+    from ablate.config.schema import validate
     from ablate.errors import ConfigError
     from ablate.analysis import compare_dirs
     from compare_fixtures import BASE, PAIRED, set_config, write_run

@@ -152,7 +152,7 @@ def test_bad_init_and_attention_dropout_are_refused(args, message):
 
 def test_vaswani_param_counts_are_unchanged_by_the_recipe():
     """init and dropout change values, not shapes: inspect reports what the built model has."""
-    from ablate.inspect import inspect_config
+    from ablate.measure.inspect import inspect_config
 
     cfg = compose(["arch=vaswani", "logger=none"])
     recipe_free = compose(["arch=vaswani", "logger=none", "model.init=normal",

@@ -74,7 +74,7 @@ def test_a_run_resumes_from_the_other_implementations_checkpoint(tmp_path, clean
 
 
 def test_compile_optimizer_is_a_bool_and_a_speed_setting_not_a_variant():
-    from ablate.analysis.checks import is_variant_key
+    from ablate.analysis.comparable import is_variant_key
 
     res = run_ablate("run", *TINY, "train.compile_optimizer=maybe")
     assert res.returncode == 2 and "train.compile_optimizer" in res.stderr and "Traceback" not in res.stderr

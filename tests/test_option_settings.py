@@ -17,7 +17,7 @@ from ablate.model.norms import DyT
 from ablate.model.roles import Role, param_groups, role_of
 from ablate.model.spec import ModelSpec, count_params
 from ablate.model.transformer import build_model, built_counts
-from ablate.axes import group_options
+from ablate.config.axes import group_options
 from conftest import TINY, compose, find_run_dirs, invoke_ablate, run_ablate
 
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=32",

@@ -204,7 +204,7 @@ def test_bench_jobs_per_device_bad_input(args, message):
 def test_a_failing_bench_job_is_one_line():
     import sys
 
-    from ablate.bench import _pool
+    from ablate.measure.bench import _pool
     from ablate.errors import AblateError
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}

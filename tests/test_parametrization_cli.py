@@ -74,7 +74,7 @@ def test_inspect_shows_the_parametrization_and_each_rule():
 
 
 def test_the_record_keeps_the_base_shape_and_export_refuses_mup(tmp_path):
-    from ablate.record import read_record
+    from ablate.run.record import read_record
 
     sp_dir, mup_dir = tmp_path / "sp", tmp_path / "mup"
     for run_dir, args in ((sp_dir, []), (mup_dir, ["param=mup", "model.base_width=16"])):
@@ -97,7 +97,7 @@ def test_a_run_recorded_before_param_existed_is_the_sp_run(tiny):
     trained (resume, return, sweep re-runs), and a real change of param is still one."""
     from omegaconf import OmegaConf
 
-    from ablate.lifecycle import differences
+    from ablate.run.lifecycle import differences
     from conftest import compose
 
     cfg = compose(tiny)

@@ -222,7 +222,7 @@ def test_a_plugin_norm_with_its_own_setting_and_init_runs_end_to_end(tmp_path):
     env = documented_plugin(tmp_path / "src", "scale_norm")
     plugin = ["plugins=[my_pkg.scale_norm]", "norm=scalenorm"]
     # its init: g = g0_scale * sqrt(d) in every norm of the model the run would build
-    probe = ("from ablate.compose import compose_config as c; from ablate.model.spec import ModelSpec as S; "
+    probe = ("from ablate.config.compose import compose_config as c; from ablate.model.spec import ModelSpec as S; "
              "from ablate.model.transformer import build_model as b; import sys; "
              "m = b(S.from_config(c(sys.argv[1:]))); "
              "print(sorted({round(p.item(), 4) for n, p in m.named_parameters() if n.endswith('.g')}))")

@@ -89,7 +89,7 @@ def _backend_flags():
 
 
 def test_tf32_flag_reaches_torch_on_cuda_and_is_a_no_op_on_cpu():
-    from ablate.record import BackendSettings
+    from ablate.run.record import BackendSettings
     from ablate.train.backends import configure_backends
 
     before = _backend_flags()

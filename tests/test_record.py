@@ -1,4 +1,4 @@
-"""A run's record (ablate/record.py): summary.json read and written in one place, its public keys
+"""A run's record (ablate/run/record.py): summary.json read and written in one place, its public keys
 kept, an older record (fewer keys) still read, and a killed run told from a running one."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 from conftest import ROOT, TINY, built_once, run_ablate
 
-from ablate.record import RecordError, RunInfo, RunRecord, live_status, read_record
-from ablate.rundir import SUMMARY, write_json
-from ablate.vocab import Status
+from ablate.run.record import RecordError, RunInfo, RunRecord, live_status, read_record
+from ablate.run.directory import SUMMARY, write_json
+from ablate.names import Status
 
 # summary.json's keys after a completed run with logger=wandb on the CPU: a public contract
 # (docs/running.md). A key may be added; none may go.
@@ -71,8 +71,9 @@ def test_summary_json_keeps_its_public_keys(real_run):
 
 def test_an_older_record_with_fewer_keys_reads_and_reports(tmp_path):
     """A summary.json as an earlier version wrote it: no provenance, warmup, wall time, ..."""
-    from ablate.lifecycle import read
-    from ablate.report import render, summary_table
+    from ablate.run.lifecycle import read
+    from ablate.run.summary import summary_table
+    from ablate.terminal import render
 
     old = {"status": "completed", "variant": "norm=rmsnorm", "axes": {"norm": "rmsnorm"}, "seed": 0,
            "data_seed": 0, "overrides": ["norm=rmsnorm"], "sweep": None, "params": 1000,
@@ -90,7 +91,7 @@ def test_an_older_record_with_fewer_keys_reads_and_reports(tmp_path):
 def test_an_axis_added_after_a_run_was_recorded_reads_as_its_default():
     """A run recorded before an axis existed trained that axis's default (param=sp is the model
     as it was): compare must still name it the baseline with 'no axis changed'."""
-    from ablate.axes import default_axes
+    from ablate.config.axes import default_axes
 
     base = default_axes()
     older = {k: v for k, v in base.items() if k != "param"}

@@ -17,7 +17,7 @@ import pytest
 from conftest import (ROOT, TINY, read_jsonl, read_summary as summary, run_ablate, stop_after_first_checkpoint,
                       weights_hash)
 
-from ablate.record import live_status
+from ablate.run.record import live_status
 from ablate.train import checkpoint
 
 STEPS = 150

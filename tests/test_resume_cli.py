@@ -65,7 +65,7 @@ def test_resume_refuses_what_is_not_a_run(tmp_path):
 def test_a_diverged_run_is_not_trained_again(tmp_path):
     from conftest import compose
 
-    from ablate.lifecycle import RETURN, check_reentry
+    from ablate.run.lifecycle import RETURN, check_reentry
 
     (tmp_path / "summary.json").write_text(json.dumps(
         {"status": "diverged", "step": 7, "steps": 50, "reason": "non-finite loss"}))

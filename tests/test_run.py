@@ -1,4 +1,4 @@
-"""`ablate run` (ablate/run.py) end to end through the real CLI: the run directory contract, the
+"""`ablate run` (ablate/run/entry.py) end to end through the real CLI: the run directory contract, the
 Hydra pass-through, bad options refused before training, and a torchrun launch that reports only
 the summary its rank 0 wrote."""
 
@@ -11,7 +11,7 @@ import yaml
 
 from conftest import TINY, compose, find_run_dirs, invoke_ablate, read_jsonl, run_ablate, run_context
 
-from ablate.rundir import SUMMARY, write_json
+from ablate.run.directory import SUMMARY, write_json
 
 METRIC_KEYS = {"step", "tokens", "train_loss", "grad_norm", "lr", "tokens_per_s"}
 SUMMARY_KEYS = {"status", "train_loss", "val_loss", "val_bpb", "params", "flops_per_token",
@@ -90,7 +90,7 @@ def test_wrong_type_is_refused_before_training(tmp_path):
 def test_a_torchrun_launch_reports_only_the_summary_it_wrote(tmp_path, monkeypatch, capsys):
     """torchrun failing before rank 0 writes anything: the summary of an earlier run in the
     directory is neither reported as this launch's outcome nor changed."""
-    from ablate import run
+    from ablate.run import entry as run
     from ablate.train import distributed
 
     stale = {"status": "completed", "step": 6}
@@ -104,7 +104,7 @@ def test_a_torchrun_launch_reports_only_the_summary_it_wrote(tmp_path, monkeypat
 
 
 def test_a_rank_0_killed_mid_run_leaves_a_failed_summary_not_running(tmp_path, monkeypatch):
-    from ablate import run
+    from ablate.run import entry as run
     from ablate.train import distributed
 
     def killed(*args, **kwargs):  # rank 0 recorded "running", then the OOM killer came

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from ablate.errors import CheckpointError
-from ablate.record import read_record
-from ablate.run_model import load_run_model
+from ablate.run.record import read_record
+from ablate.run.trained import load_run_model
 from ablate.train import checkpoint
-from ablate.vocab import Status
+from ablate.names import Status
 from conftest import TINY, built_once, trained_run
 
 

@@ -1,4 +1,4 @@
-"""A run directory's files (ablate/rundir.py): the run lock (one live owner; a dead owner's lock
+"""A run directory's files (ablate/run/directory.py): the run lock (one live owner; a dead owner's lock
 taken over) and the metrics truncation a resume relies on."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ablate.errors import RunDirError
-from ablate.rundir import LOCK, RunLock, truncate_metrics
+from ablate.run.directory import LOCK, RunLock, truncate_metrics
 
 
 def test_truncate_metrics_keeps_rows_up_to_the_checkpoint_and_drops_a_torn_line(tmp_path):

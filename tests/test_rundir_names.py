@@ -35,7 +35,7 @@ def shell(command: str) -> subprocess.CompletedProcess:
     "x=it's", "x=!1", "x=#1", "~model.d_ff", "+x=" + "1" * 60, "a=1," * 60 + "b=2",
 ])
 def test_every_name_is_one_plain_shell_word(overrides):
-    from ablate.rundir import dir_name
+    from ablate.run.directory import dir_name
 
     name = dir_name(overrides)
     assert SHELL_PLAIN.fullmatch(name) and shlex.split(name) == [name], name
@@ -43,7 +43,7 @@ def test_every_name_is_one_plain_shell_word(overrides):
 
 
 def test_plain_values_keep_their_names_and_others_a_stable_hash():
-    from ablate.rundir import dir_name
+    from ablate.run.directory import dir_name
     from ablate.sweep.planning import Job
 
     for plain in ("train.steps=200", "act=swiglu,norm=rmsnorm", "+model.z_loss=1e-4",

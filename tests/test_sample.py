@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 
 from ablate.data.tokenizers import build_tokenizer
 from ablate.errors import ConfigError
-from ablate.record import read_record
-from ablate.run_model import load_run_model
-from ablate.sample import SampleOptions, pick, sample_run
+from ablate.run.record import read_record
+from ablate.run.trained import load_run_model
+from ablate.evaluation.sample import SampleOptions, pick, sample_run
 from ablate.train import checkpoint
-from ablate.vocab import Status
+from ablate.names import Status
 from conftest import TINY, built_once, compose, invoke_ablate, trained_run
 
 

@@ -26,12 +26,12 @@ def as_hydra_composes(monkeypatch) -> tuple[list, list]:
     """Every config the sweep loads, beside Hydra's own composition of the same job
     (load_sweep_config with no memo, which the sweep itself runs once per variant); and the
     compositions Hydra ran for the sweep's jobs."""
-    import ablate.compose
+    import ablate.config.compose
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     from ablate.sweep.composed import ComposedJobs
 
-    monkeypatch.setattr(ablate.compose, "_BASES", None)  # as a new process starts
+    monkeypatch.setattr(ablate.config.compose, "_BASES", None)  # as a new process starts
     pairs, composed, inside = [], [], []
     compose, sweep_config, load = (ConfigLoaderImpl.load_configuration, ConfigLoaderImpl.load_sweep_config,
                                    ComposedJobs.load)

@@ -68,7 +68,7 @@ def test_a_launcher_that_raises_loses_only_the_jobs_without_a_summary(tmp_path):
 
 
 def _summary(run_dir, **fields):
-    from ablate.rundir import write_json
+    from ablate.run.directory import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "summary.json", {"host": socket.gethostname(), **fields})
@@ -76,7 +76,7 @@ def _summary(run_dir, **fields):
 
 def test_recover_trusts_only_an_outcome_this_launch_wrote(tmp_path):
     from ablate.sweep import Job
-    from ablate.sweep.report import recover, summary_stamp
+    from ablate.sweep.progress import recover, summary_stamp
 
     job = Job(["norm=rmsnorm"], "norm=rmsnorm")
     done, stale, dead, never = (tmp_path / n for n in ("done", "stale", "dead", "never"))

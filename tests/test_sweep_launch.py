@@ -138,8 +138,8 @@ def test_sbatch_preview_is_the_script_the_launcher_submits(tmp_path, monkeypatch
     from omegaconf import OmegaConf
     from submitit.slurm.slurm import SlurmExecutor
 
-    from ablate.axes import CONF_DIR
-    from ablate.config import register_configs
+    from ablate.config.axes import CONF_DIR
+    from ablate.config.schema import register_configs
 
     sweep_dir = f"hydra.sweep.dir={tmp_path / 'sweep'}"
     _, preview = slurm_preview(tmp_path, "--seeds", "3", sweep_dir)
@@ -169,10 +169,10 @@ def test_each_variant_is_composed_once_and_each_job_trains_with_its_own_override
     """Hydra composes each variant once (its other seeds are derived: test_composition.py);
     the basic launcher reuses those configs (a copy) instead of composing them again, and each
     job still gets its own values and number."""
-    import ablate.compose
+    import ablate.config.compose
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    monkeypatch.setattr(ablate.compose, "_BASES", None)  # as a new process starts
+    monkeypatch.setattr(ablate.config.compose, "_BASES", None)  # as a new process starts
     calls = record_calls(monkeypatch, ConfigLoaderImpl, "load_configuration")  # Hydra's own, not derived
     res = in_process("sweep", *TINY, *ONE_THREAD, "norm=layernorm,rmsnorm", "--seeds", "2",
                      f"hydra.sweep.dir={tmp_path / 's'}")  # in this process, where the calls are counted

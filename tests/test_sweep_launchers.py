@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ablate.axes import CONF_DIR
+from ablate.config.axes import CONF_DIR
 from ablate.errors import ConfigError
 from ablate.sweep.launchers import LAUNCHERS, OTHER, Launcher, launcher_of, packing_launchers
 from ablate.sweep.placement import check_launcher_packs, packing
@@ -18,7 +18,7 @@ from conftest import ROOT
 
 # A job as submitit runs one: it loads what the sweep process pickled, runs ablate, and pickles
 # its result (here: what it loaded) back.
-SUBMITIT_JOB = ("import pickle, sys, cloudpickle, ablate.config; "
+SUBMITIT_JOB = ("import pickle, sys, cloudpickle, ablate.config.schema; "
                 "sys.stdout.buffer.write(cloudpickle.dumps(pickle.loads(sys.stdin.buffer.read())))")
 
 
@@ -26,7 +26,7 @@ def sweep_config(*overrides):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ablate.config import register_configs
+    from ablate.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -78,7 +78,7 @@ def test_the_config_schema_is_intact_after_a_submitit_job_returns():
     import cloudpickle
     from omegaconf import OmegaConf
 
-    from ablate.config import AblateConfig
+    from ablate.config.schema import AblateConfig
 
     before = OmegaConf.structured(AblateConfig)
     job = subprocess.run([sys.executable, "-c", SUBMITIT_JOB], input=cloudpickle.dumps(AblateConfig),

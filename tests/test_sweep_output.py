@@ -55,7 +55,7 @@ def test_hydra_basic_sweeper_runs_through_ablate_sweep(tmp_path):
 
 def test_eta_is_the_mean_job_time_times_the_jobs_left():
     from ablate.sweep import Job
-    from ablate.sweep.report import JobResult, Progress
+    from ablate.sweep.progress import JobResult, Progress
 
     now = [100.0]
     p = Progress(4, clock=lambda: now[0])
@@ -69,7 +69,7 @@ def test_eta_is_the_mean_job_time_times_the_jobs_left():
 def test_eta_weighs_the_jobs_left_by_their_training_flops():
     """A ladder's last rungs cost more than its first: the ETA counts their FLOPs, not jobs."""
     from ablate.sweep import Job
-    from ablate.sweep.report import JobResult, Progress, job_flops
+    from ablate.sweep.progress import JobResult, Progress, job_flops
     from conftest import compose
 
     small, large = compose(TINY), compose(TINY + ["model.d_model=64", "train.steps=40"])
@@ -89,13 +89,13 @@ def test_eta_weighs_the_jobs_left_by_their_training_flops():
 
 
 def _fmt(seconds: float) -> str:
-    from ablate.sweep.report import _duration
+    from ablate.sweep.progress import _duration
 
     return _duration(seconds)
 
 
 def test_launcher_logs_are_hidden_unless_hydra_verbose():
-    from ablate.sweep.report import quiet_launcher_logs
+    from ablate.sweep.progress import quiet_launcher_logs
 
     lg = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
     before = lg.level

@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from ablate.record import RunInfo, RunRecord
+from ablate.run.record import RunInfo, RunRecord
 from ablate.tracking.wandb_file import BLOCK, WandbFileError, iter_payloads, read_run
 from conftest import TINY, no_login_env, read_jsonl, run_ablate, run_context
 

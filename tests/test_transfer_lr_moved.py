@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from ablate.analysis.transfer import log_grid
+from ablate.analysis.transfer_stats import log_grid
 from ablate.analysis.transfer_report import Point, ladder_report
 
 GRID = log_grid(1e-3, 1e-1, 5)

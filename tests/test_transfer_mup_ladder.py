@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ablate.sweep.transfer import TransferPlan, load_ladder
+from ablate.sweep.transfer_plan import TransferPlan, load_ladder
 from conftest import TINY, built_once, run_ablate
 
 SIZES = ("model.d_model", "model.n_layers", "model.n_heads")
@@ -86,7 +86,7 @@ def test_lr_grid_scans_the_smallest_rung_then_runs_every_rung_at_its_pick(tmp_pa
                              lambda job, rung: (100 * rung.d_model, 128), lambda job: 3e-3, lambda job: "mup")
     losses = {j.name: 3.0 - j.name.endswith("lr0.01_seed0") * (j.variant == "baseline")
               - j.name.endswith("lr0.1_seed0") * (j.variant == "act=relu") for j in plan.jobs}
-    monkeypatch.setattr("ablate.sweep.report.final_metric", lambda d, name: losses[d])
+    monkeypatch.setattr("ablate.sweep.progress.final_metric", lambda d, name: losses[d])
     second = plan.next_jobs([SimpleNamespace(job=j, status="completed", run_dir=j.name) for j in plan.jobs])
     assert [j.name for j in second] == [
         "baseline_a_lr0.01_seed1", "act=relu_a_lr0.1_seed1",
@@ -173,7 +173,7 @@ def test_the_largest_rungs_hidden_lr_is_its_base_lr_times_base_width_over_width(
     import torch
 
     from ablate.model.roles import Role, role_of
-    from ablate.run_model import load_run_model
+    from ablate.run.trained import load_run_model
     from ablate.train.optimizer import build_optimizer
 
     run = next(d for d in sorted((mup_sweep / "sweep").iterdir()) if "_b_" in d.name and d.name.endswith("seed1"))

@@ -15,7 +15,7 @@ from scipy.optimize import curve_fit
 
 from scipy import stats
 
-from ablate.analysis.transfer import (PowerLaw, best_lr, compute_multiplier, fit_power_laws,
+from ablate.analysis.transfer_stats import (PowerLaw, best_lr, compute_multiplier, fit_power_laws,
                                       grid_curve, log_grid, lr_sensitivity, multiplier_ci,
                                       parse_lr_grid, rank_agreement, tuned_comparison,
                                       wins_every_rung)
@@ -269,7 +269,7 @@ def test_rank_agreement_and_wins_by_hand():
 def test_a_variant_below_the_measured_baseline_at_a_rung_has_a_multiplier_above_one():
     """The fit need not pass through the baseline's rungs; the multiplier there must agree with
     the measured delta (the defect a pure-fit multiplier had: Δ < 0 and x < 1 on one rung)."""
-    from ablate.analysis.transfer import baseline_compute
+    from ablate.analysis.transfer_stats import baseline_compute
 
     computes = [1e9, 1e10, 1e11, 1e12]
     base = [3.0, 2.40, 2.25, 1.95]  # kinked: no L_inf + A C^-alpha goes through all four
@@ -436,7 +436,7 @@ def test_a_null_variants_multiplier_interval_holds_one_whenever_its_delta_interv
 def test_a_delta_of_zero_is_a_multiplier_of_exactly_one_at_every_rung():
     """Through the baseline's curve corrected to pass through its measured rungs, even where the
     fit misses them (a kinked baseline): the baseline's own loss at a rung needs that rung's compute."""
-    from ablate.analysis.transfer import rung_multiplier, target_multiplier
+    from ablate.analysis.transfer_stats import rung_multiplier, target_multiplier
 
     computes = [1e9, 1e10, 1e11, 1e12]
     base = [3.0, 2.40, 2.25, 1.95]

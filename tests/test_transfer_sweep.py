@@ -11,7 +11,7 @@ import pytest
 
 from ablate.errors import ConfigError
 from ablate.sweep.planning import Job
-from ablate.sweep.transfer import (Ladder, Rung, best_jobs, check_ladder, grid_jobs, ladder_jobs,
+from ablate.sweep.transfer_plan import (Ladder, Rung, best_jobs, check_ladder, grid_jobs, ladder_jobs,
                                    load_ladder, seed_jobs, write_transfer)
 from conftest import run_ablate
 
@@ -65,14 +65,14 @@ def test_a_ladder_with_an_lr_grid_scans_each_rung_then_seeds_each_rungs_best_lr(
     assert "2 variants x 3 rungs x 3 learning rates (0.001, 0.01, 0.1), seed 0: 18 jobs" in text
     assert "then: seeds 1..1 of each variant at its own best LR of the grid on each rung: 6 jobs" in text
     # phase 2 from phase 1: each (variant, rung) at its own best LR
-    from ablate.sweep.transfer import TransferPlan
+    from ablate.sweep.transfer_plan import TransferPlan
 
     plan = TransferPlan.make(["act=gelu,swiglu"], "ofat", 2, None, "1e-3:1e-1:3", "cpu",
                              lambda job, rung: (1000 * rung.d_model, 2048), lambda job: 3e-3, lambda job: "sp")
     losses = {j.name: 3.0 - (j.tag.endswith("lr0.1") if j.tag.startswith("r2") else j.tag.endswith("lr0.01"))
               for j in plan.jobs}
     results = [SimpleNamespace(job=j, status="completed", run_dir=j.name) for j in plan.jobs]
-    monkeypatch.setattr("ablate.sweep.report.final_metric", lambda d, name: losses[d])
+    monkeypatch.setattr("ablate.sweep.progress.final_metric", lambda d, name: losses[d])
     second = plan.next_jobs(results)
     assert [(j.name, j.overrides[-2:]) for j in second][:2] == [
         ("baseline_r0_lr0.01_seed1", ["train.lr=0.01", "seed=1"]),

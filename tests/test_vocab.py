@@ -1,4 +1,4 @@
-"""The shared vocabularies (ablate/vocab.py) and the copies that must follow them."""
+"""The shared vocabularies (ablate/names.py) and the copies that must follow them."""
 
 import json
 
@@ -6,8 +6,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ablate.axes import CONF_DIR
-from ablate.vocab import SEED_KEYS, STOPPED, Status, metric_name, names_variant, variant_name, wandb_name
+from ablate.config.axes import CONF_DIR
+from ablate.names import SEED_KEYS, STOPPED, Status, metric_name, names_variant, variant_name, wandb_name
 
 
 def _flat(d, prefix=""):
@@ -19,7 +19,7 @@ def _flat(d, prefix=""):
 
 
 def test_run_names_exclude_exactly_the_keys_that_never_name_a_variant():
-    import ablate.run  # noqa: F401  (registers the schema and the name resolver)
+    import ablate.run.entry  # noqa: F401  (registers the schema and the name resolver)
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config")
@@ -55,8 +55,8 @@ def test_status_is_its_string_everywhere():
 NOT_THE_METRIC = {
     ("ablate/train/optimizer.py", "lr"): "torch's param_group key, the optimizer's own API",
     ("ablate/data/cache.py", "tokens"): "the token cache's meta.json: the tokens of each split",
-    ("ablate/bench.py", "tokens"): "a synthetic corpus's meta.json, as the token cache writes it",
-    ("ablate/compose.py", "tokens"): "reads the token cache's meta.json",
+    ("ablate/measure/bench.py", "tokens"): "a synthetic corpus's meta.json, as the token cache writes it",
+    ("ablate/config/compose.py", "tokens"): "reads the token cache's meta.json",
     ("ablate/train/launch.py", "tokens"): "reads the token cache's meta.json",
     ("cli/data.py", "tokens"): "prints the token cache's meta.json",
 }
@@ -64,20 +64,20 @@ NOT_THE_METRIC = {
 
 def vocabulary_literals(root=None) -> list[str]:
     """`file:line: 'string'` for each string constant in ablate/, cli/ and hydra_plugins/ (outside
-    ablate/vocab.py) equal to a run status or a metric name. Not counted: docstrings (prose) and
+    ablate/names.py) equal to a run status or a metric name. Not counted: docstrings (prose) and
     the text of f-strings (`f"lr{lr:g}"` is a label, not the metric); a key inside a longer string
     (`"train.lr"`, `"val/loss"`) is not equal to a name."""
     import ast
     from pathlib import Path
 
-    from ablate.vocab import METRICS
+    from ablate.names import METRICS
 
     root = Path(root or Path(__file__).resolve().parent.parent)
     names = {s.value for s in Status} | set(METRICS)
     found = []
     for path in sorted(p for d in ("ablate", "cli", "hydra_plugins") for p in (root / d).rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        if rel == "ablate/vocab.py":
+        if rel == "ablate/names.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         prose = set()
@@ -96,7 +96,7 @@ def vocabulary_literals(root=None) -> list[str]:
 
 def test_statuses_and_metric_names_are_written_only_in_the_vocabulary():
     found = vocabulary_literals()
-    assert found == [], "use the ablate.vocab constants (Status, VAL_LOSS, ...):\n" + "\n".join(found)
+    assert found == [], "use the ablate.names constants (Status, VAL_LOSS, ...):\n" + "\n".join(found)
 
 
 def test_the_literal_scan_finds_a_status_and_a_metric_but_not_prose(tmp_path):

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from ablate.analysis.stats import SEEDS_NEEDED_LIMIT
 from ablate.analysis.table import ONLY_TEXT, Align, Column, Field, Table, lines, num
-from ablate.vocab import TOKENS_PER_S, Status
+from ablate.names import TOKENS_PER_S, Status
 
 VERDICT_WORDS = {"better": "yes, better", "worse": "yes, worse", "noise": "no"}
 VERDICT_COLORS = {"better": "green", "worse": "red"}
@@ -256,7 +256,7 @@ def seed_columns(ctx: Ctx) -> list[Column]:
 
 def comparison_table(cmp: Any, per_seed: bool = False) -> Table:
     """A Comparison (ablate/analysis/compare.py) as a Table: one row per variant, or per run."""
-    from ablate.analysis.checks import describe_mixed
+    from ablate.analysis.comparable import describe_mixed
     from ablate.analysis.compare import per_seed_rows
 
     ctx = Ctx(cmp.metric, cmp.alpha)

@@ -23,15 +23,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ablate.analysis.checks import describe_mixed, filter_runs, mixed_settings, resolve_metric
+from ablate.analysis.comparable import describe_mixed, filter_runs, mixed_settings, resolve_metric
 from ablate.analysis.groups import Group, label_groups, pick_baseline, study_ladder
 from ablate.analysis.load import CompareError, Run, find_runs, number, print_warning
 from ablate.analysis.stats import (ALPHA, MIN_SEEDS, NO_TEST, SeedTest, for_family, holm, mean_std, seed_test,
                                    verdict)
 from ablate.analysis.table import JsonRow
-from ablate.inspect import DTYPE_BYTES
-from ablate.rundir import CONFIG
-from ablate.vocab import TOKENS_PER_S, VAL_LOSS, Status
+from ablate.measure.inspect import DTYPE_BYTES
+from ablate.run.directory import CONFIG
+from ablate.names import TOKENS_PER_S, VAL_LOSS, Status
 
 SIZE_NOTE_PCT = 0.5  # a variant whose parameter count differs by more than this (%) is noted
 SPEED_SPREAD = 1.5  # seeds' tokens/s whose max/min exceeds this are marked: they measured the machine
@@ -285,9 +285,9 @@ def kv_cache_bytes_per_token(r: Run) -> Optional[int]:
     None without a config, or for one this version cannot build (a plugin's option not loaded)."""
     from omegaconf import OmegaConf
 
-    from ablate.config import AblateConfig
+    from ablate.config.schema import AblateConfig
     from ablate.errors import AblateError
-    from ablate.inspect import run_kv_cache_bytes_per_token
+    from ablate.measure.inspect import run_kv_cache_bytes_per_token
 
     dtype = compute_dtype(r)
     if not r.config or dtype is None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ablate.analysis.checks import alike
+from ablate.analysis.comparable import alike
 from ablate.analysis.load import CompareError, Run
-from ablate.vocab import names_variant, override_key
+from ablate.names import names_variant, override_key
 
 MULTIRUN = "multirun.yaml"  # a sweep dir's composed config; a study's job list is in it
 
@@ -73,7 +73,7 @@ def pick_baseline(groups: list[Group], baseline: Optional[str],
             why = "matches no variant" if not hits else "matches several variants"
             raise CompareError(f"--baseline {baseline}: {why}; variants: {names}")
         return hits[0], "--baseline"
-    from ablate.axes import default_axes
+    from ablate.config.axes import default_axes
 
     base_axes = default_axes()
     named = [g for g in groups if g.label == "baseline"]

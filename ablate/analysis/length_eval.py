@@ -1,5 +1,5 @@
 """`ablate compare` of runs with a loss at other context lengths (length_eval.json, written by
-`ablate eval` and train.eval_lengths; ablate/length_record.py): one table per evaluation
+`ablate eval` and train.eval_lengths; ablate/evaluation/length_record.py): one table per evaluation
 protocol (windows, stride S, RoPE scaling) under the main comparison, one row per variant and
 per length its mean loss over seeds, its Δ vs the baseline with the CI and the Holm-corrected p.
 
@@ -27,8 +27,8 @@ from ablate.analysis.groups import Group
 from ablate.analysis.load import print_warning
 from ablate.analysis.stats import MIN_SEEDS
 from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Report, Table, lines, num
-from ablate.length_record import LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, read_lengths
-from ablate.vocab import VAL_LOSS, Status
+from ablate.evaluation.length_record import LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, read_lengths
+from ablate.names import VAL_LOSS, Status
 
 NOT_EVALUATED = "not evaluated"  # a cell's status: no run of the variant has a result at this key
 BEYOND = "*"  # marks a length beyond the training length
@@ -145,7 +145,7 @@ def _cells(groups: list[Group], base: Optional[Group], key: EvalKey, records: di
     variants at this length."""
     from ablate.analysis.compare import Versus, holm_correct, paired_or_welch
     from ablate.analysis.stats import mean_std
-    from ablate.analysis.transfer import mean_ci
+    from ablate.analysis.transfer_stats import mean_ci
 
     at = {id(g): _at(g, key, records) for g in groups}
     ref = at[id(base)][0] if base is not None else None

@@ -1,6 +1,6 @@
 """Reading run directories for the analysis: summary.json, config.yaml and metrics.jsonl are
 the source of truth (nothing here touches the trainer or W&B). A `Run` is one directory; its
-`variant_key` is its config minus seeds and keys that never name a variant (ablate.vocab)."""
+`variant_key` is its config minus seeds and keys that never name a variant (ablate.names)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ablate.errors import AblateError
-from ablate.record import RunRecord
-from ablate.rundir import CONFIG, METRICS, SUMMARY
-from ablate.vocab import Status, names_variant
+from ablate.run.record import RunRecord
+from ablate.run.directory import CONFIG, METRICS, SUMMARY
+from ablate.names import Status, names_variant
 
 
 class CompareError(AblateError):

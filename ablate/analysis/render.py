@@ -95,7 +95,7 @@ def print_table(table: Table, console: Any = None, wide: bool = False) -> None:
     notes below, each broken between words to a terminal's width."""
     from rich.markup import escape
 
-    from ablate.report import print_text, table_console
+    from ablate.terminal import print_text, table_console
 
     console = console or table_console()
     for line in table.head_lines():

@@ -13,7 +13,7 @@ from ablate.analysis.load import CompareError, Run, print_warning
 from ablate.analysis.render import FORMATS
 from ablate.analysis.stats import ALPHA
 from ablate.analysis.table import Report, ReportKind  # noqa: F401 (the report's types, re-exported)
-from ablate.vocab import VAL_LOSS
+from ablate.names import VAL_LOSS
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional, Sequence
 
-from ablate.vocab import higher_is_better
+from ablate.names import higher_is_better
 
 ALPHA = 0.05
 POWER = 0.8  # "seeds needed": the seeds that detect the observed difference this often

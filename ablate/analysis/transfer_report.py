@@ -1,5 +1,5 @@
 """`ablate compare` of an --lr-grid or a --ladder sweep (its sweep directory holds transfer.json,
-ablate/sweep/transfer.py): one typed row per variant (GridRow, LadderRow: their as_dict() is the
+ablate/sweep/transfer_plan.py): one typed row per variant (GridRow, LadderRow: their as_dict() is the
 public `compare --json` object) and the columns of the one table model (ablate/analysis/table.py).
 
 LR grid: best_lr (and best_lr_on_edge), the loss at the best LR with its CI, tuned_delta vs
@@ -14,7 +14,7 @@ the smallest and the largest rung. Compute is FLOPs/token (as `inspect` counts) 
 A ladder with an LR grid: each variant on each rung at its own best LR there (best_lr per rung)
 and how many grid steps that LR moves from the smallest rung to the largest (lr_steps_moved);
 on an lr_rule mup ladder, one scan at the smallest rung and its pick on every rung.
-The statistics are ablate/analysis/transfer.py's.
+The statistics are ablate/analysis/transfer_stats.py's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from ablate.analysis.load import CompareError, Run, number
 from ablate.analysis.stats import ALPHA, mean_std, seed_test
 from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Report, ReportKind, Table, lines, num
-from ablate.vocab import LADDER_TOKENS_KEY, LR, TOKENS, VAL_LOSS, Status
+from ablate.names import LADDER_TOKENS_KEY, LR, TOKENS, VAL_LOSS, Status
 
 MIN_RUNGS = 3  # fewer: the rung table, no fit and no projection
 
@@ -82,7 +82,7 @@ def to_points(runs: Sequence[Run], record: dict) -> list[Point]:
 
 def find_transfer(paths: Sequence[Path | str]) -> bool:
     """Whether a given path is, holds or lies in an --lr-grid or --ladder sweep (transfer.json)."""
-    from ablate.rundir import TRANSFER
+    from ablate.run.directory import TRANSFER
 
     for p in map(Path, paths):
         p = p.resolve()
@@ -94,7 +94,7 @@ def find_transfer(paths: Sequence[Path | str]) -> bool:
 def transfer_record(runs: Sequence[Run]) -> Optional[dict]:
     """The transfer.json of the runs' sweep, None for ordinary runs; runs of several grids or
     ladders, or such runs mixed with others, are refused."""
-    from ablate.rundir import read_transfer
+    from ablate.run.directory import read_transfer
 
     records = {r.dir.parent: read_transfer(r.dir.parent) for r in runs}
     kinds = {json_key(v) for v in records.values()}
@@ -181,7 +181,7 @@ class GridRow(JsonRow):
 
 def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str] = None,
                    alpha: float = ALPHA) -> Report:
-    import ablate.analysis.transfer as T
+    import ablate.analysis.transfer_stats as T
 
     names, base = _by_variant(points, baseline)
     grid = [float(x) for x in record["grid"]]
@@ -364,7 +364,7 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
 def _fit(names: list, base: str, losses: dict, computes: list, notes: list) -> tuple[dict, Optional[float]]:
     """Each variant's L(C) with one shared L_inf, and the projected compute (10x the largest
     rung's); none with fewer than MIN_RUNGS rungs finished by every variant."""
-    import ablate.analysis.transfer as T
+    import ablate.analysis.transfer_stats as T
 
     rungs = len(computes)
     if not (rungs >= MIN_RUNGS and all(c is not None for c in computes)
@@ -386,7 +386,7 @@ def _ladder_row(n: str, base: str, rungs: list, losses: dict, computes: list, fi
                 target: Optional[float], alpha: float) -> LadderRow:
     """One variant's ladder row: per rung its loss, its delta and multiplier vs the baseline,
     each multiplier's interval its delta's (transfer.multiplier_ci)."""
-    import ablate.analysis.transfer as T
+    import ablate.analysis.transfer_stats as T
 
     mult = None
     if fits and n != base:
@@ -458,7 +458,7 @@ def _outside(loss: Optional[float], base_means: Sequence[Optional[float]]) -> Op
 
 def _best_per_rung(points: Sequence[Point], grid: Sequence[float], names: list, rungs: list) -> dict:
     """(variant, rung) -> T.BestLR of its LR scan (the seeds present at every grid LR)."""
-    import ablate.analysis.transfer as T
+    import ablate.analysis.transfer_stats as T
 
     grid = [float(x) for x in grid]
     cells: dict = {(n, r): {lr: {} for lr in grid} for n in names for r in rungs}
@@ -505,7 +505,7 @@ def lr_steps_moved(grid: Sequence[float], small: Optional[float], large: Optiona
 def _rank(rows: list[LadderRow], losses: dict, names: list[str], rungs: list, notes: list) -> None:
     """Each row's rank by mean loss at each rung (1: the lowest) and the rank agreement between
     the smallest and the largest rung (3 or more variants), with its note."""
-    from ablate.analysis.transfer import rank_agreement
+    from ablate.analysis.transfer_stats import rank_agreement
 
     agreement = None
     if len(names) >= 3:  # two variants: one ordering, said by wins_every_rung

@@ -20,7 +20,7 @@ from ablate.hf.convert import from_hf, spec_from_hf_config, to_hf, to_hf_model
 from ablate.hf.export import Export, export, generation_check
 from ablate.hf.families import FAMILIES, Family, family_for
 from ablate.hf.tokenizer import EOT_IDS, EOT_TEXT, eot_id, hf_tokenizer
-from ablate.run_model import load_run_model  # a run's weights (ablate/run_model.py), kept importable here
+from ablate.run.trained import load_run_model  # a run's weights (ablate/run/trained.py), kept importable here
 
 __all__ = ["EOT_IDS", "EOT_TEXT", "FAMILIES", "Export", "Family", "eot_id", "export", "family_for",
            "from_hf", "generation_check", "hf_tokenizer", "load_run_model", "spec_from_hf_config",

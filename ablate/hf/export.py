@@ -11,8 +11,8 @@ from ablate.errors import CheckpointError, ConfigError
 from ablate.hf.convert import to_hf_model
 from ablate.hf.families import FAMILIES, transformers_module
 from ablate.hf.tokenizer import eot_id, hf_tokenizer
-from ablate.run_model import load_run_model
-from ablate.sample import SampleOptions, generate
+from ablate.run.trained import load_run_model
+from ablate.evaluation.sample import SampleOptions, generate
 
 
 def generation_check(model, out_dir, prompt: list, eos: int, n: int = 8) -> list:

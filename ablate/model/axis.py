@@ -189,7 +189,7 @@ class Axis:
 
     @functools.cached_property
     def schema(self) -> type:
-        """Its config node's dataclass (ablate/config.py): the option's name and the axis's keys;
+        """Its config node's dataclass (ablate/config/schema.py): the option's name and the axis's keys;
         an option with settings of its own has a subclass of it (Option.schema)."""
         return _schema(_camel(self.name) + "Config", {"name": self.default, **self.config})
 
@@ -351,7 +351,7 @@ _stored: dict = {}  # (group, name) -> (what was stored, its ConfigStore entry)
 def store_once(group: str, name: str, source: Any, node: Callable[[], Any], provider: Optional[str] = "ablate") -> None:
     """`node()` in Hydra's ConfigStore as group/name, unless the entry made from `source` is still
     there: storing again would cost ~4 ms an option at every composition, and a new entry
-    object makes the compositions ablate/compose.py keeps look stale."""
+    object makes the compositions ablate/config/compose.py keeps look stale."""
     from hydra.core.config_store import ConfigStore
 
     held = _stored.get((group, name))

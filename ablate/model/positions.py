@@ -169,7 +169,7 @@ class RoPE(Positional):
     def __init__(self, spec):
         super().__init__(spec)
         self._cache: dict = {}
-        self.scaling: Optional[RopeScaling] = None  # set by evaluation only (ablate/lengths.py)
+        self.scaling: Optional[RopeScaling] = None  # set by evaluation only (ablate/evaluation/lengths.py)
 
     def context(self, T, device, dtype, offset=0):
         key = (offset + T, device, self.scaling)

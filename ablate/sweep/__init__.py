@@ -11,7 +11,7 @@ hydra_plugins/ablate_sweeper/ calls into this package for everything ablate-spec
     machine.py    this machine's GPUs and cores
 """
 
-from ablate.sweep.checks import check_options, preflight
+from ablate.sweep.preflight import check_options, preflight
 from ablate.sweep.machine import usable_cores
 from ablate.sweep.planning import MODES, Job, plan
 

@@ -34,7 +34,7 @@ class Job:
     variant: str = "baseline"
     seed: Optional[int] = None
     note: str = ""  # shown by --dry-run under the job (e.g. which keys a preset sets)
-    tag: str = ""  # an LR grid point or a ladder rung (ablate/sweep/transfer.py)
+    tag: str = ""  # an LR grid point or a ladder rung (ablate/sweep/transfer_plan.py)
 
     @property
     def name(self) -> str:
@@ -44,8 +44,8 @@ class Job:
     @property
     def dir_name(self) -> str:
         """Its directory's name, which a shell takes as printed: the name, each value that
-        holds shell-special characters or is long as a hash (ablate.rundir.dir_name)."""
-        from ablate.rundir import dir_name
+        holds shell-special characters or is long as a hash (ablate.run.directory.dir_name)."""
+        from ablate.run.directory import dir_name
 
         return self._with_tag_and_seed(dir_name(self.variant, limit=120), dir_name(self.tag))
 
@@ -125,7 +125,7 @@ def preset_keys(override: str) -> set[str]:
     Empty for an override that is not a preset (norm=rmsnorm, train.lr=0.001)."""
     import yaml
 
-    from ablate.axes import CONF_DIR
+    from ablate.config.axes import CONF_DIR
 
     group, _, option = _plain(override).partition("=")
     path = CONF_DIR / group / f"{option}.yaml"
@@ -231,7 +231,7 @@ def naming(what: str):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ablate.compose import hydra_message
+    from ablate.config.compose import hydra_message
 
     try:
         yield

@@ -12,7 +12,7 @@ COLUMNS = 5  # panels per row
 
 
 def plot_coord_check(check, path: Path) -> Path:
-    """Write the figure of an ablate.coord_check.CoordCheck to `path`; returns it."""
+    """Write the figure of an ablate.measure.coord_check.CoordCheck to `path`; returns it."""
     from ablate.tracking.plots import save_figure
 
     return save_figure(coord_figure(check), Path(path))
@@ -43,7 +43,7 @@ def coord_figure(check):
 
 
 def _panel(ax, check, step: int, first_column: bool) -> None:
-    from ablate.coord_check import Module
+    from ablate.measure.coord_check import Module
 
     sizes = list(check.request.sizes)
     for m in Module:

@@ -1,4 +1,4 @@
-"""Plots of the diagnostics rows runs log (ablate/diagnostics.py) for `ablate compare --plot`:
+"""Plots of the diagnostics rows runs log (ablate/train/diagnostics.py) for `ablate compare --plot`:
 gradient norms and residual RMS by block, max attention logit, dead FFN units, update-to-weight
 ratios and loss spikes over steps. matplotlib is imported when a figure is drawn."""
 
@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Callable, Optional
 
-from ablate.diagnostics import PREFIX
-from ablate.vocab import GRAD_NORM, Status
+from ablate.train.diagnostics import PREFIX
+from ablate.names import GRAD_NORM, Status
 
 def diag_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if any(k.startswith(PREFIX) for k in r)]

@@ -41,13 +41,13 @@ def lengths_figure(lengths):
 def _draw(ax, protocol, colors) -> None:
     from matplotlib.ticker import NullLocator
 
-    from ablate.length_record import EvalStatus
-    from ablate.tracking.plots import _legend_label
+    from ablate.evaluation.length_record import EvalStatus
+    from ablate.tracking.plots import legend_label
 
     for i, row in enumerate(protocol.rows):
         ok = [c for c in row.cells if c.mean is not None]
         na = [c.key.length for c in row.cells if c.status == EvalStatus.NOT_AVAILABLE]
-        label = _legend_label(row.variant) + (f" (n/a at {', '.join(map(str, na))})" if na else "")
+        label = legend_label(row.variant) + (f" (n/a at {', '.join(map(str, na))})" if na else "")
         if not ok:
             continue
         xs, ys = [c.key.length for c in ok], [c.mean for c in ok]

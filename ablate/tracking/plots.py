@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ablate.errors import AblateError
-from ablate.vocab import GRAD_NORM, METRICS, TOKENS, TRAIN_LOSS, VAL_LOSS, Status
+from ablate.names import GRAD_NORM, METRICS, TOKENS, TRAIN_LOSS, VAL_LOSS, Status
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Panel:
     tail: float = 0.0
 
 
-# What a panel adds to a metric's title and scale (ablate.vocab.METRICS): the train loss carries
+# What a panel adds to a metric's title and scale (ablate.names.METRICS): the train loss carries
 # the validation points, and the losses fit their y-range to the end of training.
 PANEL_EXTRAS = {
     TRAIN_LOSS: {"title": "loss (line: train, markers: val)", "points": VAL_LOSS, "tail": 0.2},
@@ -49,7 +49,7 @@ def panel_for(key: str) -> Panel:
 GRID_COLUMNS = 3
 
 
-def _legend_label(label: str, width: int = 38) -> str:
+def legend_label(label: str, width: int = 38) -> str:
     """A long variant name on several lines, never cut (it is the only way to tell the lines apart)."""
     parts, line = [], ""
     for piece in label.split(","):
@@ -189,12 +189,12 @@ def _draw_delta(ax, cmp, key: str, colors) -> int:
         window = max(1, len(xs) // 20)  # ~5% of the curve
         color = colors[i % len(colors)]
         mean, lo, hi = _smooth(mean, window), _smooth(lo, window), _smooth(hi, window)
-        ax.plot(xs, mean, color=color, lw=1.6, label=_legend_label(row.variant))
+        ax.plot(xs, mean, color=color, lw=1.6, label=legend_label(row.variant))
         if any(a != b for a, b in zip(lo, hi)):
             ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
         curves += [(xs, lo), (xs, hi), (xs, mean)]
         drawn += 1
-    ax.axhline(0.0, color="0.3", lw=1, ls="--", label=f"baseline: {_legend_label(base_label(cmp))}")
+    ax.axhline(0.0, color="0.3", lw=1, ls="--", label=f"baseline: {legend_label(base_label(cmp))}")
     zoomed = False
     if curves:  # the start of training differs most and says least: fit y to the second half (and 0)
         x_end = max(max(xs) for xs, _ in curves)
@@ -268,7 +268,7 @@ def _draw_panel(ax, panel: Panel, cmp, colors) -> int:
         color = colors[i % len(colors)]
         ok = [r for r in group.runs if r.status == Status.COMPLETED]
         xs, mean, lo, hi = _band(ok, panel.key)
-        label = _legend_label(row.variant) + (f" (n={len(ok)})" if ok else "")
+        label = legend_label(row.variant) + (f" (n={len(ok)})" if ok else "")
         if xs:
             ax.plot(xs, mean, color=color, lw=1.6, label=label)
             if len(ok) > 1:
@@ -308,7 +308,7 @@ def _draw_stopped(ax, key: str, group, variant: str, color) -> int:
         if ser:
             pts = [ser[s] for s in sorted(ser)]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", lw=1, color=color,
-                    label=f"{_legend_label(variant)} seed {r.seed[0]}: {r.status}")
+                    label=f"{legend_label(variant)} seed {r.seed[0]}: {r.status}")
             ax.plot(pts[-1][0], pts[-1][1], "x", color=color, ms=7)
             drawn += 1
     return drawn

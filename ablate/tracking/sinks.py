@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.record import RunInfo, RunRecord
-from ablate.vocab import MFU, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS
+from ablate.run.record import RunInfo, RunRecord
+from ablate.names import MFU, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS
 
 
 class Sink:
@@ -132,7 +132,7 @@ class ConsoleSink(Sink):
         self.rate_from = None  # (step, time) of the first logged row: the ETA's origin
 
     def start(self, info):
-        from ablate.report import print_wrapped  # on a terminal: broken at fields, not mid-number
+        from ablate.terminal import print_wrapped  # on a terminal: broken at fields, not mid-number
 
         for line in banner(self.about, info, self.total, self.start_step):
             say(line, console=not self.quiet, write=print_wrapped if self.tty else None)
@@ -154,7 +154,7 @@ class ConsoleSink(Sink):
     def log(self, row):
         write = self.bar.write if self.bar is not None else None
         if row.get("step") == 0 and "diag/grad_norm/block0" in row:  # train.steps=0: init profile
-            from ablate.diagnostics import format_profile, profile_from_row
+            from ablate.train.diagnostics import format_profile, profile_from_row
 
             for line in format_profile(profile_from_row(row)).splitlines():
                 say(line, console=not self.quiet, write=write)

@@ -21,10 +21,10 @@ def table_rows(report) -> tuple[list[str], list[list]]:
 
 def log_report(logger_cfg: Any, sweep_dir: Path, report, plot: Optional[Path]) -> Optional[str]:
     """Log the report; returns where it went (the offline run dir or the URL), None on failure."""
-    from ablate.tracking.wandb_sink import _clean_env_mode, _first_line, resolve_mode
+    from ablate.tracking.wandb_sink import clean_env_mode, first_line, resolve_mode
 
     os.environ.setdefault("WANDB_SILENT", "true")
-    _clean_env_mode()
+    clean_env_mode()
     try:
         import wandb
 
@@ -49,5 +49,5 @@ def log_report(logger_cfg: Any, sweep_dir: Path, report, plot: Optional[Path]) -
         run.finish()
         return where
     except Exception as e:  # noqa: BLE001 - the dashboard never fails a finished sweep
-        print(f"warning: could not log the sweep's report to W&B ({_first_line(e)})")
+        print(f"warning: could not log the sweep's report to W&B ({first_line(e)})")
         return None

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.record import RunInfo, RunRecord, WandbInfo, to_plain
+from ablate.run.record import RunInfo, RunRecord, WandbInfo, to_plain
 from ablate.tracking.sinks import Sink, say
-from ablate.vocab import FINISHED, TOKENS, VAL_BPB, VAL_LOSS, Status, wandb_name
+from ablate.names import FINISHED, TOKENS, VAL_BPB, VAL_LOSS, Status, wandb_name
 
 OFFLINE_MEMORY_S = 600  # how long a failed online init sends mode=auto runs offline at once
 SECRET_KEYS = ("api_key", "apikey", "wandb_api_key", "token", "password", "secret")
@@ -97,7 +97,7 @@ def wandb_config(cfg: Any, variant: str, info: RunInfo, arch: Optional[str] = No
     and `arch`, the preset the run started from (`arch`, else Hydra's choice in this job)."""
     from omegaconf import OmegaConf
 
-    from ablate.config import axis_values
+    from ablate.config.schema import axis_values
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     config: dict = {}
@@ -125,7 +125,7 @@ def run_name(variant: str, seed: int, limit: int = 120) -> str:
     return variant + suffix
 
 
-def _clean_env_mode() -> None:
+def clean_env_mode() -> None:
     """wandb refuses to start when WANDB_MODE holds something it does not know (even ''):
     drop it, with a warning when it was not empty, so the run's own mode decides."""
     env = os.environ.get("WANDB_MODE")
@@ -163,7 +163,7 @@ class WandbSink(Sink):
 
     def start(self, info):
         os.environ.setdefault("WANDB_SILENT", "true")
-        _clean_env_mode()
+        clean_env_mode()
         import wandb
 
         mode = resolve_mode(self.cfg.mode)
@@ -182,7 +182,7 @@ class WandbSink(Sink):
             if mode == "online":
                 forget_online_failure()
         except Exception as e:  # no network, bad key, unreachable host: offline, one line
-            first = _first_line(e)
+            first = first_line(e)
             if mode == "online":
                 remember_online_failure(first)
                 print(f"warning: W&B online init failed ({first}); logging offline instead (for "
@@ -192,7 +192,7 @@ class WandbSink(Sink):
                     wandb.teardown()  # the failed run still holds its id in the W&B service
                     self.run, mode = self._init(wandb, "offline"), "offline"
                 except Exception as e2:
-                    print(f"warning: W&B offline init failed too ({_first_line(e2)}); "
+                    print(f"warning: W&B offline init failed too ({first_line(e2)}); "
                           "this run is not logged to W&B")
             else:
                 print(f"warning: W&B {mode} init failed ({first}); this run is not logged to W&B")
@@ -268,7 +268,7 @@ def summary_for_wandb(record: RunRecord) -> dict:
 
 
 def _default_arch() -> Optional[str]:
-    from ablate.axes import defaults
+    from ablate.config.axes import defaults
 
     return defaults().get("arch")
 
@@ -296,7 +296,7 @@ def recent_online_failure() -> Optional[dict]:
 
 
 def remember_online_failure(error: str) -> None:
-    from ablate.rundir import write_json
+    from ablate.run.directory import write_json
 
     path = _failure_marker()
     try:  # best effort: a read-only cache only costs the next run the wait
@@ -313,6 +313,6 @@ def forget_online_failure() -> None:
         pass
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

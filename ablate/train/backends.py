@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from ablate.errors import ConfigError
-from ablate.record import BackendSettings
+from ablate.run.record import BackendSettings
 
 # cuBLAS keeps per-stream workspaces whose reuse makes results depend on scheduling; this
 # setting (NVIDIA's documented one for reproducibility) makes them deterministic. It is read

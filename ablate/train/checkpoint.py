@@ -20,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ablate.errors import CheckpointError
-from ablate.rundir import pid_alive
+from ablate.run.directory import pid_alive
 
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d+)\.pt$")

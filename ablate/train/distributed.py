@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ablate.context import ProcessEnv
+from ablate.run.context import ProcessEnv
 from ablate.errors import ConfigError
 from ablate.train.signals import STOP_SIGNALS, StopRequest
 
@@ -112,7 +112,7 @@ def launch_ranks(cfg: Any, run_dir: Path, overrides: list[str], identity: dict[s
     (hydra.run.dir pinned); they run in Hydra's run mode, so the run's identity (its variant
     and sweep: ProcessEnv.for_ranks) is passed on in their environment. Each rank runs
     `python -m entry_module` (the caller's Hydra entry point) with the same overrides."""
-    from ablate.overrides import quote
+    from ablate.config.overrides import quote
 
     run_dir = Path(run_dir).resolve()
     pinned = f"hydra.run.dir={quote(str(run_dir))}"  # names hold '=' and ','

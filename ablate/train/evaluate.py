@@ -13,14 +13,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ablate.vocab import VAL_BPB, VAL_LOSS
+from ablate.names import VAL_BPB, VAL_LOSS
 
 
 @torch.no_grad()
 def evaluate(model, tokens: np.ndarray, windows: list[tuple[int, int]], byte_lengths: np.ndarray,
              device: torch.device, batch_size: int, autocast=nullcontext) -> dict:
     """windows: (start, length) scores every target of each window; (start, length, scored)
-    only its last `scored` targets (a sliding window's new tokens, ablate/lengths.py)."""
+    only its last `scored` targets (a sliding window's new tokens, ablate/evaluation/lengths.py)."""
     was_training = model.training
     model.eval()
     total_nats, total_tokens, total_bytes = 0.0, 0, 0

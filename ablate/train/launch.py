@@ -8,11 +8,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ablate.context import RunContext
+from ablate.run.context import RunContext
 from ablate.errors import ConfigError
-from ablate.record import DataInfo, Git, Outcome, ParamsBreakdown, Provenance, RunInfo
-from ablate.rundir import METRICS
-from ablate.vocab import Status
+from ablate.run.record import DataInfo, Git, Outcome, ParamsBreakdown, Provenance, RunInfo
+from ablate.run.directory import METRICS
+from ablate.names import Status
 from ablate.tracking.sinks import Sink, Sinks
 
 
@@ -84,8 +84,8 @@ def provenance(device: Any) -> Provenance:
 
 
 def run_tags(cfg: Any) -> list[str]:
-    from ablate.config import axis_values
-    from ablate.axes import default_axes
+    from ablate.config.schema import axis_values
+    from ablate.config.axes import default_axes
 
     base = default_axes()
     tags = [f"{k}={v}" for k, v in axis_values(cfg).items() if v != base[k]]
@@ -94,7 +94,7 @@ def run_tags(cfg: Any) -> list[str]:
 
 def build_sinks(cfg: Any, ctx: RunContext, start_step: int, info: RunInfo, record: Optional[Sink] = None):
     """The run's sinks; a sweep's job (ctx.multirun) says its lines to its ablate.log only (the
-    sweep reports each job). record: the run's own sink of its running record (ablate/run.py)."""
+    sweep reports each job). record: the run's own sink of its running record (ablate/run/entry.py)."""
     from ablate.tracking.sinks import About, ConsoleSink, JsonlSink, Sinks
 
     about = About(ctx.variant, cfg.seed, str(ctx.run_dir))
@@ -128,7 +128,7 @@ def build_trainer(cfg: Any, data, tokenizer_vocab: int, byte_lengths=None, run_d
     one each). dist: the process group's DistEnv (None: one process). Returns (trainer, spec)."""
     import numpy as np
 
-    from ablate.diagnostics import Diagnostics
+    from ablate.train.diagnostics import Diagnostics
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
     from ablate.train.trainer import Trainer
@@ -200,7 +200,7 @@ class Launch:
         trainer.stop = ctx.stop
         start = trainer.try_resume(ctx.resume_state) or 0
         if start and dist.rank == 0:  # rows after the checkpoint are re-logged by this run
-            from ablate.rundir import truncate_metrics
+            from ablate.run.directory import truncate_metrics
 
             truncate_metrics(ctx.run_dir / METRICS, start)
         self.info = run_info(cfg, spec, tok, data, trainer)
@@ -210,8 +210,8 @@ class Launch:
         trainer.sinks = self.sinks
         try:
             outcome = trainer.fit(start)
-            if outcome.status == Status.COMPLETED and cfg.train.eval_lengths:  # ablate/lengths.py
-                from ablate.lengths import evaluate_at_end
+            if outcome.status == Status.COMPLETED and cfg.train.eval_lengths:  # ablate/evaluation/lengths.py
+                from ablate.evaluation.lengths import evaluate_at_end
                 from ablate.tracking.sinks import say
 
                 evaluate_at_end(trainer, cfg, data.val, tok.token_byte_lengths(), ctx.run_dir,

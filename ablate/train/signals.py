@@ -9,7 +9,7 @@ import signal
 from enum import Enum
 from typing import Optional
 
-from ablate.vocab import Status
+from ablate.names import Status
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ablate.vocab import TOKENS, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS
+from ablate.names import TOKENS, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS
 
 
 def _no_metrics() -> dict:
@@ -17,7 +17,7 @@ def _no_metrics() -> dict:
 class RunState:
     tokens_per_step: int
     # The steps the learning-rate schedule spans: train.steps, except in a run extended past
-    # them (ablate/lifecycle.py), whose extra steps keep the rate the schedule ended with.
+    # them (ablate/run/lifecycle.py), whose extra steps keep the rate the schedule ended with.
     schedule_steps: int
     # The warmup the run started with (train.warmup_steps, resolved): an automatic one is a
     # fraction of train.steps, which an extended run changes; the schedule must not.

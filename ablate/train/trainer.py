@@ -19,7 +19,7 @@ from ablate.data.batches import Batches, val_windows
 from ablate.data.cache import TokenData
 from ablate.model.roles import unique_parameters
 from ablate.model.spec import flops_per_token
-from ablate.record import Outcome, TrainResult
+from ablate.run.record import Outcome, TrainResult
 from ablate.tracking.sinks import Sink
 from ablate.train import checkpoint
 from ablate.train.allocator import keep_freed_memory
@@ -36,7 +36,7 @@ from ablate.train.schedule import lr_at, resolved_warmup
 from ablate.train.signals import Phase, StopRequest
 from ablate.train.state import RunState
 from ablate.train.throughput import Throughput
-from ablate.vocab import GRAD_NORM, LR, MFU, TOKENS, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS, Status
+from ablate.names import GRAD_NORM, LR, MFU, TOKENS, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS, Status
 
 
 def process_age_s() -> Optional[float]:

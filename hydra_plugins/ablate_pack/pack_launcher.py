@@ -102,8 +102,8 @@ def _preempted(ret: Any) -> bool:
         value = ret.return_value  # re-raises a failed job's exception
     except BaseException:  # noqa: BLE001 - a failed job is not requeued
         return False
-    from ablate.record import RunRecord
-    from ablate.vocab import Status
+    from ablate.run.record import RunRecord
+    from ablate.names import Status
 
     return isinstance(value, RunRecord) and value.status == Status.PREEMPTED
 

@@ -1,7 +1,7 @@
 """Puts the conf dirs of ablate plugins (ablate/plugins.py) on Hydra's search path, so that an
 option a plugin registers (`norm=crmsnorm`) composes like a built-in one. Hydra calls this in
 every process before it composes: `ablate run`/`sweep` (`@hydra.main`), torchrun ranks (which
-get the same overrides as argv) and the compose API (ablate.compose loads the plugins of its
+get the same overrides as argv) and the compose API (ablate.config.compose loads the plugins of its
 overrides first). Plugins are loaded from `plugins=[...]` in argv and from entry points.
 
 No `from __future__ import annotations`: see ablate_sweeper.py."""

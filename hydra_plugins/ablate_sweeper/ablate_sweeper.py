@@ -21,7 +21,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.context import JOB_ENV, VARIANT_ENV
+from ablate.run.context import JOB_ENV, VARIANT_ENV
 from ablate.sweep.composed import ComposedJobs
 
 
@@ -67,11 +67,11 @@ class AblateSweeper(Sweeper):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def sweep(self, arguments: List[str]) -> Any:
-        from ablate.sweep.checks import check_can_launch, check_jobs
+        from ablate.sweep.preflight import check_can_launch, check_jobs
         from ablate.sweep.launchers import launcher_of
         from ablate.sweep.placement import check_jobs_per_gpu, check_launcher_packs
         from ablate.sweep.planning import plan
-        from ablate.sweep.report import Progress, finish
+        from ablate.sweep.progress import Progress, finish
 
         assert self.config is not None and self.hydra_context is not None
         kind = launcher_of(self.config)
@@ -114,10 +114,10 @@ class AblateSweeper(Sweeper):
         return results
 
     def _transfer_plan(self, arguments: List[str]):
-        """An --lr-grid or --ladder sweep's plan (ablate/sweep/transfer.py); the ladder's steps
+        """An --lr-grid or --ladder sweep's plan (ablate/sweep/transfer_plan.py); the ladder's steps
         come from the baseline's parameters at each rung, composed here."""
         from ablate.model.spec import ModelSpec, non_embedding_params
-        from ablate.sweep.transfer import Rung, TransferPlan
+        from ablate.sweep.transfer_plan import Rung, TransferPlan
 
         def plan_rung(baseline, rung: Rung):
             cfg = self._load(type(baseline)(baseline.overrides + rung.overrides()))
@@ -171,9 +171,9 @@ class AblateSweeper(Sweeper):
         per job as it ends; their results."""
         from hydra.core.plugins import Plugins
 
-        from ablate.sweep import report as R
+        from ablate.sweep import progress as R
         from ablate.sweep.placement import pack_launcher, placement
-        from ablate.vocab import Status
+        from ablate.names import Status
 
         progress.expect(jobs, configs)
         batches = [_job_overrides(j) for j in jobs]
@@ -217,7 +217,7 @@ class AblateSweeper(Sweeper):
 
     def _launch_batch(self, batch, start: int, jobs, run_dirs, collect: bool) -> list:
         """One launch: each job's result, or, for a job the launcher lost, what its directory says."""
-        from ablate.sweep import report as R
+        from ablate.sweep import progress as R
 
         stamps = [R.summary_stamp(d) for d in run_dirs]
         earlier = [R.earlier_outcome(d) for d in run_dirs]
@@ -243,7 +243,7 @@ class AblateSweeper(Sweeper):
         find the cache instead of waiting on one job's lock, and a data error is one line with
         nothing launched. Only for local launchers: a SLURM sweep's jobs prepare their own (or
         `ablate data prepare` on the login node)."""
-        from ablate.compose import prepare_checked
+        from ablate.config.compose import prepare_checked
         from ablate.errors import AblateError
 
         seen = set()
@@ -262,7 +262,7 @@ class AblateSweeper(Sweeper):
 
 def _stopped(results: list, kind) -> bool:
     """A sequential launcher's job was stopped by a signal: the sweep stops there."""
-    from ablate.vocab import STOPPED
+    from ablate.names import STOPPED
 
     return kind.sequential and any(r.status in STOPPED for r in results)
 
@@ -280,7 +280,7 @@ def _refusing(suffix: str = " (nothing was launched)"):
 
 
 def _job_overrides(job) -> list:
-    from ablate.overrides import quote
+    from ablate.config.overrides import quote
 
     # env_set is applied around the task function; the sweep subdir reads it too.
     return list(job.overrides) + [

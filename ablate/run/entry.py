@@ -2,7 +2,7 @@
 
 Hydra owns composition, the output directory, logging, sweepers and launchers; this module
 turns a composed config into a finished run directory with a truthful record (summary.json:
-ablate/record.py). It builds the run's context (RunContext: who the run is, where, on which
+ablate/run/record.py). It builds the run's context (RunContext: who the run is, where, on which
 rank), asks the lifecycle what entering the directory does, opens the record, trains, and
 writes and reports the outcome.
 """
@@ -23,23 +23,23 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import lifecycle
-from ablate.axes import CONF_DIR
-from ablate.config import axis_values, register_configs, validate
-from ablate.context import ProcessEnv, RunContext
+from ablate.run import lifecycle
+from ablate.config.axes import CONF_DIR
+from ablate.config.schema import axis_values, register_configs, validate
+from ablate.run.context import ProcessEnv, RunContext
 from ablate.errors import AblateError
-from ablate.record import Process, RunRecord, known
-from ablate.rundir import CONFIG, SUMMARY, RunLock, owner, write_atomic
+from ablate.run.record import Process, RunRecord, known
+from ablate.run.directory import CONFIG, SUMMARY, RunLock, owner, write_atomic
 from ablate.tracking.sinks import Sink
 from ablate.train.signals import Phase, StopRequest, Stopped
-from ablate.vocab import STOPPED, STOPPED_EXIT, VAL_LOSS, Status, variant_name, variant_overrides
+from ablate.names import STOPPED, STOPPED_EXIT, VAL_LOSS, Status, variant_name, variant_overrides
 
 log = logging.getLogger("ablate")
 
 def _name_resolver(override_dirname: str) -> str:
     # A name a shell takes as printed (the banner's path pastes into `ablate resume`): a value
     # with shell-special characters or a long one is hashed; a path does not nest the directory.
-    from ablate.rundir import dir_name
+    from ablate.run.directory import dir_name
 
     return dir_name(override_dirname or "baseline")
 
@@ -71,7 +71,7 @@ def _hydra_job() -> HydraJob:
 
 def _identity(job: HydraJob, env: ProcessEnv, previous: Optional[RunRecord]) -> tuple[str, Optional[str]]:
     """(variant, sweep). A sweep's job is named by its sweeper, a torchrun rank by the run that
-    started it (both through the environment: ablate/context.py); a sweep's job entered on its
+    started it (both through the environment: ablate/run/context.py); a sweep's job entered on its
     own (`ablate resume JOB_DIR`) keeps the identity its record holds; else its overrides name it."""
     if job.multirun:
         return env.variant or variant_name(job.overrides), job.sweep
@@ -106,7 +106,7 @@ def run_experiment(cfg: DictConfig) -> RunRecord:
 
 def _run(cfg, job: HydraJob, stop: StopRequest) -> tuple[RunRecord, int]:
     """(record, exit code). Everything that can refuse the run does so before the run
-    directory is written: a re-entered directory keeps its record (ablate/lifecycle.py)."""
+    directory is written: a re-entered directory keeps its record (ablate/run/lifecycle.py)."""
     from ablate.train import checkpoint, distributed
 
     env, lock = ProcessEnv(), RunLock(job.run_dir)
@@ -277,7 +277,7 @@ def _close_record(record: RunRecord, cfg, ctx: RunContext, continued: Optional[R
 def _warn_warmup(train: Any, console: bool) -> None:
     """One line when the warmup takes half the steps or more (config.warmup_warning), in
     ablate.log and, but for a sweep's job, on the console."""
-    from ablate.config import warmup_warning
+    from ablate.config.schema import warmup_warning
     from ablate.train.schedule import resolved_warmup
 
     line = warmup_warning(train, resolved_warmup(train))
@@ -355,7 +355,7 @@ def _report(record: RunRecord, ctx: RunContext, sinks: Optional[Sink]) -> None:
     try:
         if sinks is not None:
             sinks.finish(record)
-        from ablate.report import print_summary
+        from ablate.run.summary import print_summary
 
         print_summary(record, ctx.run_dir, console=not ctx.multirun)  # a sweep prints a line per job
     except Exception as e:
@@ -368,7 +368,7 @@ def _report(record: RunRecord, ctx: RunContext, sinks: Optional[Sink]) -> None:
 
 
 def _stopped_line(record: RunRecord, run_dir: Path) -> str:
-    from ablate.rundir import resume_command
+    from ablate.run.directory import resume_command
     from ablate.train.checkpoint import list_checkpoints
 
     found = list_checkpoints(run_dir)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.record import RunRecord, read_record
-from ablate.rundir import SUMMARY, resume_command
+from ablate.run.record import RunRecord, read_record
+from ablate.run.directory import SUMMARY, resume_command
 from ablate.sweep.planning import Job
-from ablate.vocab import FINISHED, STOPPED, STOPPED_EXIT, VAL_LOSS, Status
+from ablate.names import FINISHED, STOPPED, STOPPED_EXIT, VAL_LOSS, Status
 
 
 @dataclass
@@ -238,7 +238,7 @@ def finish(results: list[JobResult], sweep_dir: Path, strict: bool = False, logg
 
 def write_record(results: list[JobResult], sweep_dir: Path) -> None:
     """<sweep_dir>/sweep.json: every job's outcome (what the end of a sweep prints), for scripts."""
-    from ablate.rundir import write_json
+    from ablate.run.directory import write_json
 
     jobs = [{"index": i, "name": r.job.name, "variant": r.job.variant, "seed": r.job.seed,
              "overrides": r.job.overrides, "status": r.status, "run_dir": r.run_dir,
@@ -256,7 +256,7 @@ def _record(run_dir: Optional[str]) -> Optional[RunRecord]:
 
 
 def final_metric(run_dir: Optional[str], name: str) -> Optional[float]:
-    """A job's final value of a metric (ablate.vocab), from its record; None without one."""
+    """A job's final value of a metric (ablate.names), from its record; None without one."""
     record = _record(run_dir)
     return record.metric(name) if record is not None else None
 
@@ -277,7 +277,7 @@ def _print_compare(sweep_dir: Path, logger: Any = None) -> bool:
     except ImportError:
         return False
     try:
-        from ablate.rundir import read_transfer
+        from ablate.run.directory import read_transfer
 
         record = read_transfer(sweep_dir)
         if record is not None:

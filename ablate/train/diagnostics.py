@@ -20,7 +20,7 @@ import math
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ablate.vocab import GRAD_NORM, TOKENS
+from ablate.names import GRAD_NORM, TOKENS
 
 if TYPE_CHECKING:
     import torch

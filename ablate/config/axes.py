@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ablate.config import AXES
+from ablate.config.schema import AXES
 from ablate.model import options
 
 
 def conf_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    return here.parent / "conf" if (here.parent / "conf").is_dir() else here / "conf"
+    root = Path(__file__).resolve().parents[2]  # the checkout, or site-packages (conf is a package)
+    return root / "conf"
 
 
 CONF_DIR = conf_dir()

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.stats import mean_std
 from ablate.errors import ConfigError
-from ablate.vocab import LR
+from ablate.names import LR
 
 MIN_SIZES = 3  # a slope through two points has no residual: a third says whether it is a line
 DEFAULT_WIDTHS = (64, 128, 256, 512)
@@ -239,7 +239,7 @@ def measure(request: Request, progress: Optional[Callable[[str], None]] = None) 
     anything is built."""
     import torch
 
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
     from ablate.data.batches import Batches
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model

@@ -15,7 +15,7 @@ of `context` tokens per sequence prefilled into it, the first token picked (gree
   peak memory                 CUDA: max_memory_allocated; CPU: KV cache + weights and buffers
 
 Variants (--axes, --only, --vs) alternate with the baseline round by round at each batch size,
-with the training bench's machinery (ablate/bench.py: Contender, alternate, the per-round ratios).
+with the training bench's machinery (ablate/measure/bench.py: Contender, alternate, the per-round ratios).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ablate.bench import Contender, _clock, _device_name, _memory_start, _ratios, alternate, sync
+from ablate.measure.bench import Contender, tick_clock, device_label, memory_start, speed_ratios, alternate, sync
 from ablate.errors import ConfigError
 
 @dataclass
@@ -116,7 +116,7 @@ class Generation:
 
     def phase(self, name: str) -> Contender:
         """This generation's rounds of one phase (prefill | decode) as a Contender of their own,
-        for the per-round ratios of ablate/bench.py."""
+        for the per-round ratios of ablate/measure/bench.py."""
         times = list(self.prefill_s if name == "prefill" else self.decode_s)
         return Contender(self.label, self, 0, self.dm.device, times=times, steps_timed=len(times))
 
@@ -157,18 +157,18 @@ def bench_decode(cfg: Any, batches: list[int], context: int, new_tokens: int, ro
                  warmup: int = 1, clock: str = "wall",
                  progress: Optional[Callable[[str], None]] = None) -> dict:
     """The configured model's generation at each batch size (module docstring)."""
-    from ablate.inspect import DTYPE_BYTES
+    from ablate.measure.inspect import DTYPE_BYTES
     from ablate.model.spec import kv_cache_bytes_per_token
 
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     dm = build_decode_model(cfg, context + new_tokens)
-    tick = _clock(clock, dm.device)
+    tick = tick_clock(clock, dm.device)
     rows = []
     for batch in batches:
         if progress:
             progress(f"batch {batch}")
-        _memory_start(dm.device)  # CUDA: resets the peak; what is allocated now (the weights) stays in it
+        memory_start(dm.device)  # CUDA: resets the peak; what is allocated now (the weights) stays in it
         gen = Generation("ablate", dm, batch, context, new_tokens, tick, seed=int(cfg.data_seed))
         _timed([gen], rounds, warmup)
         speed = DecodeSpeed.of(gen)
@@ -176,7 +176,7 @@ def bench_decode(cfg: Any, batches: list[int], context: int, new_tokens: int, ro
                 else speed.kv_cache_bytes + dm.weights_bytes)
         rows.append({**asdict(speed), "peak_memory_bytes": peak})
         del gen  # its cache, before the next batch's
-    return {"mode": "decode", "device": _device_name(dm.device), "precision": dm.precision, "compile": False,
+    return {"mode": "decode", "device": device_label(dm.device), "precision": dm.precision, "compile": False,
             "threads": torch.get_num_threads(), "context": context, "new_tokens": new_tokens,
             "rounds": rounds, "warmup": max(warmup, 1), "clock": clock, "params": dm.params,
             "weights_bytes": dm.weights_bytes,
@@ -195,13 +195,13 @@ def bench_decode_variants(base_overrides: list[str], variants: list[tuple[str, l
                           progress: Optional[Callable[[str], None]] = None) -> dict:
     """Each variant against the baseline at each batch size, in alternating rounds; ratio:
     the variant's decode tokens/s over the baseline's (median of the per-round ratios)."""
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
 
     base_cfg = compose_config(base_overrides)
     if base_cfg.train.threads > 0:
         torch.set_num_threads(base_cfg.train.threads)
     base = build_decode_model(base_cfg, context + new_tokens)
-    tick = _clock(clock, base.device)
+    tick = tick_clock(clock, base.device)
     rows = []
     for label, extra in variants:
         try:
@@ -216,7 +216,7 @@ def bench_decode_variants(base_overrides: list[str], variants: list[tuple[str, l
                               int(base_cfg.data_seed)))
         del dm
     return {"mode": "decode", "baseline": {"overrides": base_overrides, "params": base.params},
-            "rows": rows, "device": _device_name(base.device), "precision": base.precision,
+            "rows": rows, "device": device_label(base.device), "precision": base.precision,
             "context": context, "new_tokens": new_tokens, "batches": batches, "rounds": rounds,
             "warmup": max(warmup, 1), "clock": clock}
 
@@ -228,7 +228,7 @@ def _pair(label: str, extra: list[str], base: DecodeModel, dm: DecodeModel, batc
     v = Generation(label, dm, batch, context, new_tokens, tick, seed)
     _timed([b, v], rounds, warmup)
     bs, vs = DecodeSpeed.of(b), DecodeSpeed.of(v)
-    decode, prefill = _ratios(v.phase("decode"), b.phase("decode")), _ratios(v.phase("prefill"), b.phase("prefill"))
+    decode, prefill = speed_ratios(v.phase("decode"), b.phase("decode")), speed_ratios(v.phase("prefill"), b.phase("prefill"))
     return {"variant": label, "overrides": extra, "params": dm.params, **asdict(vs),
             "baseline": asdict(bs), "ratio": decode["ratio"], "ratio_best": decode["ratio_best"],
             "round_ratios": decode["round_ratios"], "prefill_ratio": prefill["ratio"],

@@ -16,7 +16,7 @@ every job first), a submitit requeue and each torchrun rank. The rule:
 | an unfinished run without a checkpoint            | any                         | start over at step 0, saying so  |
 
 "The same experiment": equal in every config key but those that never change what is trained
-or only how it is computed (ablate.vocab NOT_TRAINING, HOW_COMPUTED), so a run can be resumed
+or only how it is computed (ablate.names NOT_TRAINING, HOW_COMPUTED), so a run can be resumed
 with `logger=none` or another kernel. `train.resume=never` starts over whatever the directory
 holds (its checkpoints are removed): asking for it by name is the way to discard a result.
 
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ablate.errors import RunDirError
-from ablate.record import RunRecord, read_record
-from ablate.rundir import CONFIG, METRICS, resume_command
-from ablate.vocab import FINISHED, HOW_COMPUTED, Status, is_not_training
+from ablate.run.record import RunRecord, read_record
+from ablate.run.directory import CONFIG, METRICS, resume_command
+from ablate.names import FINISHED, HOW_COMPUTED, Status, is_not_training
 
 START, RESUME, EXTEND, RETURN = "start", "resume", "extend", "return"
 
@@ -112,7 +112,7 @@ def _experiment(tree: dict) -> dict:
 def _schema_defaults() -> dict:
     from omegaconf import OmegaConf
 
-    from ablate.config import AblateConfig
+    from ablate.config.schema import AblateConfig
 
     return _experiment(OmegaConf.to_container(OmegaConf.structured(AblateConfig)))
 

@@ -114,11 +114,11 @@ def prompt_ids(tok, text: str, seq_len: int, notices: list) -> list[int]:
 
 def sample_run(run_dir, opts: SampleOptions) -> Samples:
     """Samples from a run's checkpoint. Raises AblateError (one line) for bad options or a run
-    without usable weights (ablate/run_model.py)."""
+    without usable weights (ablate/run/trained.py)."""
     import torch
 
     from ablate.data.tokenizers import build_tokenizer
-    from ablate.run_model import load_run_model
+    from ablate.run.trained import load_run_model
 
     opts.check()
     loaded = load_run_model(Path(run_dir), opts.step)

@@ -1,5 +1,5 @@
 """The arguments of `ablate bench` (and `bench --decode`), checked without torch: bad input is
-one line before the ~3 CPU-s import of torch (ablate/bench.py, ablate/bench_decode.py need it)."""
+one line before the ~3 CPU-s import of torch (ablate/measure/bench.py, ablate/measure/decode_bench.py need it)."""
 
 from __future__ import annotations
 

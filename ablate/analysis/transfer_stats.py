@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from ablate.analysis.stats import ALPHA, SeedTest, for_family, holm, mean_std, seed_test, verdict
 from ablate.errors import ConfigError
-from ablate.vocab import VAL_LOSS
+from ablate.names import VAL_LOSS
 
 MIN_GRID = 3
 MIN_RUNGS = 3

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ablate.errors import ConfigError
-from ablate.length_record import (LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths,
+from ablate.evaluation.length_record import (LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths,
                                   write_lengths)
 
 BEYOND = "*"  # marks a length beyond the training length
@@ -122,7 +122,7 @@ def rope_scaled(model: Any, scaling: Optional[str]):
 def evaluate_key(model: Any, key: EvalKey, data: EvalData, device, autocast, step: Optional[int]) -> LengthResult:
     """The loss and bits per byte at one (length, stride, RoPE scaling), or n/a with its reason."""
     from ablate.train.evaluate import evaluate
-    from ablate.vocab import VAL_BPB, VAL_LOSS
+    from ablate.names import VAL_BPB, VAL_LOSS
 
     scored = data.scored_tokens
     reason = unreachable(model, key.length, scored)

@@ -1,6 +1,6 @@
 """How to quote a value for a Hydra override (run dirs and variant names hold '=' and ',').
 
-Which overrides name a variant is ablate.vocab's (variant_overrides, variant_name)."""
+Which overrides name a variant is ablate.names's (variant_overrides, variant_name)."""
 
 from __future__ import annotations
 

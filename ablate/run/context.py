@@ -4,7 +4,7 @@ Environment variables cross process boundaries that nothing else crosses: a swee
 job its identity through Hydra's `hydra.job.env_set` (the job may run in another process or on
 another node: submitit), a run hands its torchrun ranks theirs, torchrun and submitit tell a
 rank where it is (RANK, WORLD_SIZE), SLURM names the job. Inside a process the run's identity
-and settings travel as a typed RunContext (ablate/run.py builds it), never through os.environ.
+and settings travel as a typed RunContext (ablate/run/entry.py builds it), never through os.environ.
 
 Light: nothing heavy is imported (the sweeper imports it while Hydra scans its plugins).
 """
@@ -56,7 +56,7 @@ class ProcessEnv:
 
 @dataclass
 class RunContext:
-    """A run's identity and settings, built once when it starts (ablate/run.py) and handed to
+    """A run's identity and settings, built once when it starts (ablate/run/entry.py) and handed to
     what runs it: the launch, the sinks, the trainer."""
 
     run_dir: Path

@@ -15,7 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from ablate.rundir import read_json, write_json
+from ablate.run.directory import read_json, write_json
 
 LENGTH_EVAL = "length_eval.json"
 VERSION = 1

@@ -113,7 +113,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     eval_every: int = 200
     eval_tokens: int = 32768
-    # Context lengths evaluated on the final weights after training (ablate/lengths.py), into
+    # Context lengths evaluated on the final weights after training (ablate/evaluation/lengths.py), into
     # length_eval.json: the loss beyond (or below) train.seq_len. [] : none (`ablate eval` later).
     eval_lengths: list[int] = field(default_factory=list)
     log_every: int = 10
@@ -122,7 +122,7 @@ class TrainConfig:
     ckpt_every: Optional[int] = None
     keep_ckpts: int = 2
     resume: str = "auto"  # auto | never
-    # Train a completed run further to a larger train.steps (ablate/lifecycle.py): only when asked
+    # Train a completed run further to a larger train.steps (ablate/run/lifecycle.py): only when asked
     # for by name, since the result is neither the old experiment nor the longer one.
     extend: bool = False
     diverge_threshold: float = 3.0  # loss above threshold * running mean: diverged (0 = off)
@@ -274,7 +274,7 @@ def _check_train(t: Any) -> None:
     if t.eval_every < 0 or (t.ckpt_every or 0) < 0:
         raise ConfigError("train.eval_every and train.ckpt_every must be >= 0")
     if t.eval_lengths:
-        from ablate.lengths import check_lengths
+        from ablate.evaluation.lengths import check_lengths
 
         check_lengths(list(t.eval_lengths), "train.eval_lengths")
     for key, choices in (("schedule", ("cosine", "linear", "constant")), ("precision", ("auto", "fp32", "bf16")),

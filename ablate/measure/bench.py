@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.axes import preset_axes
-from ablate.bench_options import CLOCKS
-from ablate.vocab import MFU, TOKENS, TOKENS_PER_S
+from ablate.config.axes import preset_axes
+from ablate.measure.bench_args import CLOCKS
+from ablate.names import MFU, TOKENS, TOKENS_PER_S
 
 # ---- device peak FLOP/s: ablate/train/peak.py (the trainer's MFU uses it too) ---------------
 from ablate.train.peak import GPU_PEAKS, Peak, device_peak, gpu_peak, mfu  # noqa: F401,E402
@@ -102,7 +102,7 @@ def round_ratios(a: Contender, b: Contender) -> list[float]:
     return [tb / ta for ta, tb in zip(a.times, b.times)]
 
 
-def _ratios(a: Contender, b: Contender) -> dict:
+def speed_ratios(a: Contender, b: Contender) -> dict:
     """tokens/s of a relative to b: the median of the paired rounds (robust to slow drifts in
     machine load) and the ratio of the best rounds (robust to bursts)."""
     per_round = round_ratios(a, b)
@@ -212,7 +212,7 @@ REFERENCE_AXES = preset_axes("gpt2")
 
 
 def reference_differences(cfg: Any) -> list[str]:
-    from ablate.config import axis_values
+    from ablate.config.schema import axis_values
 
     return [f"{k}={v}" for k, v in axis_values(cfg).items() if REFERENCE_AXES.get(k, v) != v]
 
@@ -265,7 +265,7 @@ def reference_contender(cfg: Any, spec, trainer, data) -> Contender:
 
 # ---- the benchmarks --------------------------------------------------------------------------
 
-def _memory_start(device: torch.device) -> int:
+def memory_start(device: torch.device) -> int:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device)
@@ -282,7 +282,7 @@ def _finite(c: Contender) -> bool:
     return c.last_loss is not None and bool(torch.isfinite(c.last_loss).all())
 
 
-def _clock(name: str, device: torch.device) -> Callable[[], float]:
+def tick_clock(name: str, device: torch.device) -> Callable[[], float]:
     from ablate.errors import ConfigError
 
     if name == "cpu" and device.type != "cpu":
@@ -301,16 +301,16 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     t_build = time.perf_counter()
     trainer, spec, params = build_trainer(cfg)
     device = trainer.device
-    mem0 = _memory_start(device)
+    mem0 = memory_start(device)
     ours = trainer_contender("ablate", trainer, params)
-    ours.clock = _clock(clock, device)
+    ours.clock = tick_clock(clock, device)
     ours.run(0, max(warmup, 1))  # compile, allocator and optimizer state warm-up
     memory, memory_kind = _memory_peak(device, mem0)
     warm_s = time.perf_counter() - t_build
     contenders = [ours]
     ref = None
     if reference:
-        ref_mem0 = _memory_start(device)
+        ref_mem0 = memory_start(device)
         ref = reference_contender(cfg, spec, trainer, trainer.data)
         ref.clock = ours.clock
         ref.run(0, max(warmup, 1))
@@ -329,7 +329,7 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
         "peak_memory_bytes": memory, "peak_memory_kind": memory_kind,
         "params": params, "tokens_per_step": ours.tokens_per_step,
         "steps": ours.steps_timed, "rounds": len(ours.times), "warmup": max(warmup, 1),
-        "warmup_s": warm_s, "device": _device_name(device), "precision": trainer.precision,
+        "warmup_s": warm_s, "device": device_label(device), "precision": trainer.precision,
         "compile": trainer.train_model is not trainer.model, "threads": torch.get_num_threads(),
         "batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len,
         "grad_accum": cfg.train.grad_accum, "loss_finite": _finite(ours), "clock": clock,
@@ -341,11 +341,11 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
             "peak_memory_bytes": ref_memory, "loss_finite": _finite(ref),
             "differs_on": reference_differences(cfg),  # empty: the same model (arch=gpt2)
         }
-        result.update(_ratios(ours, ref))  # ours / reference tokens/s: > 1, we are faster
+        result.update(speed_ratios(ours, ref))  # ours / reference tokens/s: > 1, we are faster
     return result
 
 
-def _device_name(device: torch.device) -> str:
+def device_label(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     import platform
@@ -356,8 +356,8 @@ def _device_name(device: torch.device) -> str:
 def axis_variants(base_overrides: list[str]) -> list[tuple[str, list[str]]]:
     """(label, overrides) for every axis option other than the baseline's, then every arch
     preset other than the baseline's; each changes one thing relative to the baseline."""
-    from ablate.axes import list_axes
-    from ablate.compose import compose_config
+    from ablate.config.axes import list_axes
+    from ablate.config.compose import compose_config
 
     base = compose_config(base_overrides)
     out = []
@@ -389,7 +389,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
     so the 9th variant does not run eagerly past dynamo's recompile limit); the baseline
     recompiles and is warmed up again before each pair is timed. A row says
     compile_fallback: true if dynamo gave up on a function anyway while it was timed."""
-    from ablate.compose import compose_config
+    from ablate.config.compose import compose_config
     from ablate.errors import ConfigError
     from ablate.train.backends import RecompileWatch, graphs_compiled
 
@@ -398,7 +398,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
         torch.set_num_threads(base_cfg.train.threads)
     trainer, spec, params = build_trainer(base_cfg)
     base = trainer_contender("baseline", trainer, params)
-    base.clock = _clock(clock, trainer.device)
+    base.clock = tick_clock(clock, trainer.device)
     base.run(0, max(warmup, 1))
     rows = []
     rounds = min(rounds, steps)
@@ -422,7 +422,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
             base.run(0, max(warmup, 1))  # the baseline's compiled code went with the reset
             base.times, base.steps_timed = [], 0
             alternate([base, variant], rounds, steps_per_round, warmup)
-        ratios = _ratios(variant, base)
+        ratios = speed_ratios(variant, base)
         # At equal MFU a variant's tokens/s ratio is the inverse ratio of FLOPs/token: what its
         # extra math explains. Below that, its kernels are less efficient than the baseline's.
         flops_ratio = trainer.flops_per_token / v_trainer.flops_per_token
@@ -435,14 +435,14 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
     return {"baseline": {"overrides": base_overrides, "params": params,
                          "flops_per_token": trainer.flops_per_token}, "rows": rows,
             "compile_fallbacks": sum(bool(r.get("compile_fallback")) for r in rows),
-            "device": _device_name(trainer.device), "tokens_per_step": base.tokens_per_step,
+            "device": device_label(trainer.device), "tokens_per_step": base.tokens_per_step,
             "steps_per_round": steps_per_round, "rounds": rounds, "clock": clock}
 
 
 # ---- several jobs per device: `ablate bench --jobs-per-device 1,2,4,8` ----------------------
 # The same small sweep (n identical jobs: build, warm up, train `steps` steps) run with k jobs
 # at once on one device, for each k: what `ablate sweep --jobs-per-gpu K` buys. Each job is its
-# own process (python -m ablate.bench --pack-worker), as a sweep job is; it imports torch and
+# own process (python -m ablate.measure.bench --pack-worker), as a sweep job is; it imports torch and
 # the model code, not Hydra: the parent hands it the composed config as plain JSON.
 
 def pack_job(config: dict, steps: int, warmup: int) -> dict:
@@ -460,12 +460,12 @@ def pack_job(config: dict, steps: int, warmup: int) -> dict:
     seconds = job.run(max(warmup, 1), steps)
     return {TOKENS_PER_S: steps * job.tokens_per_step / seconds, "tokens_per_step": job.tokens_per_step,
             "steps": steps, "started": t_start, "timed_from": t0, "timed_to": time.time(),
-            "threads": torch.get_num_threads(), "device": _device_name(trainer.device),
+            "threads": torch.get_num_threads(), "device": device_label(trainer.device),
             "loss_finite": _finite(job), "hydra_imported": "hydra" in sys.modules}
 
 
 def _worker_main(argv: list[str]) -> None:
-    """`python -m ablate.bench --pack-worker`: a JSON spec on stdin, one JSON line on stdout;
+    """`python -m ablate.measure.bench --pack-worker`: a JSON spec on stdin, one JSON line on stdout;
     on failure one `error: ...` line on stderr and exit 1."""
     import json
 
@@ -497,7 +497,7 @@ def _pool(specs: list[str], k: int, env: dict) -> tuple[float, list[dict]]:
                 while pending and len(running) < k:
                     i = pending.pop(0)
                     out, err = open(f"{tmp}/{i}.out", "w+"), open(f"{tmp}/{i}.err", "w+")
-                    p = subprocess.Popen([sys.executable, "-m", "ablate.bench", "--pack-worker"],
+                    p = subprocess.Popen([sys.executable, "-m", "ablate.measure.bench", "--pack-worker"],
                                          stdin=subprocess.PIPE, stdout=out, stderr=err, env=env, text=True)
                     p.stdin.write(specs[i])
                     p.stdin.close()
@@ -540,7 +540,7 @@ def bench_packing(cfg: Any, jobs_per_device: list[int], jobs: int = 8, steps: in
     config.pop("hydra", None)
     cores = usable_cores()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parent.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        [str(Path(__file__).resolve().parents[2])] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     rows = []
     for k in jobs_per_device:
         threads = int(cfg.train.threads) or max(1, cores // k)
@@ -591,4 +591,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--pack-worker"]:
         _worker_main(sys.argv[1:])
     else:
-        sys.exit("usage: python -m ablate.bench --pack-worker  (a JSON spec on stdin; used by ablate bench)")
+        sys.exit("usage: python -m ablate.measure.bench --pack-worker  (a JSON spec on stdin; used by ablate bench)")

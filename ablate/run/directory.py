@@ -17,7 +17,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 LOCK = "run.lock"
-TRANSFER = "transfer.json"  # a sweep directory's --lr-grid or --ladder record (ablate/sweep/transfer.py)
+TRANSFER = "transfer.json"  # a sweep directory's --lr-grid or --ladder record (ablate/sweep/transfer_plan.py)
 
 
 def resume_command(run_dir: Path) -> str:
@@ -107,7 +107,7 @@ def read_json(path: Path) -> dict:
 
 def owner() -> dict:
     """Who runs here: enough for a later reader to tell whether that process still lives."""
-    from ablate.context import ProcessEnv
+    from ablate.run.context import ProcessEnv
 
     return {"pid": os.getpid(), "host": socket.gethostname(), "job": ProcessEnv.read().slurm_job}
 
@@ -127,7 +127,7 @@ def owner_alive(who: dict) -> Optional[bool]:
     if not who.get("pid"):
         return False
     if who.get("host") not in (None, socket.gethostname()):
-        from ablate.context import ProcessEnv
+        from ablate.run.context import ProcessEnv
 
         me = ProcessEnv.read().slurm_job
         return False if me and me == who.get("job") else None  # a requeued job replaces itself

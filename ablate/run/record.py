@@ -1,7 +1,7 @@
 """A run's record: what summary.json says about a run, typed, and written and read here only.
 
 Each part has one owner, which fills it in:
-- the run lifecycle (ablate/run.py) opens the record: the run's identity, the process that runs
+- the run lifecycle (ablate/run/entry.py) opens the record: the run's identity, the process that runs
   it, its times, what it continues (`previous_status`, `extended_from`), and at the end its
   status, `error` or `finished`;
 - the launch (ablate/train/launch.py) adds what it built: RunInfo (params, FLOPs, data, device,
@@ -28,8 +28,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.rundir import SUMMARY, owner_alive, read_json, write_json
-from ablate.vocab import METRICS, Status
+from ablate.run.directory import SUMMARY, owner_alive, read_json, write_json
+from ablate.names import METRICS, Status
 
 
 def flat(group: type) -> Any:
@@ -213,7 +213,7 @@ class RunRecord:
         self.result = outcome.result
 
     def metric(self, name: str) -> Optional[float]:
-        """A metric's final value (ablate.vocab METRICS: val_loss, tokens_per_s, ...); None
+        """A metric's final value (ablate.names METRICS: val_loss, tokens_per_s, ...); None
         when the run has none."""
         if name not in METRICS:
             return None
@@ -241,7 +241,7 @@ class RunRecord:
         except (TypeError, ValueError) as e:
             raise RecordError(str(e)) from None
         if record.axes is not None:  # an axis added after the run was recorded: it trained the default
-            from ablate.axes import default_axes
+            from ablate.config.axes import default_axes
 
             record.axes = {**default_axes(), **record.axes}
         return record

@@ -65,7 +65,7 @@ def baseline_spec(cfg: Any) -> ModelSpec:
     axis overrides): sizes, tokenizer and the other model keys unchanged."""
     import copy
 
-    from ablate.axes import default_axes
+    from ablate.config.axes import default_axes
 
     base = copy.deepcopy(cfg)
     for axis, option in default_axes().items():
@@ -78,7 +78,7 @@ def baseline_spec(cfg: Any) -> ModelSpec:
 
 def param_delta(cfg: Any, spec: ModelSpec) -> dict:
     """Parameters of this variant minus the default-axes baseline's (the size change to state)."""
-    from ablate.axes import default_axes
+    from ablate.config.axes import default_axes
 
     base = count_params(baseline_spec(cfg))["total"]
     total = count_params(spec)["total"]
@@ -132,7 +132,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
     else:
         vocab_note = (f"model.vocab_size={spec.vocab_size:,} set explicitly (tokenizer={cfg.tokenizer.name} "
                       f"has {spec.tokenizer_vocab:,} ids; no padding applied)")
-    from ablate.config import axis_values
+    from ablate.config.schema import axis_values
 
     return {
         "params": {k: params[k] for k in ("total", "embedding", "attention", "ffn", "norm", "head")},
@@ -174,7 +174,7 @@ def grad_profile_for_config(cfg: Any) -> dict:
     import torch
 
     from ablate.data.batches import Batches
-    from ablate.diagnostics import grad_profile
+    from ablate.train.diagnostics import grad_profile
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
     from ablate.train.launch import prepare_data, seed_everything

@@ -6,7 +6,7 @@ group) is applied by Hydra after composition, in order, to the composed config; 
 overrides differ from a composed one's only in scalar values is that config with its own values
 applied in the same way, and its hydra node's overrides, `override_dirname`, working directory and
 copied environment written as Hydra writes them. Used within a command (`derived_compositions`,
-ablate/compose.py: a run, a sweep and its jobs); tests/test_composition.py and
+ablate/config/compose.py: a run, a sweep and its jobs); tests/test_composition.py and
 tests/test_sweep_composed.py hold every derived config equal to Hydra's own composition."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def schema_keys() -> tuple[str, ...]:
     schema is fixed at import (plugins' options add settings, which setting_keys reads)."""
     from omegaconf import OmegaConf
 
-    from ablate.config import AblateConfig
+    from ablate.config.schema import AblateConfig
 
     return tuple(_flat(OmegaConf.to_container(OmegaConf.structured(AblateConfig)), "").keys())
 
@@ -38,7 +38,7 @@ def unknown_key_message(key: str, node: Optional[type] = None) -> str:
     import dataclasses
     import difflib
 
-    from ablate.config import setting_owners
+    from ablate.config.schema import setting_owners
 
     holder, _, leaf = key.rpartition(".")
     node_keys = {f.name for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else set()
@@ -86,7 +86,7 @@ def check_known_keys(cfg: Any) -> None:
     """`+train.stpes=10` appends a key Hydra accepts and nothing reads: refuse it."""
     from omegaconf import OmegaConf
 
-    from ablate.config import setting_keys
+    from ablate.config.schema import setting_keys
 
     known = set(schema_keys()) | {f".{k}" for k in setting_keys(cfg)}
     for key in _flat(OmegaConf.to_container(cfg, resolve=False), ""):
@@ -120,7 +120,7 @@ def check_quoted(overrides: list[str]) -> None:
     """Hydra reads a value holding '=' only quoted, and says just "mismatched input '='" when it
     is not: a run directory's name holds its overrides (`..._norm=rmsnorm`), so a directory pasted
     from a run's banner fails so. Say how to quote it, and that `ablate resume` takes it as it is."""
-    from ablate.rundir import resume_command
+    from ablate.run.directory import resume_command
 
     for o in overrides:
         key, _, value = o.partition("=")
@@ -179,9 +179,9 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ablate.axes import CONF_DIR
-    from ablate.config import register_configs
-    from ablate.config import validate as check
+    from ablate.config.axes import CONF_DIR
+    from ablate.config.schema import register_configs
+    from ablate.config.schema import validate as check
 
     check_no_secrets(list(overrides))
     check_quoted(list(overrides))
@@ -202,7 +202,7 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
     return cfg
 
 
-_BASES: Any = None  # derived_compositions keeps Hydra's compositions here (ablate/composition.py)
+_BASES: Any = None  # derived_compositions keeps Hydra's compositions here (ablate/config/derivation.py)
 _LOADING: Optional[dict] = None  # the config files read for the composition in progress
 
 
@@ -210,7 +210,7 @@ _LOADING: Optional[dict] = None  # the config files read for the composition in 
 def derived_compositions() -> Iterator[None]:
     """Within, each Hydra composition of a run's config (ConfigLoaderImpl.load_configuration in
     run mode: the compose API, `ablate run`, a sweep's jobs) is derived from one this process
-    made with the same config groups and inputs where only values differ (ablate/composition.py:
+    made with the same config groups and inputs where only values differ (ablate/config/derivation.py:
     about 8x less CPU than composing): the check before a run and the run's own composition,
     coord_check's widths, bench's variants, one sweep's checks after another's. A composition
     that is not derived reads each config (a file, a ConfigStore entry) once for the command:
@@ -246,7 +246,7 @@ def _derived_or_loaded(load, loader: Any, config_name: str, overrides: list[str]
     from hydra.core.utils import JobRuntime
     from hydra.types import RunMode
 
-    from ablate.composition import Bases, parse
+    from ablate.config.derivation import Bases, parse
 
     global _BASES, _LOADING
     _BASES = _BASES or Bases()
@@ -364,7 +364,7 @@ def _flat(node: Any, prefix: str) -> dict:
 
 def preflight(cfg: Any, overrides: list[str]) -> None:
     """Refuse what would fail after Hydra made the run directory; raises AblateError."""
-    from ablate.rundir import RunLock
+    from ablate.run.directory import RunLock
 
     run_dir = explicit_run_dir(overrides)
     if run_dir is not None:
@@ -374,7 +374,7 @@ def preflight(cfg: Any, overrides: list[str]) -> None:
             from ablate.train.checkpoint import check_resumable
 
             check_resumable(run_dir)
-        from ablate.lifecycle import check_reentry
+        from ablate.run.lifecycle import check_reentry
 
         check_reentry(run_dir, cfg)  # the one re-entry rule: refuses before Hydra writes anything
     else:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ablate.analysis.load import CompareError, Run, number
-from ablate.config import AXES
-from ablate.vocab import VARIANT_MODEL_KEYS, metric_name, names_variant
+from ablate.config.schema import AXES
+from ablate.names import VARIANT_MODEL_KEYS, metric_name, names_variant
 
 ABSENT = "(absent)"
 

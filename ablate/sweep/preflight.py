@@ -24,7 +24,7 @@ def check_options(mode: str, seeds: Optional[int], jobs_per_gpu: Optional[int],
     check_seeds(seeds)
     check_jobs_per_gpu(jobs_per_gpu)
     if lr_grid is not None or ladder is not None:
-        from ablate.sweep.transfer import check_transfer
+        from ablate.sweep.transfer_plan import check_transfer
 
         check_transfer(lr_grid, ladder)
 
@@ -39,10 +39,10 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0, ladd
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from ablate.axes import CONF_DIR
-    from ablate.compose import check_no_secrets, check_quoted, derived_compositions, hydra_message, load_plugins
-    from ablate.config import register_configs
-    from ablate.sweep.transfer import variant_tokens
+    from ablate.config.axes import CONF_DIR
+    from ablate.config.compose import check_no_secrets, check_quoted, derived_compositions, hydra_message, load_plugins
+    from ablate.config.schema import register_configs
+    from ablate.sweep.transfer_plan import variant_tokens
 
     check_no_secrets(list(arguments))  # before Hydra sees it: its errors and files echo values
     check_quoted(list(arguments))
@@ -69,8 +69,8 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0, ladd
 
 def _check_ladder_keys(p: Any, ladder: bool) -> None:
     """ladder.* keys are not config keys: ladder.tokens_per_param is a --ladder sweep's variant,
-    swept; the others set the ladder for the whole sweep (ablate/sweep/transfer.py)."""
-    from ablate.sweep.transfer import LADDER_PREFIX, TOKENS_KEY, ladder_settings
+    swept; the others set the ladder for the whole sweep (ablate/sweep/transfer_plan.py)."""
+    from ablate.sweep.transfer_plan import LADDER_PREFIX, TOKENS_KEY, ladder_settings
 
     keys = [o.lstrip("+").split("=", 1)[0] for o in p.fixed] + [k.lstrip("+") for k, _ in p.swept]
     given = [k for k in keys if k.startswith(LADDER_PREFIX)]
@@ -91,11 +91,11 @@ def check_job(config: Any, launcher: Launcher, run_dir: Optional[str]) -> None:
     alike): its composed config (with its hydra node), ablate's invariants, and where the job
     will run on this machine, torchrun's process count and what tokenizing needs (hub, files).
     run_dir: where the launcher will put the job (None: its subdir resolves only in the job)."""
-    from ablate.config import validate
+    from ablate.config.schema import validate
 
     validate(config)
     if run_dir is not None:  # a re-run into the sweep's directory: the one re-entry rule
-        from ablate.lifecycle import check_reentry
+        from ablate.run.lifecycle import check_reentry
 
         # a sweep is extended as a whole (`ablate resume <sweep dir> --extend N`), not job by job
         check_reentry(Path(run_dir), config, extend_dir=Path(run_dir).parent)
@@ -169,7 +169,7 @@ def job_dir(config: Any, num: int) -> Optional[str]:
 
 def check_can_launch(launcher: Launcher, sweep_dir: Path) -> None:
     """What launching needs here: the launcher's command (sbatch) and a writable sweep directory."""
-    from ablate.compose import check_writable
+    from ablate.config.compose import check_writable
 
     if launcher.command and shutil.which(launcher.command) is None:
         raise ConfigError(f"{launcher.who()} submits with {launcher.command}, which is not on PATH here: "

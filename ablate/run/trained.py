@@ -17,9 +17,9 @@ from typing import Any, Optional
 
 from ablate.errors import CheckpointError
 from ablate.model.spec import ModelSpec
-from ablate.record import read_record
-from ablate.rundir import CONFIG
-from ablate.vocab import Status
+from ablate.run.record import read_record
+from ablate.run.directory import CONFIG
+from ablate.names import Status
 
 
 @dataclass

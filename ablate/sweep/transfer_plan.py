@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ablate.errors import ConfigError
-from ablate.rundir import TRANSFER, read_transfer
+from ablate.run.directory import TRANSFER, read_transfer
 from ablate.sweep.planning import SEED_KEY, Job, Parsed, naming
-from ablate.vocab import LADDER_TOKENS_KEY as TOKENS_KEY
-from ablate.vocab import LR, TOKENS, VAL_LOSS, Status
+from ablate.names import LADDER_TOKENS_KEY as TOKENS_KEY
+from ablate.names import LR, TOKENS, VAL_LOSS, Status
 
 LR_KEY = "train.lr"
 LADDER_KEYS = ("model.d_model", "model.n_layers", "model.n_heads")
@@ -158,7 +158,7 @@ def load_ladder(name: str, settings: Optional[dict[str, str]] = None) -> Ladder:
     shrink, and each rung is larger than the one before)."""
     import yaml
 
-    from ablate.axes import CONF_DIR
+    from ablate.config.axes import CONF_DIR
 
     path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "ladder" / f"{name}.yaml"
     if not path.is_file():
@@ -290,7 +290,7 @@ def variant_tokens(overrides: Sequence[str]) -> tuple[Optional[float], list[str]
 def write_transfer(sweep_dir: Path, record: dict) -> None:
     """transfer.json, written before the first job: a re-run with another grid or ladder into the
     same directory is refused (its jobs would be other experiments)."""
-    from ablate.rundir import write_json
+    from ablate.run.directory import write_json
 
     path = Path(sweep_dir) / TRANSFER
     old = read_transfer(path.parent)
@@ -310,7 +310,7 @@ def check_transfer(lr_grid: Optional[str], ladder: Optional[str],
     lad = load_ladder(ladder, settings) if ladder is not None else None
     if lr_grid is None:
         return [], lad
-    from ablate.analysis.transfer import parse_lr_grid
+    from ablate.analysis.transfer_stats import parse_lr_grid
 
     return parse_lr_grid(lr_grid), lad
 
@@ -466,7 +466,7 @@ class TransferPlan:
         """The second phase, from the first phase's results."""
         import sys
 
-        from ablate.sweep.report import final_metric
+        from ablate.sweep.progress import final_metric
 
         best = best_jobs(results, lambda d: final_metric(d, VAL_LOSS))
         lost = [f"{v} ({r})" if r else v for v, r in dict.fromkeys(cell_of(j) for j in self.jobs)

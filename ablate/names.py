@@ -25,7 +25,7 @@ NOT_TRAINING = ("hydra.", "hydra/", "launcher", "logger", "out_dir", "study", "p
 # Keys that choose how the same model and batches are computed (placement, kernels, compile,
 # the loss in chunks, the passes a batch is cut into): results differ by rounding only, so they
 # never name a variant, and a run re-entered with other values of them is the same experiment
-# (ablate/lifecycle.py: a finished one returns its record, a stopped one continues).
+# (ablate/run/lifecycle.py: a finished one returns its record, a stopped one continues).
 HOW_COMPUTED = ("train.device", "train.nproc", "train.strategy", "train.fused_ce", "train.ce_chunk",
                 "train.compile", "train.sdpa_backend", "train.flex_attention", "train.micro_batch",
                 "train.deterministic")

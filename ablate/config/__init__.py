@@ -1,0 +1,1 @@
+"""Configuration: the typed schema, composing and checking a config, the axes' listing."""

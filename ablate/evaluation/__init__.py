@@ -1,0 +1,1 @@
+"""A finished run evaluated: its loss at other context lengths, and text sampled from it."""
