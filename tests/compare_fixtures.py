@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional, Sequence
 
 import yaml
 
@@ -159,11 +160,25 @@ def _sweep_job(sweep: Path, name: str, variant: str, seed: int, loss: float, con
         set_config(d, key, value)
 
 
+def ladder_record(rungs: Sequence[tuple[str, int, int]], grid: Sequence[float] = (), lr_rule: str = "fixed",
+                  seeds: int = 2, tokens_per_param: Optional[float] = 20):
+    """A ladder sweep's TransferRecord over `rungs` [(name, d_model, n_layers)], as the sweep would
+    write it (heads 1, a nominal base LR, params and steps)."""
+    from ablate.sweep.transfer_record import Ladder, Rung, RungPlan, TransferRecord
+
+    shapes = [Rung(n, d, layers, 1) for n, d, layers in rungs]
+    ladder = Ladder("t", tuple(shapes), tokens_per_param, 1e-2, None, lr_rule, steps=None if tokens_per_param else 10)
+    plans = [RungPlan(r.name, r.d_model, r.n_layers, 1, 1000 * r.d_model, 10, 10 * 256, ladder.lr(r)) for r in shapes]
+    return TransferRecord.of_ladder(ladder, plans, seeds, grid)
+
+
 def write_grid_sweep(root: Path, seeds: int = 2) -> Path:
     """An --lr-grid sweep: two variants, every grid LR, `seeds` seeds each."""
+    from ablate.sweep.transfer_record import TransferRecord
+
     sweep = root / "grid"
     sweep.mkdir(parents=True)
-    (sweep / "transfer.json").write_text(json.dumps({"kind": "lr_grid", "grid": GRID, "shared_lr": 1e-2}))
+    TransferRecord.lr_grid(GRID, seeds, 1e-2).write(sweep)
     for variant, losses in GRID_LOSS.items():
         for lr, loss in zip(GRID, losses):
             for s in range(seeds):
@@ -175,9 +190,7 @@ def write_ladder_sweep(root: Path, seeds: int = 2) -> Path:
     """A --ladder sweep: two variants on three rungs, `seeds` seeds each."""
     sweep = root / "ladder"
     sweep.mkdir(parents=True)
-    rungs = [{"name": n, "d_model": d, "n_layers": layers} for n, d, layers, _ in RUNGS]
-    (sweep / "transfer.json").write_text(json.dumps({"kind": "ladder", "rungs": rungs,
-                                                     "ladder": {"name": "t", "tokens_per_param": 20}}))
+    ladder_record([r[:3] for r in RUNGS], seeds=seeds).write(sweep)
     for variant, losses in RUNG_LOSS.items():
         for (rung, d_model, layers, compute), loss in zip(RUNGS, losses):
             for s in range(seeds):

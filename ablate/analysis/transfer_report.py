@@ -28,6 +28,7 @@ from ablate.analysis.load import CompareError, Run, number
 from ablate.analysis.stats import ALPHA, mean_std, seed_test
 from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Report, ReportKind, Table, lines, num
 from ablate.names import LADDER_TOKENS_KEY, LR, TOKENS, VAL_LOSS, Status
+from ablate.sweep.transfer_record import RungPlan, TransferKind, TransferRecord
 
 MIN_RUNGS = 3  # fewer: the rung table, no fit and no projection
 
@@ -60,21 +61,21 @@ def _max_logit(run: Run) -> Optional[float]:
     return max(vals) if vals else None
 
 
-def _rung_of(run: Run, rungs: Sequence[dict]) -> Optional[str]:
+def _rung_of(run: Run, rungs: Sequence[RungPlan]) -> Optional[str]:
     for r in rungs:
-        if (run.config.get("model.d_model"), run.config.get("model.n_layers")) == (r["d_model"], r["n_layers"]):
-            return r["name"]
+        if (run.config.get("model.d_model"), run.config.get("model.n_layers")) == (r.d_model, r.n_layers):
+            return r.name
     return None
 
 
-def to_points(runs: Sequence[Run], record: dict) -> list[Point]:
+def to_points(runs: Sequence[Run], record: TransferRecord) -> list[Point]:
     out = []
     for r in runs:
         loss = r.value(VAL_LOSS) if r.status == Status.COMPLETED else None
         fpt, tokens = number(r.record.info.flops_per_token), r.record.metric(TOKENS)
         out.append(Point(str(r.record.variant or r.dir.name), r.record.seed,
                          float(r.config.get("train.lr") or 0.0),
-                         _rung_of(r, record.get("rungs") or []),
+                         _rung_of(r, record.rungs),
                          loss if loss is not None and math.isfinite(loss) else None, _first_val(r),
                          fpt * tokens if fpt and tokens else None, _max_logit(r), str(r.dir)))
     return out
@@ -91,26 +92,20 @@ def find_transfer(paths: Sequence[Path | str]) -> bool:
     return False
 
 
-def transfer_record(runs: Sequence[Run]) -> Optional[dict]:
+def transfer_record(runs: Sequence[Run]) -> Optional[TransferRecord]:
     """The transfer.json of the runs' sweep, None for ordinary runs; runs of several grids or
     ladders, or such runs mixed with others, are refused."""
-    from ablate.run.directory import read_transfer
+    from ablate.sweep.transfer_record import read_transfer
 
-    records = {r.dir.parent: read_transfer(r.dir.parent) for r in runs}
-    kinds = {json_key(v) for v in records.values()}
-    if kinds == {json_key(None)}:
+    records = {d: read_transfer(d) for d in dict.fromkeys(r.dir.parent for r in runs)}
+    kinds = set(records.values())
+    if kinds == {None}:
         return None
     if len(kinds) > 1:
         what = ", ".join(sorted({str(d) for d, v in records.items() if v is not None}))
         raise CompareError(f"these runs mix sweeps of different LR grids or ladders (or such a sweep "
                            f"with other runs): {what}; compare one such sweep at a time")
     return next(iter(records.values()))
-
-
-def json_key(v: Any) -> str:
-    import json
-
-    return json.dumps(v, sort_keys=True)
 
 
 @dataclass
@@ -179,13 +174,13 @@ class GridRow(JsonRow):
     curve: dict  # "lr" -> the grid's final loss there (None: diverged)
 
 
-def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str] = None,
+def lr_grid_report(points: Sequence[Point], record: TransferRecord, baseline: Optional[str] = None,
                    alpha: float = ALPHA) -> Report:
     import ablate.analysis.transfer_stats as T
 
     names, base = _by_variant(points, baseline)
-    grid = [float(x) for x in record["grid"]]
-    shared = _nearest(grid, float(record.get("shared_lr") or grid[len(grid) // 2]))
+    grid = list(record.grid)
+    shared = _nearest(grid, record.shared_lr or grid[len(grid) // 2])
     runs: dict = {n: {lr: {} for lr in grid} for n in names}
     inits: dict = {n: [] for n in names}
     for p in points:
@@ -326,12 +321,12 @@ class LadderRow(JsonRow):
         return d
 
 
-def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str] = None,
+def ladder_report(points: Sequence[Point], record: TransferRecord, baseline: Optional[str] = None,
                   alpha: float = ALPHA) -> Report:
     names, base = _by_variant(points, baseline)
-    rungs = [r["name"] for r in record["rungs"]]
-    best = _best_per_rung(points, record["grid"], names, rungs) if record.get("grid") else {}
-    one_scan = bool(best) and record["ladder"].get("lr_rule") == "mup"
+    rungs = [r.name for r in record.rungs]
+    best = _best_per_rung(points, record.grid, names, rungs) if record.grid else {}
+    one_scan = record.one_scan
     if one_scan:  # every rung ran at its variant's pick of the smallest rung's scan
         best = {(n, r): best[n, rungs[0]] for n in names for r in rungs}
     if best:  # each variant on each rung at its own best LR there
@@ -346,15 +341,15 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     fits, target = _fit(names, base, losses, computes, notes)
     rows = [_ladder_row(n, base, rungs, losses, computes, fits, target, alpha) for n in names]
     if best:
-        _add_best_lrs(rows, best, notes, [float(x) for x in record["grid"]], one_scan, record.get("seeds", 1))
+        _add_best_lrs(rows, best, notes, list(record.grid), one_scan, record.seeds)
     for row in rows:
         beyond = [r.rung for r in row.rungs if r.compute_multiplier_extrapolated]
         if beyond:
             notes.append(f"{row.variant}: x at {', '.join(beyond)} lies beyond the baseline's measured "
                          "losses, so it is read off the baseline's fitted curve (an extrapolation)")
-    notes += [n for row in rows if (n := _tokens_check(row, record["ladder"]["tokens_per_param"]))]
+    notes += [n for row in rows if (n := _tokens_check(row, record.ladder.tokens_per_param))]
     _rank(rows, losses, names, rungs, notes)
-    title = (f"ablate compare: ladder {record['ladder']['name']} ({', '.join(rungs)}); "
+    title = (f"ablate compare: ladder {record.ladder.name} ({', '.join(rungs)}); "
              f"x = compute multiplier vs the baseline (baseline: {base})")
     table = Table(title, ladder_columns(rungs, bool(best), alpha, moved=bool(best) and not one_scan), rows,
                   notes=notes)
@@ -611,9 +606,9 @@ def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA, moved: bo
                compact=lambda r: _wins(r, len(rungs), compact=True), short="wins\nevery rung", priority=2)]
 
 
-def transfer_compare(runs: Sequence[Run], record: dict, baseline: Optional[str] = None,
+def transfer_compare(runs: Sequence[Run], record: TransferRecord, baseline: Optional[str] = None,
                      alpha: float = ALPHA) -> Report:
     points = to_points(runs, record)
-    if record.get("kind") == ReportKind.LR_GRID:
+    if record.kind is TransferKind.LR_GRID:
         return lr_grid_report(points, record, baseline, alpha)
     return ladder_report(points, record, baseline, alpha)

@@ -277,7 +277,7 @@ def _print_compare(sweep_dir: Path, logger: Any = None) -> bool:
     except ImportError:
         return False
     try:
-        from ablate.run.directory import read_transfer
+        from ablate.sweep.transfer_record import read_transfer
 
         record = read_transfer(sweep_dir)
         if record is not None:
