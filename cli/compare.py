@@ -84,7 +84,8 @@ def _compare(paths: List[Path], options: CompareOptions) -> None:
 
 
 def _print(report: Report, options: CompareOptions) -> None:
-    from ablate.analysis import render as R
+    from ablate.analysis.columns import COMPARE_HINT
+    from ablate.tables import render as R
 
     if options.json:  # the loss at other lengths: each row's length_eval
         typer.echo(R.to_json(report.rows))
@@ -92,7 +93,7 @@ def _print(report: Report, options: CompareOptions) -> None:
         for i, table in enumerate(report.tables):
             if i:  # the loss at other lengths, one table per protocol
                 typer.echo("")
-            R.print_table(table, wide=options.wide)
+            R.print_table(table, wide=options.wide, hint=COMPARE_HINT)
     elif options.fmt == "csv":  # one table: the lengths are more fields of the main rows
         for table in report.tables:  # stdout stays pure CSV: what to read beside it goes to stderr
             for line in table.head_lines() + [f"note: {n}" for n in table.notes]:

@@ -289,6 +289,58 @@ def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dic
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
+# ---- a Table on a terminal (ablate/tables/render.py) --------------------------------------------
+def table_on_terminal(table, width: int, wide: bool = False, hint: str = "") -> str:
+    """What a terminal `width` columns wide shows of `table` (ablate/tables/render.py print_table)."""
+    from rich.console import Console
+
+    from ablate.tables.render import print_table
+
+    console = Console(width=width, force_terminal=True, color_system=None, record=True)
+    print_table(table, console, wide, hint)
+    return console.export_text()
+
+
+def table_in_pipe(table) -> str:
+    """What a pipe or a file gets of `table`: the console ablate gives them (table_console)."""
+    from rich.console import Console
+
+    from ablate.tables.render import print_table
+
+    console = Console(width=1000, soft_wrap=False, force_terminal=False, color_system=None, record=True)
+    print_table(table, console)
+    return console.export_text()
+
+
+def phrases(table) -> set[str]:
+    """Everything a terminal must show whole: each line of every cell and header, in each of
+    their forms (full, compact, plain), the notes' words aside."""
+    from rich.text import Text
+
+    out = {table.title}
+    for c in table.columns:
+        out |= {c.head, c.header(False), *c.header(True).split("\n")}
+        for r in table.rows:
+            out |= {c.cell(r), *(Text.from_markup(x).plain for x in (c.rich(r) + "\n" + c.narrow(r)).split("\n"))}
+    return {" ".join(p.split()) for p in out if p.strip()}
+
+
+def split_phrases(text: str, table) -> list[str]:
+    """The phrases that the text shows, but not on one line: broken by a wrap."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    flat = " ".join(lines)
+    return [p for p in phrases(table) if p in flat and not any(p in line for line in lines)
+            and p != table.title]  # the title is a line of words (the notes' rule)
+
+
+def assert_fits(text: str, width: int, table) -> None:
+    """Every line within `width`, none ending in spaces, no phrase of the table broken."""
+    for line in text.splitlines():
+        assert len(line) <= width, f"{len(line)} > {width}: {line!r}"
+        assert line == line.rstrip(), f"trailing spaces: {line!r}"
+    assert not split_phrases(text, table), split_phrases(text, table)
+
+
 @pytest.fixture(scope="session")
 def other_pid():
     """The pid of another live process on this host, for a run lock or record held by a live

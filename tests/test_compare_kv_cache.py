@@ -14,7 +14,7 @@ from rich.console import Console
 
 from ablate.analysis import compare_dirs
 from ablate.analysis.columns import comparison_table
-from ablate.analysis.render import print_table
+from ablate.tables.render import print_table
 from ablate.measure.inspect import inspect_config
 from compare_fixtures import by_name, cli, make_fixture, write_run
 from conftest import compose

@@ -13,16 +13,14 @@ import json
 import re
 
 import pytest
-from rich.console import Console
-from rich.text import Text
 
 from ablate.analysis import CompareError, compare_dirs
-from ablate.analysis.columns import comparison_table
-from ablate.analysis.render import print_table, to_csv, to_markdown
+from ablate.analysis.columns import COMPARE_HINT, comparison_table
+from ablate.tables.render import to_csv, to_markdown
 from ablate.analysis.report import CompareOptions, ReportKind, build_report
-from ablate.analysis.table import Table
+from ablate.tables.table import Table
 from compare_fixtures import cli, make_fixture, write_grid_sweep, write_ladder_sweep
-from conftest import run_ablate, run_on_terminal
+from conftest import assert_fits, run_ablate, run_on_terminal, table_on_terminal
 
 WIDTHS = (80, 100, 120)
 
@@ -45,35 +43,7 @@ def reports(root) -> dict[str, Table]:
 
 
 def on_terminal(table: Table, width: int, wide: bool = False) -> str:
-    console = Console(width=width, force_terminal=True, color_system=None, record=True)
-    print_table(table, console, wide)
-    return console.export_text()
-
-
-def phrases(table: Table) -> set[str]:
-    """Everything a terminal must show whole: each line of every cell and header, in each of
-    their forms (full, compact, plain), the notes' words aside."""
-    out = {table.title}
-    for c in table.columns:
-        out |= {c.head, c.header(False), *c.header(True).split("\n")}
-        for r in table.rows:
-            out |= {c.cell(r), *(Text.from_markup(x).plain for x in (c.rich(r) + "\n" + c.narrow(r)).split("\n"))}
-    return {" ".join(p.split()) for p in out if p.strip()}
-
-
-def split_phrases(text: str, table: Table) -> list[str]:
-    """The phrases that the text shows, but not on one line: broken by a wrap."""
-    lines = [" ".join(line.split()) for line in text.splitlines()]
-    flat = " ".join(lines)
-    return [p for p in phrases(table) if p in flat and not any(p in line for line in lines)
-            and p != table.title]  # the title is a line of words (the notes' rule)
-
-
-def assert_fits(text: str, width: int, table: Table) -> None:
-    for line in text.splitlines():
-        assert len(line) <= width, f"{len(line)} > {width}: {line!r}"
-        assert line == line.rstrip(), f"trailing spaces: {line!r}"
-    assert not split_phrases(text, table), split_phrases(text, table)
+    return table_on_terminal(table, width, wide, COMPARE_HINT)
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -28,7 +28,7 @@ from ablate.analysis.groups import Group, label_groups, pick_baseline, study_lad
 from ablate.analysis.load import CompareError, Run, find_runs, number, print_warning
 from ablate.analysis.stats import (ALPHA, MIN_SEEDS, NO_TEST, SeedTest, for_family, holm, mean_std, seed_test,
                                    verdict)
-from ablate.analysis.table import JsonRow
+from ablate.tables.table import JsonRow
 from ablate.measure.inspect import DTYPE_BYTES
 from ablate.run.directory import CONFIG
 from ablate.names import TOKENS_PER_S, VAL_LOSS, Status

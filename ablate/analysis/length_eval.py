@@ -26,7 +26,8 @@ from ablate.analysis.columns import VERDICT_COLORS, ci, delta, p_holm, rich_vari
 from ablate.analysis.groups import Group
 from ablate.analysis.load import print_warning
 from ablate.analysis.stats import MIN_SEEDS
-from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Report, Table, lines, num
+from ablate.analysis.report_types import Report
+from ablate.tables.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Table, lines, num
 from ablate.evaluation.length_record import LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, read_lengths
 from ablate.names import VAL_LOSS, Status
 

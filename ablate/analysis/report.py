@@ -1,7 +1,7 @@
 """Which report `ablate compare` gives, from its options: an ordinary comparison (one row per
 variant, or per run), an --lr-grid sweep's or a --ladder sweep's report, or one LR or rung of
-such a sweep (--where) as an ordinary comparison. Each is a Report: one Table (render.py
-prints it in every format) and what its figure draws."""
+such a sweep (--where) as an ordinary comparison. Each is a Report: one Table
+(ablate/tables/render.py prints it in every format) and what its figure draws."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, print_warning
-from ablate.analysis.render import FORMATS
 from ablate.analysis.stats import ALPHA
-from ablate.analysis.table import Report, ReportKind  # noqa: F401 (the report's types, re-exported)
+from ablate.analysis.report_types import Report, ReportKind  # noqa: F401 (the report's types, re-exported)
 from ablate.names import VAL_LOSS
+from ablate.tables.render import FORMATS
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`ablate compare` of an --lr-grid or a --ladder sweep (its sweep directory holds transfer.json,
 ablate/sweep/transfer_plan.py): one typed row per variant (GridRow, LadderRow: their as_dict() is the
-public `compare --json` object) and the columns of the one table model (ablate/analysis/table.py).
+public `compare --json` object) and the columns of the one table model (ablate/tables/table.py).
 
 LR grid: best_lr (and best_lr_on_edge), the loss at the best LR with its CI, tuned_delta vs
 the baseline at *its* best LR (paired t over seeds, Holm over variants), shared_delta at the
@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, number
 from ablate.analysis.stats import ALPHA, mean_std, seed_test
-from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Report, ReportKind, Table, lines, num
+from ablate.analysis.report_types import Report, ReportKind
+from ablate.tables.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Table, lines, num
 from ablate.names import LADDER_TOKENS_KEY, LR, TOKENS, VAL_LOSS, Status
 from ablate.sweep.transfer_record import RungPlan, TransferKind, TransferRecord
 
