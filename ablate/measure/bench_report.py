@@ -270,8 +270,8 @@ def decode_table(r: dict) -> Table:
     foot = [f"{r['device']}, {r['precision']}, eager, {r['params']:,} params (random weights); prompt "
             f"{r['context']} tokens, then {r['new_tokens']} decode steps of one token per sequence; medians of "
             f"{r['rounds']} rounds after {r['warmup']} warm-up, {r['clock']} clock; aggregate = every sequence "
-            "of the batch together, per stream = one sequence; spread: the median's interval (90% where 5 or "
-            "more rounds give one) over its half-width",
+            "of the batch together, per stream = one sequence; spread: the half-width of the median's interval "
+            "(90% where 5 or more rounds give one) over the median",
             f"KV cache: measured from the cache tensors at {r['context'] + r['new_tokens']} positions per "
             f"sequence; `ablate inspect`'s formula at {r['precision']}: "
             f"{r['kv_cache_formula_bytes_per_token']:,} bytes/token",
@@ -312,7 +312,8 @@ PACK_COLUMNS: list[Column] = [
     Column("speedup vs first", lambda x: f"{x.speedup:.2f}x", ("speedup",), short="speedup\nvs first"),
     Column("tokens/s while training", lambda x: f"{x.training_tokens_per_s:,.0f}", ("training_tokens_per_s",),
            short="tokens/s\nwhile\ntraining"),
-    Column("tokens/s per job", lambda x: f"{x.job_tokens_per_s:,.0f}", ("job_tokens_per_s",), short="tokens/s\nper job"),
+    Column("tokens/s per job", lambda x: f"{x.job_tokens_per_s:,.0f}", ("job_tokens_per_s",),
+           short="tokens/s\nper job"),
 ]
 
 

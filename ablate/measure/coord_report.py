@@ -57,8 +57,8 @@ def coord_table(c: dict) -> Table:
                      mean_at(m.value, sizes[-1])) for m in Module]
     last = f"mean |x| at t={steps}: {sizes[0]} -> {sizes[-1]}"
     columns = [Column("module", lambda r: r.module, ("module",), align=Align.LEFT)]
-    columns += [Column(f"t={t}", (lambda r, i=i: _slope(r.slopes[i])), compact=(lambda r, i=i: _slope(r.slopes[i], "\n")))
-                for i, t in enumerate(shown)]
+    columns += [Column(f"t={t}", (lambda r, i=i: _slope(r.slopes[i])),
+                       compact=(lambda r, i=i: _slope(r.slopes[i], "\n"))) for i, t in enumerate(shown)]
     columns.append(Column(last, lambda r: f"{_size(r.first)} -> {_size(r.last)}",
                           short=f"mean |x| at t={steps}:\n{sizes[0]} -> {sizes[-1]}",
                           compact=lambda r: f"{_size(r.first)} ->\n{_size(r.last)}"))

@@ -14,8 +14,8 @@ of `context` tokens per sequence prefilled into it, the first token picked (gree
   KV cache bytes              measured from the cache tensors (KVCache.bytes()), and per token
   peak memory                 CUDA: max_memory_allocated; CPU: KV cache + weights and buffers
 
-with each phase's round times and their spread (ablate/measure/rounds.py: the median's interval
-over its half-width; above SPREAD_LIMIT the rounds disagree and the table marks the figure).
+with each phase's round times and their spread (ablate/measure/rounds.py: the half-width of the
+median's interval over the median; above SPREAD_LIMIT the rounds disagree and the table marks the figure).
 Variants (--axes, --only, --vs) alternate with the baseline round by round at each batch size,
 with the training bench's machinery (ablate/measure/bench.py: Contender, alternate, the per-round
 ratios), and the ratio's rounds have a spread of their own (`ratio_spread`).
@@ -140,7 +140,7 @@ class DecodeSpeed:
     kv_cache_bytes_per_token: int
     prefill_ms_per_round: list[float]
     decode_ms_per_round: list[float]
-    prefill_spread: Optional[float]  # the median's interval over its half-width (rounds.py)
+    prefill_spread: Optional[float]  # the half-width of the median's interval over the median (rounds.py)
     decode_spread: Optional[float]
 
     @classmethod

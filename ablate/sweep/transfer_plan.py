@@ -16,9 +16,9 @@ each variant on every rung of a model ladder (`--ladder`).
 Both together: the LR grid on every rung (the ladder's LR rule gives way), then each variant's
 seeds at its own best LR of each rung; under lr_rule mup the grid on the smallest rung only,
 then every rung and seed at each variant's best LR there.
-The sweep directory's transfer.json says which of the two a sweep is; `ablate compare` reads it
-to report best_lr, lr_sensitivity, tuned_delta or the compute multiplier
-(ablate/analysis/transfer_report.py).
+The sweep directory's transfer.json (ablate/sweep/transfer_record.py) says which of the two a
+sweep is; `ablate compare` reads it to report best_lr, lr_sensitivity, tuned_delta or the compute
+multiplier (ablate/analysis/transfer_report.py).
 """
 
 from __future__ import annotations
