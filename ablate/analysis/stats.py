@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from ablate.names import higher_is_better
 
@@ -143,6 +143,16 @@ def seed_test(base: dict, other: dict, alpha: float = ALPHA) -> SeedTest:
     if len(common) >= 2:
         return _paired([other[s] for s in common], [base[s] for s in common], shown_seeds(common), alpha)
     return _welch(list(other.values()), list(base.values()), shown_seeds(sorted(other, key=str)), alpha)
+
+
+def contrast_test(per_seed: Mapping, alpha: float = ALPHA) -> SeedTest:
+    """Is the mean of per-seed contrasts (seed -> a difference or an interaction, each computed
+    within one seed) away from 0? A one-sample t-test, which is the paired t-test of the
+    contrast's two sides; no test with fewer than two seeds."""
+    if len(per_seed) < 2:
+        return NO_TEST
+    seeds = sorted(per_seed, key=str)
+    return _paired([per_seed[s] for s in seeds], [0.0] * len(seeds), shown_seeds(seeds), alpha)
 
 
 def _paired(a: list, b: list, seeds: list, alpha: float) -> SeedTest:
