@@ -21,7 +21,7 @@ from ablate.analysis.crossing import Factor
 from ablate.analysis.interaction import interaction_cells
 from ablate.analysis.report import CompareOptions, ReportKind, build_report
 from compare_fixtures import (LR_BEST, X_BASE, X_CELLS, X_DELTA, X_HOLDS, X_INTERACTION, cli, set_config, write_grid,
-                              write_lr_grid_crossed, write_run)
+                              write_ladder_sweep, write_lr_grid_crossed, write_run)
 
 INTERACTION_KEYS = {"a", "b", "baseline", "reference", "delta", "delta_ci", "difference", "difference_ci", "p",
                     "p_holm", "n_seeds", "differs", "delta_p_holm"}
@@ -138,6 +138,14 @@ def test_a_grid_sweep_is_compared_within_each_level_with_its_interaction(tmp_pat
         f"verdict: qk_norm=on: its Δ differs under norm=rmsnorm (+0.0297 {_ci(by['on', 'rmsnorm'].difference_test)}, "
         f"Holm p={by['on', 'rmsnorm'].p_holm:.3g}) from its Δ at norm=layernorm"]
     assert report.tables == [report.table, inter.table]
+    # --baseline names the baseline cell: its qk_norm the baseline level, its norm the reference
+    flipped = build_report([tmp_path / "grid2"], CompareOptions(baseline="qk_norm=on,norm=rmsnorm")).interaction
+    assert [(c.level_a, c.level_b) for c in flipped.cells] == [("off", "rmsnorm"), ("off", "layernorm")]
+    assert flipped.cells[0].delta == pytest.approx(-X_DELTA["rmsnorm"], abs=1e-6)
+    assert flipped.cells[1].difference == pytest.approx(X_INTERACTION, abs=1e-6)  # both levels swapped: same sign
+    with pytest.raises(CompareError, match="^--baseline nope: matches no cell of the grid qk_norm × norm; cells: "
+                                           "qk_norm=off,norm=layernorm, qk_norm=off,norm=rmsnorm, "):
+        build_report([tmp_path / "grid2"], CompareOptions(baseline="nope"))
     seeds = build_report([tmp_path / "grid2"], CompareOptions(per_seed=True)).rows
     on_rms = [r.delta for r in seeds if r.variant == "qk_norm=on,norm=rmsnorm"]
     assert on_rms == pytest.approx([X_CELLS["on", "rmsnorm"][s] - X_CELLS["off", "rmsnorm"][s] for s in X_BASE])
@@ -259,6 +267,11 @@ def test_an_lr_grid_of_two_axes_takes_each_cell_at_its_own_best_lr(tmp_path):
     assert report.interaction.table.title.endswith("(paired over seeds, each cell at its own best LR)")
     assert rows["qk_norm=on,norm=rmsnorm"]["interaction"]["difference"] == pytest.approx(X_INTERACTION, abs=1e-6)
     assert rows["qk_norm=off,norm=rmsnorm"]["interaction"] is None
+    odd = next((tmp_path / "lr_grid2").glob("*qk_norm=on,norm=rmsnorm_lr0.1_seed2"))
+    set_config(odd, "train.steps", 7)  # one run trained longer: its cell would mix effects
+    with pytest.raises(CompareError, match=r"crossed axes \(qk_norm, norm\) and seed, .*train.steps \(6 in 19 runs, "
+                                           r"7 in 1 run\); compare like with like \(e.g. --where train.steps=VALUE\)$"):
+        build_report([tmp_path / "lr_grid2"], CompareOptions())
 
 
 # ---- the figure -----------------------------------------------------------------------------------------
@@ -295,17 +308,24 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         "error: --cross pos: the runs do not vary pos (every run has pos=learned); they vary qk_norm, norm")
     assert one_error_line(cli("compare", str(sweep), "--cross", "qk_norm")).startswith(
         "error: --cross qk_norm: name two different axes, A,B")
+    assert one_error_line(cli("compare", str(write_ladder_sweep(tmp_path)), "--cross", "pos,norm")).startswith(
+        "error: --cross: not available for a --ladder sweep")
     gap = write_grid(tmp_path, name="gap", skip={("on", "rmsnorm")})
     assert one_error_line(cli("compare", str(gap))) == (
         "error: the grid qk_norm × norm has no runs at qk_norm=on,norm=rmsnorm; run its sweep again, which trains "
         "only the jobs it lacks: ablate sweep qk_norm=off,on norm=layernorm,rmsnorm model.d_model=32 train.steps=6 "
         f"--mode grid --seeds 3 hydra.sweep.dir={gap}")
     one = write_grid(tmp_path, name="one", base={0: 3.0})
-    assert one_error_line(cli("compare", str(one))) == (
+    assert one_error_line(cli("compare", str(one), "--cross", "qk_norm,norm")) == (
         "error: the interaction of qk_norm × norm needs at least 2 seeds shared by the four cells it compares (the "
         "same seed and data seed in each); these runs have 1 at most: run the grid with --seeds 3 or more (ablate "
         "sweep qk_norm=off,on norm=layernorm,rmsnorm model.d_model=32 train.steps=6 --mode grid --seeds 3 "
         f"hydra.sweep.dir={one})")
+    # not asked for by --cross, the grid sweep's comparison stands, and says why it has no interaction
+    res = cli("compare", str(one), "--json")
+    assert res.exit_code == 0 and all("interaction" not in r for r in json.loads(res.stdout))
+    said = " ".join(cli("compare", str(one)).stdout.split())
+    assert "note: no interaction table: the interaction of qk_norm × norm needs at least 2 seeds" in said
     apart = write_optimizer_runs(tmp_path / "apart")
     for d in apart.glob("on_0.99_s*"):
         for f in d.iterdir():

@@ -175,11 +175,7 @@ def compare_runs(runs: list[Run], metric: str = VAL_LOSS, baseline: Optional[str
     set (crossing.crossed_mixed)."""
     mixed = mixed_settings(runs) if crossing is None else crossed_mixed(runs, crossing)
     if mixed and not allow_mixed:
-        what = "axis options and seed" if crossing is None else f"the crossed axes ({crossing.a.key}, {crossing.b.key}) and seed"
-        raise CompareError(
-            f"these runs differ in more than {what}, so their deltas would mix "
-            f"effects: {describe_mixed(mixed)}; compare like with like (e.g. --where "
-            f"{next(iter(mixed))}=VALUE) or pass --allow-mixed")
+        raise mixed_error(mixed, crossing)
     metric = resolve_metric(metric, runs)
     notes: list[str] = []
     if crossing is None:
@@ -202,6 +198,15 @@ def compare_runs(runs: list[Run], metric: str = VAL_LOSS, baseline: Optional[str
     cmp = Comparison(rows, metric, label or (base.label if base else None), notes, groups, alpha)
     cmp.baseline_reason, cmp.mixed, cmp.crossing = reason, mixed, crossing
     return cmp
+
+
+def mixed_error(mixed: dict[str, dict[str, int]], crossing: Optional[Crossing] = None,
+                allow: bool = True) -> CompareError:
+    """The refusal of runs whose deltas would mix effects (`allow`: it says --allow-mixed)."""
+    what = "axis options and seed" if crossing is None else f"the crossed axes ({crossing.a.key}, {crossing.b.key}) and seed"
+    return CompareError(f"these runs differ in more than {what}, so their deltas would mix effects: "
+                        f"{describe_mixed(mixed)}; compare like with like (e.g. --where {next(iter(mixed))}=VALUE)"
+                        + (" or pass --allow-mixed" if allow else ""))
 
 
 def _arrange_crossed(runs: list[Run], crossing: Crossing, baseline: Optional[str]) -> list[Group]:

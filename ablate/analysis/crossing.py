@@ -245,22 +245,22 @@ def find_crossing(runs: Sequence[Run], cross: Optional[str], notes: list[str],
                          f"you want with --cross A,B (e.g. --cross {varied[0]},{varied[1]}), the others held "
                          f"at one level with --where")
         return None
-    crossing = Crossing(_factor(runs, a, how), _factor(runs, b, how), how, exclude=tuple(exclude))
+    crossing = Crossing(_factor(runs, a, bool(grids)), _factor(runs, b, bool(grids)), how, exclude=tuple(exclude))
     crossing.cells = {r.dir: (level_of(r, a), level_of(r, b)) for r in runs}
     crossing.grid = grids[0] if len(grids) == 1 else None
     _check_cells(runs, crossing, grids)
     return crossing
 
 
-def _factor(runs: Sequence[Run], key: str, how: str) -> Factor:
+def _factor(runs: Sequence[Run], key: str, grid: bool) -> Factor:
     """The key's levels in the order first met (a grid sweep's jobs: as its command gave them);
-    not a grid sweep, an axis's default option first, where the runs have it."""
+    runs not of a grid sweep: an axis's default option first, where the runs have it."""
     found = levels(runs, key)
     if None in found:
         lacking = [r for r in runs if level_of(r, key) is None]
         raise CompareError(f"--cross {key}: {len(lacking)} of the runs do not say their {key} "
                            f"(e.g. {lacking[0].dir}); compare only runs that set it (--where)")
-    if how == "--cross":
+    if not grid:
         from ablate.config.axes import default_axes
 
         default = default_axes().get(key)
@@ -297,7 +297,7 @@ def _cell_command(runs: Sequence[Run], crossing: Crossing, a: str, b: str, seeds
             by: dict[str, set] = {}
             for r in runs:
                 by.setdefault(crossing.cell(r)[index], set()).add(given[r.dir].get(key))
-            if level in by and _follows(key, by):
+            if level in by and _follows(by):
                 fixed += [o for o in by[level] if o is not None]
                 break
     return " ".join(["ablate sweep", shlex.quote(crossing.a.name(a)), shlex.quote(crossing.b.name(b)),
@@ -305,7 +305,8 @@ def _cell_command(runs: Sequence[Run], crossing: Crossing, a: str, b: str, seeds
 
 
 # ---- what the grid explains -------------------------------------------------------------------------
-def _follows(key: str, by: dict[str, set]) -> bool:
+def _follows(by: dict[str, set]) -> bool:
+    """One value at each level."""
     return all(len(values) == 1 for values in by.values())
 
 
@@ -327,7 +328,7 @@ def crossed_mixed(runs: Sequence[Run], crossing: Crossing) -> dict[str, dict[str
             a, b = crossing.cell(r)
             by_a.setdefault(a, set()).add(v)
             by_b.setdefault(b, set()).add(v)
-        if _follows(key, by_a) or _follows(key, by_b):
+        if _follows(by_a) or _follows(by_b):
             continue
         counts: dict[str, int] = {}
         for v in values:

@@ -155,15 +155,15 @@ def _ci(test: SeedTest) -> str:
     return "-" if test.ci_low is None else f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}]"
 
 
-def check_testable(cells: Sequence[InteractionCell], crossing: Crossing, fill: str = "") -> None:
-    """Refuse (one line) a table where no interaction has the 2 seeds its interval needs."""
+def untestable(cells: Sequence[InteractionCell], crossing: Crossing, fill: str = "") -> Optional[str]:
+    """Why no interaction of the table has an interval (none has the 2 seeds it needs); None: some have."""
     family = [c for c in cells if not c.reference]
     if any(c.difference_test.ci_low is not None for c in family):
-        return
+        return None
     most = max((c.n_difference for c in family), default=0)
-    raise CompareError(f"the interaction of {crossing.title} needs at least 2 seeds shared by the four cells it "
-                       f"compares (the same seed and data seed in each); these runs have {most} at most: run "
-                       f"the grid with --seeds 3 or more" + (f" ({fill})" if fill else ""))
+    return (f"the interaction of {crossing.title} needs at least 2 seeds shared by the four cells it compares "
+            f"(the same seed and data seed in each); these runs have {most} at most: run the grid with --seeds 3 "
+            f"or more" + (f" ({fill})" if fill else ""))
 
 
 def notes(cells: Sequence[InteractionCell], crossing: Crossing) -> list[str]:
@@ -267,12 +267,20 @@ class Interaction:
         return next((c for c in self.cells if self.crossing.label(c.level_a, c.level_b) == label), None)
 
 
-def interaction(values: Mapping[tuple[str, str], Values], crossing: Crossing, metric: str,
-                alpha: float = ALPHA, what: str = "", fill: str = "") -> Interaction:
+def interaction(values: Mapping[tuple[str, str], Values], crossing: Crossing, metric: str, alpha: float = ALPHA,
+                what: str = "", said: Optional[list] = None) -> Optional[Interaction]:
     """The interaction report of a crossed comparison; `what`: how each cell's values were taken
-    (an LR grid: at its own best LR), said in the title."""
+    (an LR grid: at its own best LR), said in the title. Where no interaction has the 2 seeds its
+    interval needs: refused (CompareError) when --cross asked for it; for a grid sweep, None, and
+    why in `said` (its comparison stands without it)."""
     cells = interaction_cells(values, crossing.a, crossing.b, alpha)
-    check_testable(cells, crossing, fill)
+    fill = crossing.grid.command(seeds=max(3, crossing.grid.seeds or 0)) if crossing.grid else ""
+    why = untestable(cells, crossing, fill)
+    if why is not None:
+        if crossing.how == "--cross" or said is None:
+            raise CompareError(why)
+        said.append(f"no interaction table: {why}")
+        return None
     a, b = crossing.a, crossing.b
     title = (f"ablate compare: {crossing.title} ({crossing.how}): the Δ {metric} of {a.key} at each level of "
              f"{b.key}, and its difference from the Δ at {b.name(b.first)} (paired over seeds{what})")
@@ -298,9 +306,10 @@ def add_interaction(report: Any) -> Any:
     cmp = report.comparison
     crossing = cmp.crossing
     values = {crossing.cell(g.runs[0]): g.values for g in cmp.groups}
-    fill = crossing.grid.command(seeds=max(3, crossing.grid.seeds or 0)) if crossing.grid else ""
-    report.interaction = interaction(values, crossing, cmp.metric, cmp.alpha, fill=fill)
+    report.interaction = interaction(values, crossing, cmp.metric, cmp.alpha, said=report.table.notes)
     for row in cmp:
-        row.interaction = report.interaction.of(row.variant)
-    report.table.columns.append(csv_column())
+        row.crossed = report.interaction is not None
+        row.interaction = report.interaction.of(row.variant) if report.interaction is not None else None
+    if report.interaction is not None:
+        report.table.columns.append(csv_column())
     return report

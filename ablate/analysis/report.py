@@ -74,7 +74,8 @@ def build_report(paths: Sequence[Path | str], options: CompareOptions,
 def _transfer_report(paths: Sequence[Path | str], runs: list[Run], options: CompareOptions) -> Optional[Report]:
     """An --lr-grid or --ladder sweep's report; None for other runs, and for one LR and one
     model size of such a sweep (--where): an ordinary comparison."""
-    from ablate.analysis.crossing import find_crossing
+    from ablate.analysis.compare import mixed_error
+    from ablate.analysis.crossing import crossed_mixed, find_crossing
     from ablate.analysis.transfer_report import find_transfer, transfer_compare, transfer_record
 
     if not find_transfer(paths):
@@ -85,6 +86,9 @@ def _transfer_report(paths: Sequence[Path | str], runs: list[Run], options: Comp
     crossing, notes = None, []
     if record.get("kind") == ReportKind.LR_GRID:  # each cell at its own best LR
         crossing = find_crossing(runs, options.cross, notes, exclude=(LR_KEY,))
+        mixed = crossed_mixed(runs, crossing) if crossing is not None else {}
+        if mixed:  # the grid's report has no mixed cells: one variant per cell
+            raise mixed_error(mixed, crossing, allow=False)
     elif options.cross:
         raise CompareError("--cross: not available for a --ladder sweep (cross two axes in an ordinary or "
                            "an --lr-grid sweep, or compare one rung with --where model.d_model=X)")

@@ -245,12 +245,15 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
         from ablate.analysis.interaction import csv_column, interaction
 
         values = {cell_of[n]: tuned[n].values for n in names}
-        fill = crossing.grid.command(seeds=max(3, crossing.grid.seeds or 0)) if crossing.grid else ""
         report.interaction = interaction(values, crossing, VAL_LOSS, alpha, what=", each cell at its own best LR",
-                                         fill=fill)
-        for row in rows:
-            row.interaction = report.interaction.of(crossing.label(*cell_of[row.variant]))
-        table.columns.append(csv_column())
+                                         said=table.notes)
+        if report.interaction is not None:
+            for row in rows:
+                row.interaction = report.interaction.of(crossing.label(*cell_of[row.variant]))
+            table.columns.append(csv_column())
+        else:
+            for row in rows:
+                row.crossed = False
     return report
 
 
