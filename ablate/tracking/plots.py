@@ -374,7 +374,7 @@ def interaction_figure(inter):
                 ax.plot(x, c.delta, marker="*", ms=14, color=color, ls="none")
     ax.axhline(0.0, color="0.3", lw=1, ls="--")
     ax.set_xticks(range(len(b.levels)), [b.name(x) for x in b.levels])
-    ax.set_xlim(-0.5, len(b.levels) - 0.5)
+    ax.set_xlim(-0.5, len(b.levels) - 0.1)  # room for the last level's note
     ax.set_xlabel(f"{b.key} (the reference level first)")
     ax.set_ylabel(f"Δ {inter.metric}")
     ax.grid(alpha=0.3)
