@@ -1,6 +1,7 @@
 """Run directories with known numbers, as `ablate run` and `ablate sweep` leave them (the
 fields compare reads), for the tests of `ablate compare`: single runs, a study sweep, the
-golden outputs' tree, and LR-grid and ladder sweeps (transfer.json beside their jobs)."""
+golden outputs' tree, LR-grid and ladder sweeps (transfer.json beside their jobs), and grid
+sweeps of two crossed axes with known Δs and a known interaction."""
 
 from __future__ import annotations
 

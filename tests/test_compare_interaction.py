@@ -81,7 +81,8 @@ def test_the_interaction_is_the_least_squares_one_with_scipys_interval_and_p_ove
             assert c.delta == pytest.approx(fit[x, y] - fit[a0, y], abs=1e-9)
             diffs = [values[x, y][s] - values[a0, y][s] for s in seeds]
             r = stats.ttest_1samp(diffs, 0.0)
-            assert [c.delta_test.ci_low, c.delta_test.ci_high] == pytest.approx(list(r.confidence_interval(0.95)), abs=1e-9)
+            assert [c.delta_test.ci_low, c.delta_test.ci_high] == pytest.approx(
+                list(r.confidence_interval(0.95)), abs=1e-9)
             if c.reference:
                 assert c.difference is None and c.p_holm is None
                 continue
@@ -223,8 +224,8 @@ def test_cross_stratifies_any_key_and_a_setting_that_follows_it_is_not_mixing(tm
     assert [(c.level_a, c.level_b) for c in flipped.cells] == [("0.99", "off"), ("0.99", "on")]
     assert flipped.cells[1].difference == pytest.approx(0.03)
     mixed = write_optimizer_runs(tmp_path / "mixed", steps=7)
-    with pytest.raises(CompareError, match=r"differ in more than the crossed axes \(qk_norm, train.beta2\) and "
-                                           r"seed, so their deltas would mix effects: train.steps \(6 in 11 runs, 7 in 1 run\)"):
+    with pytest.raises(CompareError, match=r"differ in more than the crossed axes \(qk_norm, train.beta2\) and seed, "
+                                           r"so their deltas would mix effects: train.steps \(6 in 11 runs, 7 in 1 run\)"):
         build_report([mixed], CompareOptions(cross="qk_norm,train.beta2"))
 
 

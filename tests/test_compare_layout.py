@@ -1,9 +1,9 @@
 """`ablate compare` on a terminal of 80, 100 and 120 columns: every report (the comparison, one
-row per run, a study, an LR grid, a ladder, two crossed axes and their interaction) fits the width, no line ends in spaces, no name,
-label or number is broken across lines, the CI sits on its own line, and what a narrow terminal
-leaves out is named (--wide keeps it). Piped, the full table whatever COLUMNS says. Also: the
-report is chosen from the runs and one options object, and the transfer reports keep their
-public keys in csv, markdown and --json."""
+row per run, a study, an LR grid, a ladder, two crossed axes and their interaction) fits the
+width, no line ends in spaces, no name, label or number is broken across lines, the CI sits on
+its own line, and what a narrow terminal leaves out is named (--wide keeps it). Piped, the full
+table whatever COLUMNS says. Also: the report is chosen from the runs and one options object,
+and the transfer reports keep their public keys in csv, markdown and --json."""
 
 from __future__ import annotations
 

@@ -203,7 +203,8 @@ def compare_runs(runs: list[Run], metric: str = VAL_LOSS, baseline: Optional[str
 def mixed_error(mixed: dict[str, dict[str, int]], crossing: Optional[Crossing] = None,
                 allow: bool = True) -> CompareError:
     """The refusal of runs whose deltas would mix effects (`allow`: it says --allow-mixed)."""
-    what = "axis options and seed" if crossing is None else f"the crossed axes ({crossing.a.key}, {crossing.b.key}) and seed"
+    what = ("axis options and seed" if crossing is None
+            else f"the crossed axes ({crossing.a.key}, {crossing.b.key}) and seed")
     return CompareError(f"these runs differ in more than {what}, so their deltas would mix effects: "
                         f"{describe_mixed(mixed)}; compare like with like (e.g. --where {next(iter(mixed))}=VALUE)"
                         + (" or pass --allow-mixed" if allow else ""))

@@ -138,8 +138,9 @@ def verdict(cells: Sequence[InteractionCell], metric: str, alpha: float) -> str:
         return (f"{a}: it is worse under every level of {across}: Δ beyond seed noise at each (Holm p<{alpha:g}), "
                 f"and {alike}")
     beyond = [c.b.name(c.level_b) for c in cells if _beyond(c, alpha)]
-    return f"{a}: {alike}; its Δ is " + (f"beyond seed noise (Holm p<{alpha:g}) under {', '.join(beyond)} only" if beyond
-                                         else f"within seed noise at every level of {across}")
+    where = (f"beyond seed noise (Holm p<{alpha:g}) under {', '.join(beyond)} only" if beyond
+             else f"within seed noise at every level of {across}")
+    return f"{a}: {alike}; its Δ is {where}"
 
 
 def _whole(text: str) -> str:
@@ -170,8 +171,8 @@ def notes(cells: Sequence[InteractionCell], crossing: Crossing) -> list[str]:
     a0, b0 = crossing.a.name(crossing.a.first), crossing.b.name(crossing.b.first)
     family = [c for c in cells if not c.reference]
     out = [f"Δ: per seed, the cell minus {a0} at the same level of {crossing.b.key}; the interaction, its "
-           f"difference from the Δ at {b0}: per seed, (a, b) − ({a0}, b) − (a, {b0}) + ({a0}, {b0}); each the mean over "
-           f"the seeds its cells share, with a t interval; p: one-sample t-test of the per-seed "
+           f"difference from the Δ at {b0}: per seed, (a, b) − ({a0}, b) − (a, {b0}) + ({a0}, {b0}); "
+           f"each the mean over the seeds its cells share, with a t interval; p: one-sample t-test of the per-seed "
            f"interactions, Holm over the {len(family)} interaction{'s' if len(family) != 1 else ''} of this table"]
     untested = [f"{c.a.name(c.level_a)},{c.b.name(c.level_b)} ({c.n_seeds})" for c in cells
                 if (c.difference_test if not c.reference else c.delta_test).ci_low is None]
@@ -201,7 +202,8 @@ def _rich_delta(c: InteractionCell) -> str:
 def _rich_difference(c: InteractionCell) -> str:
     if c.reference:
         return "[dim]reference[/dim]"
-    return lines(_difference(c), f"[dim]{_ci(c.difference_test)}[/dim]" if c.difference_test.ci_low is not None else None)
+    ci = c.difference_test.ci_low is not None
+    return lines(_difference(c), f"[dim]{_ci(c.difference_test)}[/dim]" if ci else None)
 
 
 def _p(c: InteractionCell) -> str:

@@ -228,7 +228,8 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
         t, test = tuned[n], tuned[n].tuned_delta
         top = max((p for p in points if p.variant == n), key=lambda p: p.lr)
         rows.append(GridRow(
-            n, n == base if reference is None else reference[n] is None, t.best_lr, t.on_edge, t.n, t.loss, list(t.loss_ci) if t.loss_ci[0] is not None else None,
+            n, n == base if reference is None else reference[n] is None, t.best_lr, t.on_edge, t.n, t.loss,
+            list(t.loss_ci) if t.loss_ci[0] is not None else None,
             test.test_delta if test else None,
             [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
             test.p_value if test else None, test.t if test else None, test.seeds_needed if test else None,

@@ -380,5 +380,6 @@ def interaction_figure(inter):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"Δ {inter.metric} of {a.key} at each level of {b.key}\nbars: {100 * (1 - inter.alpha):g}% CI, "
-                 f"paired over seeds\n★: differs from the Δ at {b.name(b.first)} (Holm p<{inter.alpha:g})", fontsize=10)
+                 f"paired over seeds\n★: differs from the Δ at {b.name(b.first)} (Holm p<{inter.alpha:g})",
+                 fontsize=10)
     return fig
