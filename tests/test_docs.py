@@ -230,7 +230,10 @@ def _checker_main(plan_path: str, results_path: str) -> None:
     from hydra.core.global_hydra import GlobalHydra
     from typer.testing import CliRunner
 
+    import composition_memo  # this file's folder, tests/, is sys.path[0]
     from cli.main import app
+
+    composition_memo.install()  # the suite's memo, as in its other processes (tests/conftest.py)
 
     checks = json.loads(Path(plan_path).read_text())
     runner, cwd, env = CliRunner(), os.getcwd(), dict(os.environ)

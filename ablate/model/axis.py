@@ -351,7 +351,8 @@ _stored: dict = {}  # (group, name) -> (what was stored, its ConfigStore entry)
 def store_once(group: str, name: str, source: Any, node: Callable[[], Any], provider: Optional[str] = "ablate") -> None:
     """`node()` in Hydra's ConfigStore as group/name, unless the entry made from `source` is still
     there: storing again would cost ~4 ms an option at every composition, and a new entry
-    object makes the compositions ablate/config/compose.py keeps look stale."""
+    object makes the compositions the test suite's memo keeps (tests/composition_memo.py) look
+    stale."""
     from hydra.core.config_store import ConfigStore
 
     held = _stored.get((group, name))
