@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.stats import mean_std
 from ablate.errors import ConfigError
+from ablate.model.component import sublayers
 from ablate.names import LR
 
 MIN_SIZES = 3  # a slope through two points has no residual: a third says whether it is a line
@@ -148,7 +149,7 @@ class Probe:
             self._handles += [block.attn.register_forward_hook(self._hook(Module.ATTN_OUT)),
                               block.ffn.register_forward_hook(self._hook(Module.FFN_OUT)),
                               block.register_forward_hook(self._hook(Module.RESIDUAL))]
-            for component in (block.attn, block.ffn):
+            for component in sublayers(block):
                 component.record(True)
         return self
 
@@ -156,7 +157,7 @@ class Probe:
         for h in self._handles:
             h.remove()
         for block in self.model.blocks:
-            for component in (block.attn, block.ffn):
+            for component in sublayers(block):
                 component.record(False)
 
     def _hook(self, module: Module, inputs: bool = False):

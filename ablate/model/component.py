@@ -110,6 +110,11 @@ class LayerComponent(Protocol):
         """Its decode cache (None: it caches nothing, an FFN)."""
 
 
+def sublayers(block: Any) -> tuple:
+    """A block's components, the Sublayers of its layer: its attention and its FFN."""
+    return block.attn, block.ffn
+
+
 class Sublayer:
     """The module side, mixed into a component's nn.Module class (`class MyAttn(Sublayer,
     nn.Module)`); the defaults say "nothing to add". Values are of the last forward pass.

@@ -12,7 +12,6 @@ from ablate.errors import ConfigError
 from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FfnOption, FlagOption, NormOption,
                                ParamOption, PosOption, component_axes, declare_axis, declared, default, get,
                                names, norm_factory, register_option, setting, store_in_hydra)
-from ablate.model.component import kv_layout
 
 __all__ = ["AXES", "component_axes", "declared", "default", "get", "names", "norm_factory", "register_option",
            "setting", "store_in_hydra"]
@@ -99,8 +98,8 @@ def attention_flops(spec, layer: int, seq_len: int) -> int:
     return 6 * attention_params(spec, layer) + 12 * spec.n_heads * spec.head_dim * seq_len
 
 
+# their cache is AttnOption's default: keys and values of n_kv_heads x head_dim (kv_layout)
 DENSE_ATTN = dict(params=attention_params, flops=attention_flops,
-                  cache=lambda spec, layer: kv_layout(spec.n_kv_heads, spec.head_dim),
                   flops_formula=("6*N + 12*L*d_attn*T (PaLM appendix B, training = forward + backward): N = "
                                  "attention + FFN weights + the d x V output head (tied or not), L = layers, "
                                  "d_attn = n_heads * head_dim, T = seq_len (the causal half of the score "

@@ -19,11 +19,11 @@ from torch import nn
 
 from ablate.errors import ConfigError
 from ablate.model import options
+from ablate.model.component import Reduce, sublayers
 from ablate.model.kv_cache import KVCache
 from ablate.model.loss import linear_cross_entropy
 from ablate.model.parametrization import Parametrization, param_rules
 from ablate.model.roles import Role, init_weights, linear, tag
-from ablate.model.component import Reduce
 from ablate.model.spec import ModelSpec, count_params
 from ablate.names import MTP_TERM, Z_TERM, loss_key, stat_key
 
@@ -148,9 +148,7 @@ class Transformer(nn.Module):
         return LMOutput(logits, loss, lm_loss, {k: v.detach() for k, v in reported.items()}, self.component_stats())
 
     def _components(self):
-        for block in self.blocks:
-            yield block.attn
-            yield block.ffn
+        return (component for block in self.blocks for component in sublayers(block))
 
     def component_terms(self) -> dict[str, torch.Tensor]:
         """The components' auxiliary losses of the last forward pass, summed over layers by name."""

@@ -22,6 +22,7 @@ import math
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ablate.model.component import sublayers
 from ablate.names import GRAD_NORM, TOKENS
 
 if TYPE_CHECKING:
@@ -83,11 +84,6 @@ def grad_norms(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 # ---- activations: one extra forward pass ---------------------------------------------------
-
-def sublayers(block: nn.Module) -> tuple:
-    """A block's components (its attention and FFN: Sublayers)."""
-    return block.attn, block.ffn
-
 
 class ActivationProbe:
     """Within `with`: forward hooks on the blocks (residual-stream RMS after each block), and
