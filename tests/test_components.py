@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -194,3 +195,24 @@ def test_the_documented_example_is_this_plugin():
     code = re.search(r"cat > my_pkg/components\.py <<'PY'\n(.*?)\nPY\n", text, re.S)
     assert code, "docs/extending.md lost its my_pkg/components.py example"
     assert code.group(1) + "\n" == (HERE / "component_plugin.py").read_text(encoding="utf-8")
+
+
+def test_each_term_is_logged_as_the_mean_over_micro_steps_as_train_loss_is(tmp_path):
+    """loss/z and loss/mtp: the weighted value each adds, averaged over the step's micro-steps
+    (computed here from the model's own logits before the step); train_loss stays the LM loss."""
+    from conftest import scripted_trainer
+
+    trainer = scripted_trainer(tmp_path, "model.z_loss=0.01", "model.mtp_heads=1", "train.grad_accum=2",
+                               "train.steps=1")
+    model, ce, z = trainer.model, [], []
+    with torch.no_grad():
+        for micro in range(trainer.grad_accum):
+            w = trainer.batches.window(0, micro)
+            logits = model(w[:, :-1]).logits.float()  # (B, T, V)
+            ce.append(F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten()))
+            z.append(0.01 * torch.logsumexp(logits, dim=-1).pow(2).mean())
+    assert trainer.fit().status == "completed"
+    row = next(r for r in trainer.sinks.rows if "train_loss" in r)
+    assert row["train_loss"] == pytest.approx(float(sum(ce) / 2), rel=1e-5)
+    assert row["loss/z"] == pytest.approx(float(sum(z) / 2), rel=1e-5)
+    assert 0 < row["loss/mtp"] and {"loss/z", "loss/mtp"} <= set(row)
