@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ablate.errors import AblateError
-from ablate.names import GRAD_NORM, METRICS, TOKENS, TRAIN_LOSS, VAL_LOSS, Status
+from ablate.names import GRAD_NORM, TOKENS, TRAIN_LOSS, VAL_LOSS, Status, metric
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class Panel:
     tail: float = 0.0
 
 
-# What a panel adds to a metric's title and scale (ablate.names.METRICS): the train loss carries
+# What a panel adds to a metric's title and scale (ablate.names.metric: the METRICS row, or a loss
+# term's or statistic's by its rule): the train loss carries
 # the validation points, and the losses fit their y-range to the end of training.
 PANEL_EXTRAS = {
     TRAIN_LOSS: {"title": "loss (line: train, markers: val)", "points": VAL_LOSS, "tail": 0.2},
@@ -41,8 +42,8 @@ DEFAULT_KEYS = (TRAIN_LOSS, GRAD_NORM)
 
 
 def panel_for(key: str) -> Panel:
-    metric = METRICS.get(key)
-    base = {"title": metric.title, "log_y": metric.log_scale} if metric else {"title": key}
+    row = metric(key)
+    base = {"title": row.title, "log_y": row.log_scale} if row else {"title": key}
     return Panel(key, **{**base, **PANEL_EXTRAS.get(key, {})})
 
 
