@@ -10,6 +10,9 @@ import typer
 
 from cli.common import (call_hydra, check_flags, check_flags_config, compose_checked, fail, finished_here,
                         survive_closed_stdout)
+from ablate.train.threads import quiet_openmp
+
+quiet_openmp()  # waiting OpenMP threads sleep: set before any command imports torch (libgomp reads it once)
 
 app = typer.Typer(
     help="Architecture ablations of decoder-only transformer language models.",

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 from ablate.analysis.stats import mean_std
 from ablate.errors import ConfigError
 from ablate.names import LR
+from ablate.train.threads import use_threads
 
 MIN_SIZES = 3  # a slope through two points has no residual: a third says whether it is a line
 DEFAULT_WIDTHS = (64, 128, 256, 512)
@@ -252,8 +253,7 @@ def measure(request: Request, progress: Optional[Callable[[str], None]] = None) 
     param = _param(first)
     base_given = first.model.get(request.sweep.base_key.split(".")[1]) is not None
     cfgs = [compose_config(size_overrides(request, s, param, base_given)) for s in request.sizes]
-    if first.train.threads > 0:
-        torch.set_num_threads(int(first.train.threads))
+    use_threads(int(first.train.threads))  # ablate/train/threads.py
     device = resolve_device(str(first.train.device))
     precision = resolve_precision(str(first.train.precision), device)
     tok, data = prepare_data(first, progress=False)

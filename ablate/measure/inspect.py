@@ -178,9 +178,9 @@ def grad_profile_for_config(cfg: Any) -> dict:
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
     from ablate.train.launch import prepare_data, seed_everything
+    from ablate.train.threads import use_threads
 
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    use_threads(cfg.train.threads)  # ablate/train/threads.py
     tok, data = prepare_data(cfg, progress=False)
     spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
     seed_everything(cfg.seed)

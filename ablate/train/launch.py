@@ -187,10 +187,12 @@ class Launch:
         import torch.distributed
 
         from ablate.train.distributed import setup_distributed
+        from ablate.train.threads import use_threads
 
         cfg, ctx = self.cfg, self.ctx
-        if cfg.train.threads > 0:
-            torch.set_num_threads(cfg.train.threads)
+        # the notice once, on the run's console (not from each of a sweep's jobs), when it computes on the CPU
+        on_cpu = cfg.train.device == "cpu" or (cfg.train.device == "auto" and not torch.cuda.is_available())
+        use_threads(cfg.train.threads, say=None if on_cpu and not ctx.multirun else (lambda line: None))
         dist = setup_distributed(cfg)
         tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0 and not ctx.multirun)
         if data.meta["vocab_size"] != tok.vocab_size:
