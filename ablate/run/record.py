@@ -263,6 +263,17 @@ def read_record(run_dir: Path) -> Optional[RunRecord]:
         return None
 
 
+def read_record_or_why(run_dir: Path) -> tuple[Optional[RunRecord], Optional[str]]:
+    """(the record, None); (None, None) without summary.json; (None, why it cannot be read)."""
+    path = Path(run_dir) / SUMMARY
+    if not path.exists():
+        return None, None
+    try:
+        return RunRecord.from_json(read_json(path)), None
+    except (OSError, ValueError) as e:  # JSONDecodeError and RecordError are ValueErrors
+        return None, (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
+
+
 def live_status(run_dir: Path) -> Optional[Status]:
     """The record's live status (RunRecord.live_status); None without a readable record."""
     record = read_record(run_dir)

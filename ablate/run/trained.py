@@ -33,13 +33,40 @@ class LoadedRun:
 
 
 def run_config(run_dir) -> Any:
-    """A run directory's config.yaml; CheckpointError when it is not a run directory."""
-    from omegaconf import OmegaConf
+    """A run directory's config.yaml; CheckpointError (one line, naming the file and what to do)
+    when it is not a run directory or its config cannot be read."""
+    from omegaconf import DictConfig, OmegaConf
 
     path = Path(run_dir) / CONFIG
     if not path.is_file():
-        raise CheckpointError(f"{run_dir}: no {CONFIG} (not an ablate run directory)")
-    return OmegaConf.load(path)
+        raise CheckpointError(not_a_run(Path(run_dir)))
+    try:
+        cfg = OmegaConf.load(path)
+        why = None if isinstance(cfg, DictConfig) and "model" in cfg and "train" in cfg else \
+            "not a run's config: no model and train sections"
+    except Exception as e:  # noqa: BLE001 - YAML's and OmegaConf's errors: the file is damaged
+        why = " ".join(str(e).split())[:160] or type(e).__name__
+    if why is None:
+        return cfg
+    copy = Path(run_dir) / ".hydra" / CONFIG  # Hydra's copy, written with it at the run's start
+    fix = (f"restore it from Hydra's copy: `cp {copy} {path}`" if copy.is_file() and copy.read_bytes() != path.read_bytes()
+           else "the run cannot be loaded without it")
+    raise CheckpointError(f"{path}: unreadable ({why}); {fix}")
+
+
+def not_a_run(path: Path) -> str:
+    """Why `path` is no run directory, and what to give instead (a sweep's runs by name)."""
+    from ablate.run.directory import SUMMARY
+
+    if not path.is_dir():
+        return f"{path}: no such directory (give a run directory)"
+    runs = sorted({p.parent for p in path.rglob(CONFIG) if p.parent.name != ".hydra"} |
+                  {p.parent for p in path.rglob(SUMMARY)})
+    if runs:
+        first = runs[0].relative_to(path)
+        return (f"{path}: a directory of {len(runs)} runs (a sweep), not one run; give one of them, "
+                f"e.g. {path / first}")
+    return f"{path}: no {CONFIG} (not an ablate run directory)"
 
 
 def tokenizer_name(cfg) -> str:
