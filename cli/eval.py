@@ -145,6 +145,7 @@ def register(app: typer.Typer) -> None:
         import json
 
         from ablate.errors import AblateError
+        from ablate.terminal import print_lines
         from ablate.train.threads import check_threads, use_threads
         from cli.common import fail
 
@@ -159,7 +160,7 @@ def register(app: typer.Typer) -> None:
         asked = ", ".join(str(k.length) for k in keys)
         for i, d in enumerate(dirs, start=1):
             if len(dirs) > 1:  # what the next minute is spent on
-                typer.echo(f"[{i}/{len(dirs)}] {d}: evaluating at {asked} tokens", err=True)
+                print_lines([f"[{i}/{len(dirs)}] {d}: evaluating at {asked} tokens"], err=True)
             try:
                 ev, scored = evaluate_finished(d, keys)
             except AblateError as e:
