@@ -35,6 +35,16 @@ def check_finished(run_dir: Path) -> None:
                           f"finish it with `{resume_command(run_dir)}`, then evaluate it")
 
 
+_said: set = set()
+
+
+def say_once(line: str) -> None:
+    """A notice on stderr, once per command (the thread notice, for each run of a sweep)."""
+    if line not in _said:
+        _said.add(line)
+        typer.echo(line, err=True)
+
+
 @contextlib.contextmanager
 def locked(run_dir: Path):
     """The run's lock, held inside the block: no training and no other eval of it meanwhile."""
@@ -53,20 +63,23 @@ def locked(run_dir: Path):
         lock.release()
 
 
-def evaluate_finished(run_dir: Path, keys: list):
+def evaluate_finished(run_dir: Path, keys: list, threads: int = 0):
     """One run directory: (its RunEval, the tokens scored), from its final weights in fp32, on
-    the GPU when there is one. AblateError (one line) for a run that cannot be evaluated."""
+    the GPU when there is one, with `threads` CPU threads (0: chosen from the free cores, the
+    notice said once). AblateError (one line) for a run that cannot be evaluated."""
     import torch
 
     from ablate.errors import ConfigError
     from ablate.evaluation.lengths import EvalData, evaluate_run, has_rope
     from ablate.run.trained import load_run_model
     from ablate.train.launch import prepare_data
+    from ablate.train.threads import use_threads
 
     check_finished(run_dir)  # before the lock: a refused run's directory is left as it was
     with locked(run_dir):
         check_finished(run_dir)  # again: a run may have been resumed meanwhile
         loaded = load_run_model(run_dir)
+        use_threads(threads, "--threads N", say=say_once)
         if any(k.rope_scaling for k in keys) and not has_rope(loaded.model):
             raise ConfigError(f"{run_dir}: --rope-scaling needs a RoPE run, this one has "
                               f"pos={loaded.spec.pos}; leave --rope-scaling out")
@@ -146,7 +159,7 @@ def register(app: typer.Typer) -> None:
 
         from ablate.errors import AblateError
         from ablate.terminal import print_lines
-        from ablate.train.threads import check_threads, use_threads
+        from ablate.train.threads import check_threads
         from cli.common import fail
 
         keys = parse_keys(lengths, stride, rope_scaling)
@@ -155,14 +168,14 @@ def register(app: typer.Typer) -> None:
         except AblateError as e:
             fail(str(e))
         dirs = run_dirs(Path(path))
-        use_threads(threads, "--threads N")
+        _said.clear()
         evaluated, skipped = [], []
         asked = ", ".join(str(k.length) for k in keys)
         for i, d in enumerate(dirs, start=1):
             if len(dirs) > 1:  # what the next minute is spent on
                 print_lines([f"[{i}/{len(dirs)}] {d}: evaluating at {asked} tokens"], err=True)
             try:
-                ev, scored = evaluate_finished(d, keys)
+                ev, scored = evaluate_finished(d, keys, threads)
             except AblateError as e:
                 if len(dirs) == 1:
                     fail(str(e), e.exit_code)

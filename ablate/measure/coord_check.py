@@ -85,17 +85,21 @@ class Request:
     overrides: tuple[str, ...] = ()
 
 
+EXAMPLE_SIZES = {"--widths": "64,128,256", "--depths": "2,4,8"}
+
+
 def parse_sizes(text: str, flag: str) -> tuple[int, ...]:
     """"64,128,256" -> (64, 128, 256), ascending; ConfigError (one line) for anything else."""
+    example = f"e.g. {flag} {EXAMPLE_SIZES.get(flag, '64,128,256')}"
     items = [t.strip() for t in text.split(",")]
     if not all(t.lstrip("-").isdigit() for t in items):
-        raise ConfigError(f"{flag} takes whole numbers separated by commas, e.g. {flag} 64,128,256; got '{text}'")
+        raise ConfigError(f"{flag} takes whole numbers separated by commas, {example}; got '{text}'")
     sizes = [int(t) for t in items]
     if len(set(sizes)) != len(sizes):
         raise ConfigError(f"{flag} {text}: each size once")
     if len(sizes) < MIN_SIZES:
         raise ConfigError(f"{flag} {text}: give at least {MIN_SIZES} sizes (any two points fit a line: a "
-                          f"third shows whether mean |x| follows a power law), e.g. {flag} 64,128,256")
+                          f"third shows whether mean |x| follows a power law), {example}")
     bad = next((s for s in sizes if s < 1), None)
     if bad is not None:
         raise ConfigError(f"{flag} {text}: every size must be positive, got {bad}")

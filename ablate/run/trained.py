@@ -91,7 +91,7 @@ def _checkpoint_state(run_dir: Path, step: Optional[int]) -> dict:
         raise CheckpointError(f"{run_dir}: no checkpoint: the run kept none (train.ckpt_every / "
                               "keep_ckpts) or was stopped before its first evaluation")
     if step is None:
-        return checkpoint.latest_valid(run_dir)  # found is not empty: a state or CheckpointError
+        return _newest_usable(run_dir, found)
     paths = dict(found)
     if step not in paths:
         raise CheckpointError(f"{run_dir}: no checkpoint of step {step}; there are: "
@@ -100,6 +100,31 @@ def _checkpoint_state(run_dir: Path, step: Optional[int]) -> dict:
     if not isinstance(state, dict) or state.get("step") != step:
         raise CheckpointError(f"{paths[step]}: does not hold step {step}")
     return state
+
+
+def _newest_usable(run_dir: Path, found: list) -> dict:
+    """The newest checkpoint that loads (each one skipped said in a warning); when none does,
+    CheckpointError saying what is wrong with them and what a reader of the weights can do
+    (training's own message is about starting over in the directory)."""
+    from ablate.train import checkpoint
+
+    problems = []
+    for step, path in reversed(found):
+        try:
+            state = checkpoint.load_file(path)
+        except CheckpointError as e:
+            problems.append(str(e))
+            continue
+        if isinstance(state, dict) and state.get("step") == step:
+            for p in problems:
+                checkpoint.warn(f"warning: skipping checkpoint: {p}")
+            return state
+        problems.append(f"{path}: does not hold step {step}")
+    record = read_record(run_dir)
+    again = f"`ablate run {' '.join(record.overrides)}`" if record is not None and record.overrides else "`ablate run ...`"
+    raise CheckpointError(f"{run_dir}: no usable checkpoint ({len(found)} found; newest: {problems[0]}): the "
+                          f"run's weights cannot be loaded; train the variant again into a new directory, "
+                          f"e.g. {again}")
 
 
 def load_run_model(run_dir, step: Optional[int] = None) -> LoadedRun:
