@@ -123,6 +123,9 @@ class RunInfo:
     param: Optional[str] = None
     base_width: Optional[int] = None
     base_depth: Optional[int] = None
+    # the loss of predicting each token from its frequency in the training split alone (nats):
+    # a run that ends there learned nothing else (ablate/run/collapse.py)
+    unigram_loss: Optional[float] = None
     wandb: Optional[WandbInfo] = optional()
 
 
@@ -153,6 +156,7 @@ class TrainResult:
     peak_flops: Optional[float] = None
     peak_flops_source: Optional[str] = None
     compile_fallback: Optional[bool] = None
+    block_grad_norm: Optional[float] = None  # the blocks' raw gradient norm at the last step (0: none reached them)
     backend: BackendSettings = flat(BackendSettings)
     compile_fallback_reason: Optional[str] = optional()
 

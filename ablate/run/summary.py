@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
+from ablate.run.collapse import collapse_of
 from ablate.run.record import RunRecord, WandbInfo
 from ablate.terminal import print_table, render
 from ablate.names import TRAIN_LOSS, VAL_BPB, VAL_LOSS
@@ -34,6 +35,9 @@ def summary_table(record: RunRecord, run_dir: Path):
     t.add_row("variant", escape(record.variant or ""))
     t.add_row("status", f"[{color}]{record.status}[/{color}]" + escape((f" ({record.reason})" if record.reason else "")
                                                             + (f" ({record.error})" if record.error else "")))
+    collapse = collapse_of(record)
+    if collapse is not None:  # completed, and it learned only token frequencies (ablate/run/collapse.py)
+        t.add_row("note", f"[yellow]collapsed[/yellow]: {escape(collapse.reason())}")
     t.add_row("axes", " ".join(f"{k}={v}" for k, v in (record.axes or {}).items()))
     info, result = record.info, record.result
     if info.params is not None:

@@ -166,7 +166,22 @@ def run_info(cfg: Any, spec, tok, data, trainer) -> RunInfo:
         micro_batch=trainer.micro_batch, grad_accum_steps=trainer.grad_accum,
         warmup_steps=trainer.state.warmup_steps,  # resolved when the run started (a resume keeps it)
         param=spec.param, base_width=spec.base_width, base_depth=spec.base_depth,
+        unigram_loss=unigram_loss(data.train),
     )
+
+
+UNIGRAM_TOKENS = 1 << 24  # a corpus's first 16M training tokens estimate its frequencies
+
+
+def unigram_loss(tokens) -> Optional[float]:
+    """The entropy (nats) of the training tokens' frequencies: the loss of a model that predicts
+    every token from how often it occurs, whatever came before (from the first UNIGRAM_TOKENS)."""
+    head = np.asarray(tokens[:UNIGRAM_TOKENS])
+    if not head.size:
+        return None
+    p = np.bincount(head).astype(np.float64) / head.size
+    p = p[p > 0]
+    return round(float(-(p * np.log(p)).sum()), 6)
 
 
 class Launch:
