@@ -5,6 +5,7 @@ logging, sweepers and launchers. Heavy imports happen inside the commands."""
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import typer
 
@@ -115,6 +116,18 @@ COMMAND_MODULES = ["sweep", "resume", "compare", "eval", "sample", "inspect", "e
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"cli.{_name}").register(app)
+
+
+def reflow(text: str) -> str:
+    """A command's help as paragraphs: each docstring line break inside a paragraph becomes a
+    space, so the terminal's width breaks the lines (the help's layout keeps a paragraph's own
+    breaks); a paragraph that starts with \\b (a list) keeps them."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paragraphs)
+
+
+for _command in app.registered_commands:
+    _command.help = reflow(_command.help or inspect.getdoc(_command.callback) or "")
 
 
 def main() -> None:

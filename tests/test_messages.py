@@ -54,3 +54,55 @@ def test_a_refusal_names_every_conflicting_key_at_once():
     with pytest.raises(ConfigError) as e:
         compose(["param=mup", "arch=vaswani"])
     assert str(e.value).startswith("model.init=xavier and model.emb_scale=true scale the embeddings")
+
+
+def test_inspect_counts_the_kv_cache_in_the_runs_precision_as_compare_does():
+    from ablate.measure.inspect import inspect_config, run_kv_cache_bytes_per_token
+
+    cpu = compose(["train.device=cpu"])
+    assert inspect_config(cpu)["dtype"] == "fp32"
+    assert inspect_config(cpu)["kv_cache_bytes_per_token"] == run_kv_cache_bytes_per_token(cpu, "fp32")
+    assert inspect_config(compose(["train.precision=bf16"]))["dtype"] == "bf16"
+    assert inspect_config(cpu, dtype="bf16")["kv_cache_bytes_per_token"] * 2 == run_kv_cache_bytes_per_token(cpu, "fp32")
+
+
+def test_coord_checks_reading_says_what_its_settings_cannot_show():
+    from ablate.measure.coord_check import CoordCheck, Module, Request, Setting, Sweep, Trace
+
+    def check(param, base, steps):
+        sizes = (64, 128, 256)
+        traces = [Trace(size, 0, {m: [[size ** (-0.3 if m is Module.LOGITS else 0.0)]] * steps for m in Module})
+                  for size in sizes]
+        return CoordCheck(Request(Sweep.WIDTH, sizes, steps, 1), Setting(param, base, 3e-3, 4, 64, "cpu", "fp32"),
+                          traces).reading()
+
+    two = check("mup", 64, 2)
+    assert "output logits shrink with width" in two
+    assert two.endswith("(under mup the steps right after init are a transient of the init, which shrinks the logits "
+                        "by design: judge from --steps 4 or more (docs/parametrization.md))")
+    assert "transient" not in check("mup", 64, 4) and "transient" not in check("sp", None, 2)
+    assert "(model.base_width=512 is outside the widths 64-256: no model here is at its base shape)" in \
+        check("mup", 512, 4)
+
+
+def test_a_ladder_with_one_lr_and_one_seed_says_so_and_names_no_interval(tmp_path):
+    from ablate.analysis.report import CompareOptions, build_report
+    from compare_fixtures import write_ladder_sweep
+
+    one = build_report([write_ladder_sweep(tmp_path / "one", seeds=1)], CompareOptions())
+    notes = " ".join(one.notes)
+    assert "no LR grid: every variant ran at the same learning rate on a rung" in notes and "--lr-grid" in notes
+    assert "no CIs: one seed a rung (--seeds 2 or more for intervals)" in notes and "t-interval" not in notes
+    two = " ".join(build_report([write_ladder_sweep(tmp_path / "two", seeds=2)], CompareOptions()).notes)
+    assert "CIs: each rung's Δ t-interval" in two
+
+
+def test_help_text_is_broken_by_the_terminal_not_by_the_docstring():
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    wide = CliRunner().invoke(app, ["compare", "--help"], env={"COLUMNS": "120"}).output
+    assert "runs that differ in anything else (steps, data, size, lr ...) are" in wide  # one line, not two
+    run = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "120"}).output
+    assert "\n act: " in run and "\n norm: " in run  # a \b list keeps its lines

@@ -35,6 +35,7 @@ DEFAULT_SEEDS = 3
 # core (the run's default 16 x 128 would take 8x as long).
 SMALL_BATCH = ("train.batch_size=4", "train.seq_len=64")
 FLAT = 0.15  # |slope| at most this: "flat" in the reading (the threshold muP is tested against)
+TRANSIENT_STEPS = 3  # judged steps (2..4) that show whether a slope settles after the init's transient
 
 
 class Sweep(str, Enum):
@@ -347,7 +348,21 @@ class CoordCheck:
         sizes = self.request.sizes
         parts = [f"{', '.join(label for label, _ in items)} {_trend_words(key, steps, items, self.request.sweep)}"
                  for key, items in sorted(groups.items(), key=lambda kv: (list(Trend).index(kv[0][0]), kv[0][1]))]
-        return f"{self.setting.param}, {self.request.sweep.value} {sizes[0]}-{sizes[-1]}, {where}: " + "; ".join(parts)
+        return (f"{self.setting.param}, {self.request.sweep.value} {sizes[0]}-{sizes[-1]}, {where}: " + "; ".join(parts)
+                + "".join(f" ({caution})" for caution in self.cautions()))
+
+    def cautions(self) -> list[str]:
+        """What the reading cannot tell from these settings: a parametrization's first steps
+        after init (its transient) alone; a base shape outside the sizes swept."""
+        s, r, out = self.setting, self.request, []
+        if s.param != "sp" and len(self.judged_steps()) < TRANSIENT_STEPS:
+            out.append(f"under {s.param} the steps right after init are a transient of the init, which "
+                       f"shrinks the logits by design: judge from --steps {TRANSIENT_STEPS + 1} or more "
+                       "(docs/parametrization.md)")
+        if s.base is not None and not min(r.sizes) <= s.base <= max(r.sizes):
+            out.append(f"{r.sweep.base_key}={s.base} is outside the {r.sweep.value}s {min(r.sizes)}-{max(r.sizes)}: "
+                       f"no model here is at its base shape")
+        return out
 
     def to_json(self) -> dict:
         """The --json record (keys in docs/parametrization.md)."""

@@ -110,9 +110,24 @@ def _meta_model(spec: ModelSpec) -> Any:
         return Transformer(spec)
 
 
+def run_precision(cfg: Any) -> str:
+    """The dtype a run of cfg computes in (train.precision; auto: bf16 on a GPU that has it, else
+    fp32), which is its KV cache's, as compare and bench count it."""
+    precision = str(cfg.train.precision)
+    if precision != "auto":
+        return precision
+    if str(cfg.train.device) == "cpu":
+        return "fp32"
+    from ablate.train.trainer import resolve_device, resolve_precision
+
+    return resolve_precision("auto", resolve_device(str(cfg.train.device)))
+
+
 def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int] = None,
-                   dtype: str = "bf16") -> dict:
-    """Everything `ablate inspect` prints, as a JSON-able dict."""
+                   dtype: Optional[str] = None) -> dict:
+    """Everything `ablate inspect` prints, as a JSON-able dict. dtype: the KV cache's (None: the
+    run's own, run_precision)."""
+    dtype = run_precision(cfg) if dtype is None else dtype
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got '{dtype}'")
     seq_len = int(cfg.train.seq_len if seq_len is None else seq_len)
