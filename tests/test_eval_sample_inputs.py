@@ -146,7 +146,7 @@ def test_a_character_split_across_tokens_waits_for_its_last_byte():
 
 def test_eval_says_when_the_cpu_is_busy(sweep, tmp_path, monkeypatch):
     run = copied(sweep, tmp_path, "rope")
-    monkeypatch.setattr(threads.CpuLoad, "now", classmethod(lambda cls: threads.CpuLoad(2, 2, 6.5)))
+    monkeypatch.setattr(threads, "_start_cpu", threads.CpuLoad(2, 2, 6.5))  # as this process found it
     res = invoke_ablate("eval", str(run), "--lengths", "64", env={"OMP_NUM_THREADS": None})
     assert res.returncode == 0, res.stderr
     assert res.stderr.splitlines()[0] == ("notice: the CPU is busy (load 6.5 on 2 cores): computing with 1 thread; "

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from ablate.train import threads
 from ablate.train.threads import CpuLoad, choose_threads, quiet_openmp
 from conftest import ROOT, run_ablate
 
@@ -46,6 +47,23 @@ def test_one_line_says_when_the_load_is_above_the_cores():
 def test_the_load_is_read_from_the_machine():
     cpu = CpuLoad.now()
     assert 1 <= cpu.cores <= cpu.machine_cores and cpu.load >= 0
+
+
+def test_a_process_chooses_from_the_load_it_found_first(monkeypatch):
+    """A later choice in the same process (a sweep's next job) must not count this process's
+    own work, now in the load average, as another process's."""
+    readings = iter([CpuLoad(2, 2, 0.0), CpuLoad(2, 2, 2.0)])
+    monkeypatch.setattr(CpuLoad, "now", classmethod(lambda cls: next(readings)))
+    monkeypatch.setattr(threads, "_start_cpu", None)
+    monkeypatch.setattr(threads, "_torch_default", 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert [threads.use_threads(0).threads for _ in range(2)] == [2, 2]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_waiting_threads_sleep_unless_the_environment_says_otherwise():

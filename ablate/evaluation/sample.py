@@ -8,8 +8,11 @@ tokenizer's ids are drawn (the model's vocab may be padded past them). A sample 
 tokenizer's end-of-text token or after `max_new_tokens`.
 
 A prompt longer than the run's training length (train.seq_len) keeps its last train.seq_len
-tokens; a learned position table (model.max_seq_len rows) ends generation when prompt and text
-fill it. Each is said in one notice line. Nothing is written.
+tokens; text that reaches past the training length reads positions the model never trained at;
+a learned position table (model.max_seq_len rows) ends generation when prompt and text fill it.
+Each is said in one notice line. The KV cache for every sample at full length is estimated
+before it is allocated (ablate/evaluation/budget.py) and refused, with the figure, when it would
+not fit; one sample's text can be streamed as it is drawn (TextStream). Nothing is written.
 """
 
 from __future__ import annotations
@@ -166,7 +169,7 @@ def prompt_ids(tok, text: str, seq_len: int, notice: Callable[[str], None]) -> l
     ids = tok.encode(text)
     if len(ids) > seq_len:
         notice(f"notice: the prompt is {len(ids)} tokens, longer than the run's training length "
-                       f"(train.seq_len={seq_len}): using its last {seq_len}")
+               f"(train.seq_len={seq_len}): using its last {seq_len}")
         ids = ids[-seq_len:]
     return ids
 
@@ -176,7 +179,8 @@ def past_training(loaded, prompt: list[int], opts: SampleOptions) -> Optional[st
     seq_len, end = loaded.cfg.train.seq_len, len(prompt) + room_for(loaded.model, prompt, opts)
     if end <= seq_len:
         return None
-    rows = " (pos=learned: rows of its table that training never updated)" if loaded.spec.pos == "learned" else ""
+    rows = (f" (pos={loaded.spec.pos}: rows of its table that training never updated)"
+            if loaded.model.pos.max_positions is not None else "")  # a learned table, not a formula
     return (f"notice: past token {seq_len} (train.seq_len, the run's training length) the model reads positions "
             f"it never trained at{rows}; the text may degrade there")
 

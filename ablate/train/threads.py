@@ -104,6 +104,17 @@ def env_threads() -> int:
 
 
 _torch_default: Optional[int] = None
+_start_cpu: Optional[CpuLoad] = None  # the CPU as this process's first choice found it
+
+
+def cpu_at_start() -> CpuLoad:
+    """The CPU as this process found it when it first chose: a later choice in the same process
+    (a sweep's next job, eval's next run) would count this process's own work in the load
+    average as other processes' load."""
+    global _start_cpu
+    if _start_cpu is None:
+        _start_cpu = CpuLoad.now()
+    return _start_cpu
 
 
 def torch_default_threads() -> int:
@@ -123,7 +134,7 @@ def use_threads(requested: int, spelling: str = "train.threads=N",
     import torch
 
     requested = int(requested or 0) or env_threads()
-    choice = choose_threads(requested, cpu or CpuLoad.now(), torch_default_threads(), spelling)
+    choice = choose_threads(requested, cpu or cpu_at_start(), torch_default_threads(), spelling)
     torch.set_num_threads(choice.threads)
     if choice.notice:
         (say or (lambda line: print(line, file=sys.stderr, flush=True)))(choice.notice)
