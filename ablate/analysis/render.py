@@ -119,8 +119,8 @@ def print_table(table: Table, console: Any = None, wide: bool = False) -> None:
 
 
 def _print_narrow(table: Table, console: Any, wide: bool) -> list[Column]:
-    """The compact table with the fewest columns left out (none with `wide`), else one block
-    per row; returns the columns left out."""
+    """The compact table with the fewest columns left out (none with `wide`), else in parts
+    (a table with `lead` columns) or one block per row; returns the columns left out."""
     columns, hidden = table.shown(Target.TERMINAL), []
     while True:
         compact = _rich(table, columns, compact=True)
@@ -148,6 +148,7 @@ def _print_parts(table: Table, columns: list[Column], console: Any) -> bool:
             units[-1].append(c)
         else:
             units.append([c])
+
     def fits(part: list[Column]) -> bool:
         return _fits(console, _rich(table, lead + part, compact=True))
 
