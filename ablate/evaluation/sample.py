@@ -102,7 +102,8 @@ def check_memory(model, prompt: list[int], opts: SampleOptions, free: Optional[i
     per_position = (need - base) / max(1, room)  # every sample's cache for one more token
     tokens = int((free / HEADROOM - base) // max(per_position, 1))
     samples = int(free / HEADROOM // max(need / B, 1))
-    fix = " or ".join(([f"at most {tokens:,} new tokens (--max-new-tokens)"] if tokens >= 1 else []) +
+    useful = tokens >= 1 and (B == 1 or tokens >= opts.max_new_tokens / 10)  # not 1 token for many samples
+    fix = " or ".join(([f"at most {tokens:,} new tokens (--max-new-tokens)"] if useful else []) +
                       ([f"at most {samples:,} samples (--num-samples)"] if B > 1 and samples >= 1 else []))
     many = f" for {B:,} samples" if B > 1 else ""
     check_fits(need, f"--max-new-tokens {opts.max_new_tokens:,}{many}: a KV cache of {P + room:,} positions "
