@@ -74,9 +74,19 @@ def meta_model(spec: Any) -> Any:
         return Transformer(spec).eval()
 
 
+_estimated: dict = {}  # (the spec, batch, length) -> bytes: a sweep's runs share their specs
+
+
 def forward_bytes(spec: Any, batch: int, length: int) -> Optional[int]:
     """Peak bytes of evaluation's pass over `batch` windows of `length` tokens: the forward
     (no gradient) and the fp32 cross-entropy over its logits (ablate/train/evaluate.py)."""
+    key = (repr(spec), batch, length)
+    if key not in _estimated:
+        _estimated[key] = _forward_bytes(spec, batch, length)
+    return _estimated[key]
+
+
+def _forward_bytes(spec: Any, batch: int, length: int) -> Optional[int]:
     import torch
     import torch.nn.functional as F
 
