@@ -71,6 +71,40 @@ def print_wrapped(line: str) -> None:
     print("\n".join(wrap_line(line, shutil.get_terminal_size().columns)))
 
 
+_FIELD = re.compile(r"\S(?:\S| (?! ))*")  # a field: words one space apart (fields are 2+ apart)
+
+
+def hang_line(line: str, width: int) -> list[str]:
+    """`line` as terminal lines of at most `width` columns, broken at spaces only: the
+    continuation lines start under the field (words two or more spaces from the next) that
+    crosses the edge, so a table's last column wraps within itself; under the line's own
+    indent plus two where that field is the line's first or starts too far right. A word too
+    long for a line is kept whole (the terminal folds it)."""
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    lead = len(line) - len(line.lstrip(" "))
+    field = max((m.start() for m in _FIELD.finditer(line) if m.start() < width), default=lead)
+    indent = field if field > lead and width - field >= 24 else lead + 2
+    return textwrap.TextWrapper(width, initial_indent=" " * lead, subsequent_indent=" " * indent,
+                                break_long_words=False, break_on_hyphens=False,
+                                replace_whitespace=False).wrap(line.lstrip(" "))
+
+
+def print_lines(lines: list[str], err: bool = False) -> None:
+    """Plain lines on stdout (stderr with `err`): on a terminal broken at spaces to its width
+    (hang_line), whole in a file or a pipe."""
+    import shutil
+
+    stream = sys.stderr if err else sys.stdout
+    if stream.isatty():
+        width = shutil.get_terminal_size().columns
+        lines = [part for line in lines for part in hang_line(line, width)]
+    stream.write("".join(line + "\n" for line in lines))
+    stream.flush()
+
+
 def print_text(console, markup: str) -> None:
     """A line of rich markup: whole off a terminal (a file or pipe gets full lines), broken at
     field boundaries or spaces to the width of a terminal, continuation lines indented."""

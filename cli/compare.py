@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
             "per line where they do not fit) instead of leaving the least needed out."),
         plot: Optional[Path] = typer.Option(
             None, "--plot", help="Write curves vs tokens and each variant's difference from the "
-            "baseline to this .png file (and FILE_diag.png with the diagnostics, when runs logged them; "
+            "baseline to this .png (.pdf, .svg, .jpg) file (and FILE_diag.png with the diagnostics, when runs logged them; "
             "FILE_lengths.png: loss vs evaluation length, when runs have length_eval.json; "
             "FILE_interaction.png: two crossed axes, the Δ of A across the levels of B)."),
         plot_keys: Optional[List[str]] = typer.Option(

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         depths: Optional[str] = typer.Option(None, "--depths", help="model.n_layers values instead of widths, at least 3, e.g. 2,4,8."),
         steps: int = typer.Option(DEFAULT_STEPS, "--steps", help="Steps recorded: step 1 is the forward pass at init, each later one after an update."),
         seeds: int = typer.Option(DEFAULT_SEEDS, "--seeds", help="Models per size (init seeds 0..N-1); the slope's spread is over them."),
-        plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the mup package's panels (one per step) to this .png/.pdf/.svg."),
+        plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the mup package's panels (one per step) to this .png/.pdf/.svg/.jpg."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON: every value per layer, the slopes, the reading."),
     ) -> None:
         """Coordinate check: does each activation's size stay flat as the model widens (muP) or grow (sp)?

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence for FLOPs and the KV cache (default: train.seq_len)."),
         batch: Optional[int] = typer.Option(None, "--batch", help="Sequences for the KV-cache total (default: train.batch_size)."),
-        dtype: str = typer.Option("bf16", "--dtype", help="KV-cache element type: bf16, fp16 or fp32."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="KV-cache element type: bf16, fp16 or fp32 (default: the run's train.precision, as compare and bench count it: fp32 on a CPU)."),
         build: bool = typer.Option(False, "--build", help="Also build the model (meta device, no memory) and check the counts against it."),
         grad_profile: bool = typer.Option(False, "--grad-profile", help="Per-layer gradient norms at initialization for one batch (no training): compare pre vs post norm."),
     ) -> None:

@@ -5,11 +5,15 @@ logging, sweepers and launchers. Heavy imports happen inside the commands."""
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import typer
 
 from cli.common import (call_hydra, check_flags, check_flags_config, compose_checked, fail, finished_here,
                         survive_closed_stdout)
+from ablate.train.threads import quiet_openmp
+
+quiet_openmp()  # waiting OpenMP threads sleep: set before any command imports torch (libgomp reads it once)
 
 app = typer.Typer(
     help="Architecture ablations of decoder-only transformer language models.",
@@ -117,6 +121,18 @@ COMMAND_MODULES = ["sweep", "resume", "compare", "eval", "sample", "inspect", "e
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"cli.{_name}").register(app)
+
+
+def reflow(text: str) -> str:
+    """A command's help as paragraphs: each docstring line break inside a paragraph becomes a
+    space, so the terminal's width breaks the lines (the help's layout keeps a paragraph's own
+    breaks); a paragraph that starts with \\b (a list) keeps them."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paragraphs)
+
+
+for _command in app.registered_commands:
+    _command.help = reflow(_command.help or inspect.getdoc(_command.callback) or "")
 
 
 def main() -> None:

@@ -163,7 +163,7 @@ def test_a_plugins_components_train_log_and_run_through_every_command(tmp_path):
     a, b = latest_weights(runs["0.5"]), latest_weights(runs["0"])
     assert not torch.equal(a["blocks.0.ffn.up.weight"], b["blocks.0.ffn.up.weight"])
     # inspect's KV bytes: the declared latent (rank 8 x 2 layers x 2 bytes), bench --decode's measured
-    inspected = json.loads(run_ablate("inspect", *short, "--json", "--build", env=ENV).stdout)
+    inspected = json.loads(run_ablate("inspect", *short, "--dtype", "bf16", "--json", "--build", env=ENV).stdout)
     assert inspected["kv_cache_bytes_per_token"] == 8 * 2 * 2
     assert inspected["built_params"] == inspected["params"]
     res = run_ablate("bench", "--decode", *short, "train.threads=1", "train.precision=bf16", "--batch", "2",

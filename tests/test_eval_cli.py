@@ -97,12 +97,12 @@ def test_eval_prints_the_table_adds_keyed_results_and_changes_nothing_else(sweep
     res = run_ablate("eval", str(run), "--lengths", "32,64,128")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert "trained at 32 tokens, 512 validation tokens scored" in lines[0]
-    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:5]}
+    assert lines[0] == str(run) and "trained at 32 tokens, 512 validation tokens scored" in lines[1]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[3:6]}
     record = read_lengths(run)
     assert rows["32"] == [f"{record.get(EvalKey(32)).loss:.4f}", f"{record.get(EvalKey(32)).bpb:.4f}"]
     assert rows["64*"] == [f"{record.get(EvalKey(64)).loss:.4f}", f"{record.get(EvalKey(64)).bpb:.4f}"]
-    assert rows["128*"][0] == "n/a" and "position rows" in lines[4]
+    assert rows["128*"][0] == "n/a" and "position rows" in lines[5]
     assert "2 of 3 stored earlier" in res.stdout  # 32 and 128 from the end of training
     assert {k: v for k, v in files(run).items() if k != "length_eval.json"} == {
         k: v for k, v in before.items() if k != "length_eval.json"}  # summary, metrics, checkpoints

@@ -13,7 +13,7 @@ GPT2_SMALL = ["model=small", "tokenizer=gpt2", "model.vocab_size=50257"]
 
 def test_gpt2_small_exact_counts_through_the_cli(tmp_path):
     # an empty tiktoken cache: inspect must not need the gpt2 encoding files
-    r = run_ablate("inspect", *GPT2_SMALL, "--json", "--seq-len", "1024", "--batch", "8", "--build",
+    r = run_ablate("inspect", *GPT2_SMALL, "--json", "--seq-len", "1024", "--batch", "8", "--build", "--dtype", "bf16",
                    env={"TIKTOKEN_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -35,7 +35,9 @@ register_option("norm", "untagged", UntaggedNorm, params=lambda spec, d: d)
     (["param=mup", "model.base_width=0"], "model.base_width must be a positive integer or null"),
     (["param=completep", "model.base_depth=-2"], "model.base_depth must be a positive integer or null"),
     (["param=mup", "model.base_width=15"], "model.base_width=15 is not divisible by model.n_heads=2"),
-    (["param=mup", "arch=vaswani"], "model.init=xavier scales the embeddings with the width"),
+    (["param=mup", "arch=vaswani"], "model.init=xavier and model.emb_scale=true scale the embeddings with the "
+                                    "width, which param=mup keeps width-independent: set model.init=normal "
+                                    "model.emb_scale=false or use param=sp"),
     (["param=completep", "model.emb_scale=true"], "model.emb_scale=true scales the embeddings with the width"),
     (["param=mup", "norm=untagged", "plugins=[no_role_norm]"],
      "parameter blocks.0.norm1.weight (32,) has no role, and param=mup sets init and LR by role"),

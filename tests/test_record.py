@@ -24,9 +24,9 @@ PUBLIC_KEYS = {
     "wall_time_s", "params", "params_breakdown", "non_embedding_params", "flops_per_token",
     "vocab_size", "tokenizer_vocab", "data", "world_size", "device", "precision", "provenance",
     "compile", "compile_optimizer", "tokens_per_step", "micro_batch", "grad_accum_steps",
-    "warmup_steps", "param", "base_width", "base_depth", "wandb", "reason", "step", "steps", "tokens", "train_loss", "val_loss", "val_bpb",
+    "warmup_steps", "param", "base_width", "base_depth", "unigram_loss", "wandb", "reason", "step", "steps", "tokens", "train_loss", "val_loss", "val_bpb",
     "tokens_per_s", "skipped_steps", "resumed_from", "time_to_first_step_s", "compile_s", "mfu",
-    "peak_flops", "peak_flops_source", "compile_fallback", "deterministic", "finished",
+    "peak_flops", "peak_flops_source", "compile_fallback", "block_grad_norm", "deterministic", "finished",
 }
 NESTED_KEYS = {
     "params_breakdown": {"embedding", "attention", "ffn", "norm", "head", "total"},

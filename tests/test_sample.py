@@ -73,7 +73,7 @@ def test_the_same_seed_gives_the_same_text_and_another_seed_other_text(run_dir):
     assert a.tokens == b.tokens != c.tokens
     assert len({tuple(t) for t in a.tokens}) == 3  # the samples of one batch differ too
     r = sample(run_dir, "--max-new-tokens", "60", "--num-samples", "3", "--seed", "0")
-    assert r.returncode == 0 and r.stderr == ""
+    assert r.returncode == 0 and r.stderr == PAST_32
     assert r.stdout == "".join(f"--- sample {i} of 3 ---\n\n{text}\n" for i, text in enumerate(a.texts, start=1))
 
 
@@ -110,9 +110,15 @@ def test_a_learned_table_ends_generation_with_a_message(run_dir):
     r = sample(run_dir, "--prompt", "y" * 32, "--max-new-tokens", "100", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout) == 32 + 32 + 1  # bytes that are all ASCII here
-    assert r.stderr.strip() == ("notice: stopped after 32 new tokens: pos=learned places at most "
-                                "model.max_seq_len=64 tokens (prompt and text); a shorter --prompt "
-                                "leaves more room")
+    assert r.stderr == PAST_32 + ("notice: stopped after 32 new tokens: pos=learned places at most "
+                                  "model.max_seq_len=64 tokens (prompt and text); a shorter --prompt "
+                                  "leaves more room\n")
+    within = sample(run_dir, "--prompt", "y" * 16, "--max-new-tokens", "16", "--temperature", "0")
+    assert within.returncode == 0 and within.stderr == ""  # 32 tokens: all trained positions
+
+
+PAST_32 = ("notice: past token 32 (train.seq_len, the run's training length) the model reads positions it never "
+           "trained at (pos=learned: rows of its table that training never updated); the text may degrade there\n")
 
 
 def _snapshot(d):
@@ -137,7 +143,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(run_dir, args, message
     (dict(max_new_tokens=0), "--max-new-tokens must be >= 1, got 0"),
     (dict(num_samples=0), "--num-samples must be >= 1, got 0"),
     (dict(prompt=""), "--prompt is empty: give some text, or leave it out to start from a newline"),
-], ids=["nan-temperature", "max-new-tokens", "num-samples", "empty-prompt"])
+    (dict(threads=-2), "--threads must be 0 (chosen from the free cores) or a number of threads, got -2"),
+], ids=["nan-temperature", "max-new-tokens", "num-samples", "empty-prompt", "threads"])
 def test_options_that_cannot_sample_are_refused_before_the_run_is_read(tmp_path, options, message):
     with pytest.raises(ConfigError) as e:
         sample_run(tmp_path / "no-such-run", SampleOptions(**options))

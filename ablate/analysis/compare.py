@@ -190,6 +190,7 @@ def compare_runs(runs: list[Run], metric: str = VAL_LOSS, baseline: Optional[str
     holm_correct([r.vs for r in rows], metric, alpha)
     holm_correct([r.vs_prev for r in rows if r.rung], metric, alpha)
     _summary_notes(rows, notes)
+    notes += collapse_notes(groups)
     for row in rows:
         row.mixed = sorted(mixed)
         row.baseline_reason = reason if row.baseline else None
@@ -384,6 +385,20 @@ def _summary_notes(rows: list[Row], notes: list[str]) -> None:
                      + ", ".join(unsteady) + ", so they measured the machine (its load, device or "
                      "settings) as much as the variant. Each figure is the median of the seeds; compare "
                      "speed with `ablate bench --vs OVERRIDE` (alternating rounds), not here")
+
+
+def collapse_notes(groups: list[Group]) -> list[str]:
+    """A variant whose runs learned only token frequencies (ablate/run/collapse.py), named with why."""
+    from ablate.run.collapse import collapse_of
+
+    notes = []
+    for g in groups:
+        done = [r for r in g.runs if r.status == Status.COMPLETED]
+        collapsed = [c for c in (collapse_of(r.record) for r in done) if c is not None]
+        if collapsed:
+            notes.append(f"{g.label}: collapsed in {len(collapsed)} of {len(done)} run(s), its status still "
+                         f"completed: {collapsed[0].reason()}")
+    return notes
 
 
 def per_seed_rows(cmp: Comparison) -> list[SeedRow]:

@@ -321,7 +321,8 @@ def protocol_columns(p: Protocol, alpha: float) -> list[Column]:
 
 def protocol_table(p: Protocol, baseline: Optional[str], alpha: float) -> Table:
     title = "ablate compare: loss by evaluation length (mean over seeds" + ("; Holm per length)" if baseline else ")")
-    return Table(title, protocol_columns(p, alpha), p.rows, [describe(p.keys[0])], notes=p.notes)
+    # too wide for a terminal, the lengths go into parts, each with the variant and the row labels
+    return Table(title, protocol_columns(p, alpha), p.rows, [describe(p.keys[0])], notes=p.notes, lead=2)
 
 
 def describe(key: EvalKey) -> str:

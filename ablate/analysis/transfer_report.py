@@ -385,10 +385,16 @@ def ladder_report(points: Sequence[Point], record: TransferRecord, baseline: Opt
                   for r in rungs] for n in names}
     computes = [_mean([p.compute for p in points if p.variant == base and p.rung == r]) for r in rungs]
     notes: list[str] = []
-    fits, target = _fit(names, base, losses, computes, notes)
+    seeds = max((len(v) for n in names for v in losses[n]), default=0)
+    fits, target = _fit(names, base, losses, computes, notes, seeds)
     rows = [_ladder_row(n, base, rungs, losses, computes, fits, target, alpha) for n in names]
     if best:
         _add_best_lrs(rows, best, notes, list(record.grid), one_scan, record.seeds)
+    else:  # no LR scan: every variant judged at the LR it was given
+        lrs = ", ".join(f"{lr:g}" for lr in sorted({p.lr for p in points if p.lr is not None}))
+        notes.append(f"no LR grid: every variant ran at the same learning rate on a rung ({lrs}), so a variant "
+                     "whose own best LR differs is judged untuned there; --lr-grid LO:HI:N tunes each "
+                     "(docs/transfer.md)")
     for row in rows:
         beyond = [r.rung for r in row.rungs if r.compute_multiplier_extrapolated]
         if beyond:
@@ -403,7 +409,8 @@ def ladder_report(points: Sequence[Point], record: TransferRecord, baseline: Opt
     return Report(ReportKind.LADDER, table, points=list(points), ladder=LadderFit(fits, target, computes, rungs))
 
 
-def _fit(names: list, base: str, losses: dict, computes: list, notes: list) -> tuple[dict, Optional[float]]:
+def _fit(names: list, base: str, losses: dict, computes: list, notes: list,
+         seeds: int = 2) -> tuple[dict, Optional[float]]:
     """Each variant's L(C) with one shared L_inf, and the projected compute (10x the largest
     rung's); none with fewer than MIN_RUNGS rungs finished by every variant."""
     import ablate.analysis.transfer_stats as T
@@ -418,9 +425,10 @@ def _fit(names: list, base: str, losses: dict, computes: list, notes: list) -> t
     fits = T.fit_power_laws({n: (computes, [_mean(list(v.values())) for v in losses[n]]) for n in names})
     notes.append(f"L(C) = L_inf + A*C^-alpha fitted per variant with one L_inf shared by all "
                  f"(L_inf={fits[base].l_inf:.3f}): {rungs} rungs cannot pin a free L_inf each; "
-                 f"projection at {target:.3g} FLOPs (10x the largest rung); CIs: each rung's Δ t-interval "
-                 f"mapped through the baseline's curve, the projection's a t-interval over the "
-                 f"seeds' own fits (df = seeds - 1)")
+                 f"projection at {target:.3g} FLOPs (10x the largest rung); " +
+                 ("CIs: each rung's Δ t-interval mapped through the baseline's curve, the projection's a "
+                  "t-interval over the seeds' own fits (df = seeds - 1)" if seeds >= 2 else
+                  "no CIs: one seed a rung (--seeds 2 or more for intervals)"))
     return fits, target
 
 

@@ -130,7 +130,7 @@ class TrainConfig:
     diagnostics_every: int = 0  # 0: off
     nproc: int = 1  # >1: torchrun --standalone with that many processes
     strategy: str = "ddp"  # ddp | fsdp
-    threads: int = 0  # torch intra-op threads on CPU (0: torch's default)
+    threads: int = 0  # torch intra-op threads on CPU (0: the cores free at start; ablate/train/threads.py)
     progress: bool = True
 
 
@@ -299,6 +299,8 @@ def _check_train(t: Any) -> None:
                           "train.deterministic=true use auto, flash, efficient or math")
     if t.diagnostics_every < 0:
         raise ConfigError(f"train.diagnostics_every must be >= 0 (0 = off), got {t.diagnostics_every}")
+    if t.threads < 0:
+        raise ConfigError(f"train.threads must be >= 0 (0: chosen from the cores free at start), got {t.threads}")
 
 
 def _check_steps(t: Any) -> None:

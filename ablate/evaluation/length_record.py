@@ -96,8 +96,23 @@ class LengthRecord:
 
 
 def read_lengths(run_dir: Path) -> Optional[LengthRecord]:
+    """The run's record; None without one. ValueError, KeyError or TypeError for a damaged one
+    (read_lengths_checked says it in one line)."""
     path = Path(run_dir) / LENGTH_EVAL
     return LengthRecord.from_json(read_json(path)) if path.exists() else None
+
+
+def read_lengths_checked(run_dir: Path) -> Optional[LengthRecord]:
+    """read_lengths, with a damaged record refused in one line (RunDirError) that says how to go on."""
+    from ablate.errors import RunDirError
+
+    try:
+        return read_lengths(run_dir)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        path = Path(run_dir) / LENGTH_EVAL
+        why = f"no {e}" if isinstance(e, KeyError) else (str(e) or type(e).__name__)
+        raise RunDirError(f"{path}: unreadable ({why}); move it aside and evaluate again, which writes a new one: "
+                          f"`mv {path} {path}.bad`") from None
 
 
 def write_lengths(run_dir: Path, record: LengthRecord) -> None:

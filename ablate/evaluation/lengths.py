@@ -23,8 +23,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ablate.errors import ConfigError
-from ablate.evaluation.length_record import (LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, LengthResult, read_lengths,
-                                  write_lengths)
+from ablate.evaluation.length_record import (LENGTH_EVAL, EvalKey, EvalStatus, LengthRecord, LengthResult,
+                                             read_lengths_checked, write_lengths)
 
 BEYOND = "*"  # marks a length beyond the training length
 
@@ -85,6 +85,10 @@ class EvalData:
     def scored_tokens(self) -> int:
         return sum(n for _, n in windows(self.val, self.eval_tokens, self.eval_tokens))
 
+    def batch(self, length: int) -> int:
+        """Windows per forward pass at `length`."""
+        return max(1, self.batch_tokens // length)
+
 
 def unreachable(model: Any, length: int, scored: int) -> Optional[str]:
     """Why the model cannot be evaluated at `length` (one line), or None."""
@@ -129,9 +133,39 @@ def evaluate_key(model: Any, key: EvalKey, data: EvalData, device, autocast, ste
     if reason is not None:
         return LengthResult(key, EvalStatus.NOT_AVAILABLE, scored_tokens=scored, step=step, reason=reason)
     with rope_scaled(model, key.rope_scaling):
-        m = evaluate(model, data.val, windows(data.val, key.length, data.eval_tokens, key.stride),
-                     data.byte_lengths, device, max(1, data.batch_tokens // key.length), autocast)
+        try:
+            m = evaluate(model, data.val, windows(data.val, key.length, data.eval_tokens, key.stride),
+                         data.byte_lengths, device, data.batch(key.length), autocast)
+        except (RuntimeError, MemoryError) as e:
+            from ablate.evaluation.budget import is_out_of_memory
+
+            if not is_out_of_memory(e):
+                raise
+            raise ConfigError(f"out of memory evaluating {key.length:,} tokens ({str(e).splitlines()[0][:120]}); "
+                              "evaluate shorter lengths, or free memory") from None
     return LengthResult(key, EvalStatus.OK, m[VAL_LOSS], m[VAL_BPB], scored, step)
+
+
+def check_memory(model: Any, keys: list[EvalKey], data: EvalData, train_seq_len: int, device="cpu",
+                 free: Optional[int] = None) -> None:
+    """ConfigError (one line, with the estimate) when a length beyond the training length needs
+    more memory than is free (ablate/evaluation/budget.py), before any length is evaluated."""
+    from ablate.evaluation.budget import HEADROOM, check_fits, forward_bytes, free_bytes
+
+    free = free_bytes(device) if free is None else free
+    for length in sorted({k.length for k in keys if k.length > train_seq_len}):
+        if unreachable(model, length, data.scored_tokens) is not None:
+            continue  # n/a: never evaluated
+        batch = data.batch(length)
+        need = forward_bytes(model.spec, batch, length)
+        if free is None or need is None or need * HEADROOM <= free:
+            continue
+        fits = length // 2
+        while fits > train_seq_len and (forward_bytes(model.spec, data.batch(fits), fits) or 0) * HEADROOM > free:
+            fits //= 2
+        most = f"{fits:,} tokens fit" if fits > train_seq_len else "the training length fits"
+        check_fits(need, f"--lengths {length}: {batch} window{'s' if batch > 1 else ''} of {length:,} tokens "
+                   f"(pos={model.spec.pos})", f"evaluate shorter lengths ({most}) or free memory", device, free)
 
 
 @dataclass
@@ -154,19 +188,23 @@ def evaluate_run(run_dir: Path, model: Any, train_seq_len: int, keys: list[EvalK
     """Each key's result: the stored one when the record holds it for these weights (`step`), else
     evaluated now and added to length_eval.json (a result of older weights, from before the run was
     trained further, is replaced). The run's other files are never touched."""
-    record = read_lengths(run_dir) or LengthRecord(train_seq_len)
+    record = read_lengths_checked(run_dir) or LengthRecord(train_seq_len)
     out = RunEval(Path(run_dir), train_seq_len, [])
+    todo = [k for k in keys if record.get(k) is None or record.get(k).step != step]
+    try:
+        check_memory(model, todo, data, train_seq_len, device)
+    except ConfigError as e:
+        raise ConfigError(f"{run_dir}: {e}") from None
     new = []
     for key in keys:
-        stored = record.get(key)
-        if stored is not None and stored.step == step:
-            out.results.append(stored)
+        if key not in todo:
+            out.results.append(record.get(key))
             out.stored.add(key)
             continue
         new.append(evaluate_key(model, key, data, device, autocast, step))
         out.results.append(new[-1])
     if new and write:
-        record = read_lengths(run_dir) or LengthRecord(train_seq_len)  # as it is now: others may have added
+        record = read_lengths_checked(run_dir) or LengthRecord(train_seq_len)  # as it is now: others may have added
         for result in new:
             record.put(result)
         write_lengths(run_dir, record)
@@ -176,7 +214,8 @@ def evaluate_run(run_dir: Path, model: Any, train_seq_len: int, keys: list[EvalK
 def format_run(ev: RunEval, protocol: str, scored: Optional[int] = None, title: str = "") -> list[str]:
     """The per-run table: length (marked beyond the training length), loss, bpb, n/a with its reason."""
     tokens = f", {scored:,} validation tokens scored" if scored else ""
-    lines = [f"{title or ev.run_dir}  ({protocol}; trained at {ev.train_seq_len} tokens{tokens})",
+    # the run (a path: as long as it is) and what was measured, each a line of its own
+    lines = [f"{title or ev.run_dir}", f"  {protocol}; trained at {ev.train_seq_len} tokens{tokens}",
              f"  {'length':>8}  {'loss':>7}  {'bpb':>7}"]
     for r in ev.results:
         mark = BEYOND if r.key.length > ev.train_seq_len else " "

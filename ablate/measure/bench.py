@@ -31,6 +31,7 @@ from torch import nn
 from ablate.config.axes import preset_axes
 from ablate.measure.bench_args import CLOCKS
 from ablate.names import MFU, TOKENS, TOKENS_PER_S
+from ablate.train.threads import use_threads
 
 # ---- device peak FLOP/s: ablate/train/peak.py (the trainer's MFU uses it too) ---------------
 from ablate.train.peak import GPU_PEAKS, Peak, device_peak, gpu_peak, mfu  # noqa: F401,E402
@@ -296,8 +297,7 @@ def bench(cfg: Any, steps: int = 20, warmup: int = 3, rounds: int = 5, reference
     with tokens_per_s, step_ms, mfu, peak_flops, flops_per_token, and more."""
     from ablate.model.spec import flops_per_token
 
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    use_threads(cfg.train.threads)  # ablate/train/threads.py
     t_build = time.perf_counter()
     trainer, spec, params = build_trainer(cfg)
     device = trainer.device
@@ -394,8 +394,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
     from ablate.train.backends import RecompileWatch, graphs_compiled
 
     base_cfg = compose_config(base_overrides)
-    if base_cfg.train.threads > 0:
-        torch.set_num_threads(base_cfg.train.threads)
+    use_threads(base_cfg.train.threads)  # ablate/train/threads.py
     trainer, spec, params = build_trainer(base_cfg)
     base = trainer_contender("baseline", trainer, params)
     base.clock = tick_clock(clock, trainer.device)

@@ -25,6 +25,7 @@ from ablate.analysis.stats import mean_std
 from ablate.errors import ConfigError
 from ablate.model.component import sublayers
 from ablate.names import LR
+from ablate.train.threads import use_threads
 
 MIN_SIZES = 3  # a slope through two points has no residual: a third says whether it is a line
 DEFAULT_WIDTHS = (64, 128, 256, 512)
@@ -35,6 +36,7 @@ DEFAULT_SEEDS = 3
 # core (the run's default 16 x 128 would take 8x as long).
 SMALL_BATCH = ("train.batch_size=4", "train.seq_len=64")
 FLAT = 0.15  # |slope| at most this: "flat" in the reading (the threshold muP is tested against)
+TRANSIENT_STEPS = 3  # judged steps (2..4) that show whether a slope settles after the init's transient
 
 
 class Sweep(str, Enum):
@@ -85,17 +87,21 @@ class Request:
     overrides: tuple[str, ...] = ()
 
 
+EXAMPLE_SIZES = {"--widths": "64,128,256", "--depths": "2,4,8"}
+
+
 def parse_sizes(text: str, flag: str) -> tuple[int, ...]:
     """"64,128,256" -> (64, 128, 256), ascending; ConfigError (one line) for anything else."""
+    example = f"e.g. {flag} {EXAMPLE_SIZES.get(flag, '64,128,256')}"
     items = [t.strip() for t in text.split(",")]
     if not all(t.lstrip("-").isdigit() for t in items):
-        raise ConfigError(f"{flag} takes whole numbers separated by commas, e.g. {flag} 64,128,256; got '{text}'")
+        raise ConfigError(f"{flag} takes whole numbers separated by commas, {example}; got '{text}'")
     sizes = [int(t) for t in items]
     if len(set(sizes)) != len(sizes):
         raise ConfigError(f"{flag} {text}: each size once")
     if len(sizes) < MIN_SIZES:
         raise ConfigError(f"{flag} {text}: give at least {MIN_SIZES} sizes (any two points fit a line: a "
-                          f"third shows whether mean |x| follows a power law), e.g. {flag} 64,128,256")
+                          f"third shows whether mean |x| follows a power law), {example}")
     bad = next((s for s in sizes if s < 1), None)
     if bad is not None:
         raise ConfigError(f"{flag} {text}: every size must be positive, got {bad}")
@@ -259,8 +265,7 @@ def measure(request: Request, progress: Optional[Callable[[str], None]] = None) 
     param = _param(first)
     base_given = first.model.get(request.sweep.base_key.split(".")[1]) is not None
     cfgs = [compose_config(size_overrides(request, s, param, base_given)) for s in request.sizes]
-    if first.train.threads > 0:
-        torch.set_num_threads(int(first.train.threads))
+    use_threads(int(first.train.threads))  # ablate/train/threads.py
     device = resolve_device(str(first.train.device))
     precision = resolve_precision(str(first.train.precision), device)
     tok, data = prepare_data(first, progress=False)
@@ -350,7 +355,21 @@ class CoordCheck:
         sizes = self.request.sizes
         parts = [f"{', '.join(label for label, _ in items)} {_trend_words(key, steps, items, self.request.sweep)}"
                  for key, items in sorted(groups.items(), key=lambda kv: (list(Trend).index(kv[0][0]), kv[0][1]))]
-        return f"{self.setting.param}, {self.request.sweep.value} {sizes[0]}-{sizes[-1]}, {where}: " + "; ".join(parts)
+        return (f"{self.setting.param}, {self.request.sweep.value} {sizes[0]}-{sizes[-1]}, {where}: " + "; ".join(parts)
+                + "".join(f" ({caution})" for caution in self.cautions()))
+
+    def cautions(self) -> list[str]:
+        """What the reading cannot tell from these settings: a parametrization's first steps
+        after init (its transient) alone; a base shape outside the sizes swept."""
+        s, r, out = self.setting, self.request, []
+        if s.param != "sp" and len(self.judged_steps()) < TRANSIENT_STEPS:
+            out.append(f"under {s.param} the steps right after init are a transient of the init, which "
+                       f"shrinks the logits by design: judge from --steps {TRANSIENT_STEPS + 1} or more "
+                       "(docs/parametrization.md)")
+        if s.base is not None and not min(r.sizes) <= s.base <= max(r.sizes):
+            out.append(f"{r.sweep.base_key}={s.base} is outside the {r.sweep.value}s {min(r.sizes)}-{max(r.sizes)}: "
+                       f"no model here is at its base shape")
+        return out
 
     def to_json(self) -> dict:
         """The --json record (keys in docs/parametrization.md)."""

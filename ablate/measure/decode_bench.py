@@ -32,6 +32,7 @@ import torch
 from ablate.errors import ConfigError
 from ablate.measure.bench import Contender, alternate, device_label, memory_start, speed_ratios, sync, tick_clock
 from ablate.measure.rounds import SPREAD_LIMIT, spread
+from ablate.train.threads import use_threads
 
 @dataclass
 class DecodeModel:
@@ -170,8 +171,7 @@ def bench_decode(cfg: Any, batches: list[int], context: int, new_tokens: int, ro
     from ablate.measure.inspect import DTYPE_BYTES
     from ablate.model.spec import kv_cache_bytes_per_token
 
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    use_threads(cfg.train.threads)  # ablate/train/threads.py
     dm = build_decode_model(cfg, context + new_tokens)
     tick = tick_clock(clock, dm.device)
     rows = []
@@ -209,8 +209,7 @@ def bench_decode_variants(base_overrides: list[str], variants: list[tuple[str, l
     from ablate.config.compose import compose_config
 
     base_cfg = compose_config(base_overrides)
-    if base_cfg.train.threads > 0:
-        torch.set_num_threads(base_cfg.train.threads)
+    use_threads(base_cfg.train.threads)  # ablate/train/threads.py
     base = build_decode_model(base_cfg, context + new_tokens)
     tick = tick_clock(clock, base.device)
     rows = []

@@ -116,9 +116,24 @@ def _meta_model(spec: ModelSpec) -> Any:
         return Transformer(spec)
 
 
+def run_precision(cfg: Any) -> str:
+    """The dtype a run of cfg computes in (train.precision; auto: bf16 on a GPU that has it, else
+    fp32), which is its KV cache's, as compare and bench count it."""
+    precision = str(cfg.train.precision)
+    if precision != "auto":
+        return precision
+    if str(cfg.train.device) == "cpu":
+        return "fp32"
+    from ablate.train.trainer import resolve_device, resolve_precision
+
+    return resolve_precision("auto", resolve_device(str(cfg.train.device)))
+
+
 def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int] = None,
-                   dtype: str = "bf16") -> dict:
-    """Everything `ablate inspect` prints, as a JSON-able dict."""
+                   dtype: Optional[str] = None) -> dict:
+    """Everything `ablate inspect` prints, as a JSON-able dict. dtype: the KV cache's (None: the
+    run's own, run_precision)."""
+    dtype = run_precision(cfg) if dtype is None else dtype
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got '{dtype}'")
     seq_len = int(cfg.train.seq_len if seq_len is None else seq_len)
@@ -186,9 +201,9 @@ def grad_profile_for_config(cfg: Any) -> dict:
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
     from ablate.train.launch import prepare_data, seed_everything
+    from ablate.train.threads import use_threads
 
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    use_threads(cfg.train.threads)  # ablate/train/threads.py
     tok, data = prepare_data(cfg, progress=False)
     spec = ModelSpec.from_config(cfg, tokenizer_vocab=tok.vocab_size)
     seed_everything(cfg.seed)

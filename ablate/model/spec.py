@@ -215,10 +215,13 @@ class ModelSpec:
                 f"(param={self.param} reads the base head dim from it); pick a multiple of {self.n_heads}")
         # Width-dependent embedding scales would undo muP's width-independent embeddings
         # (docs/parametrization.md); arch=vaswani sets both.
-        for key, value, fix in (("model.init", self.init, "normal"), ("model.emb_scale", self.emb_scale, "false")):
-            if str(value).lower() != fix:
-                raise ConfigError(f"{key}={str(value).lower()} scales the embeddings with the width, which "
-                                  f"param={self.param} keeps width-independent: set {key}={fix} or use param=sp")
+        bad = [(key, str(value).lower(), fix) for key, value, fix in (("model.init", self.init, "normal"),
+                                                                      ("model.emb_scale", self.emb_scale, "false"))
+               if str(value).lower() != fix]
+        if bad:  # every conflicting key at once
+            raise ConfigError(f"{' and '.join(f'{k}={v}' for k, v, _ in bad)} scale{'s' * (len(bad) == 1)} the "
+                              f"embeddings with the width, which param={self.param} keeps width-independent: set "
+                              f"{' '.join(f'{k}={fix}' for k, _, fix in bad)} or use param=sp")
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer_vocab: Optional[int] = None) -> "ModelSpec":

@@ -123,6 +123,9 @@ class RunInfo:
     param: Optional[str] = None
     base_width: Optional[int] = None
     base_depth: Optional[int] = None
+    # the loss of predicting each token from its frequency in the training split alone (nats):
+    # a run that ends there learned nothing else (ablate/run/collapse.py)
+    unigram_loss: Optional[float] = None
     wandb: Optional[WandbInfo] = optional()
 
 
@@ -153,6 +156,7 @@ class TrainResult:
     peak_flops: Optional[float] = None
     peak_flops_source: Optional[str] = None
     compile_fallback: Optional[bool] = None
+    block_grad_norm: Optional[float] = None  # the blocks' raw gradient norm at the last step (0: none reached them)
     backend: BackendSettings = flat(BackendSettings)
     compile_fallback_reason: Optional[str] = optional()
 
@@ -261,6 +265,17 @@ def read_record(run_dir: Path) -> Optional[RunRecord]:
         return RunRecord.from_json(read_json(Path(run_dir) / SUMMARY))
     except (OSError, ValueError):
         return None
+
+
+def read_record_or_why(run_dir: Path) -> tuple[Optional[RunRecord], Optional[str]]:
+    """(the record, None); (None, None) without summary.json; (None, why it cannot be read)."""
+    path = Path(run_dir) / SUMMARY
+    if not path.exists():
+        return None, None
+    try:
+        return RunRecord.from_json(read_json(path)), None
+    except (OSError, ValueError) as e:  # JSONDecodeError and RecordError are ValueErrors
+        return None, (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
 
 
 def live_status(run_dir: Path) -> Optional[Status]:

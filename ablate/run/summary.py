@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
+from ablate.run.collapse import collapse_of
 from ablate.run.record import RunRecord, WandbInfo
 from ablate.terminal import print_table, render
 from ablate.names import TRAIN_LOSS, VAL_BPB, VAL_LOSS
@@ -34,6 +35,9 @@ def summary_table(record: RunRecord, run_dir: Path):
     t.add_row("variant", escape(record.variant or ""))
     t.add_row("status", f"[{color}]{record.status}[/{color}]" + escape((f" ({record.reason})" if record.reason else "")
                                                             + (f" ({record.error})" if record.error else "")))
+    collapse = collapse_of(record)
+    if collapse is not None:  # completed, and it learned only token frequencies (ablate/run/collapse.py)
+        t.add_row("note", f"[yellow]collapsed[/yellow]: {escape(collapse.reason())}")
     t.add_row("axes", " ".join(f"{k}={v}" for k, v in (record.axes or {}).items()))
     info, result = record.info, record.result
     if info.params is not None:
@@ -41,8 +45,13 @@ def summary_table(record: RunRecord, run_dir: Path):
         t.add_row("FLOPs/token", f"{info.flops_per_token or 0:,}")
     if record.step is not None:
         t.add_row("steps", f"{record.step}/{record.steps} ({result.tokens or 0:,} tokens)")
+    evaluated = last_eval_step(run_dir) if record.step is not None else None
     for metric in (TRAIN_LOSS, VAL_LOSS, VAL_BPB):
-        t.add_row(metric, _fmt(getattr(result, metric)))
+        value = getattr(result, metric)
+        # a run stopped between evaluations: its validation figures are older than its last step
+        at = f" (at step {evaluated})" if metric != TRAIN_LOSS and value is not None and \
+            evaluated is not None and evaluated != record.step else ""
+        t.add_row(metric, _fmt(value) + at)
     if result.tokens_per_s:
         t.add_row("tokens/s", f"{result.tokens_per_s:,.0f} on {info.device or '?'} ({info.precision or ''})")
     if result.mfu is not None:
@@ -55,6 +64,25 @@ def summary_table(record: RunRecord, run_dir: Path):
     if wandb:  # said at the start too, but that has scrolled away
         t.add_row("W&B", escape(wandb))
     return t
+
+
+def last_eval_step(run_dir: Path) -> Optional[int]:
+    """The step of the run's last evaluation in metrics.jsonl (None: none, or no file)."""
+    import json
+
+    from ablate.run.directory import METRICS
+
+    try:
+        lines = (Path(run_dir) / METRICS).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if f'"{VAL_LOSS}"' in line:
+            try:
+                return int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return None
 
 
 def _wandb_row(where: Optional[WandbInfo]) -> str:

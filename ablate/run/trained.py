@@ -33,13 +33,40 @@ class LoadedRun:
 
 
 def run_config(run_dir) -> Any:
-    """A run directory's config.yaml; CheckpointError when it is not a run directory."""
-    from omegaconf import OmegaConf
+    """A run directory's config.yaml; CheckpointError (one line, naming the file and what to do)
+    when it is not a run directory or its config cannot be read."""
+    from omegaconf import DictConfig, OmegaConf
 
     path = Path(run_dir) / CONFIG
     if not path.is_file():
-        raise CheckpointError(f"{run_dir}: no {CONFIG} (not an ablate run directory)")
-    return OmegaConf.load(path)
+        raise CheckpointError(not_a_run(Path(run_dir)))
+    try:
+        cfg = OmegaConf.load(path)
+        why = None if isinstance(cfg, DictConfig) and "model" in cfg and "train" in cfg else \
+            "not a run's config: no model and train sections"
+    except Exception as e:  # noqa: BLE001 - YAML's and OmegaConf's errors: the file is damaged
+        why = " ".join(str(e).split())[:160] or type(e).__name__
+    if why is None:
+        return cfg
+    copy = Path(run_dir) / ".hydra" / CONFIG  # Hydra's copy, written with it at the run's start
+    fix = (f"restore it from Hydra's copy: `cp {copy} {path}`" if copy.is_file() and copy.read_bytes() != path.read_bytes()
+           else "the run cannot be loaded without it")
+    raise CheckpointError(f"{path}: unreadable ({why}); {fix}")
+
+
+def not_a_run(path: Path) -> str:
+    """Why `path` is no run directory, and what to give instead (a sweep's runs by name)."""
+    from ablate.run.directory import SUMMARY
+
+    if not path.is_dir():
+        return f"{path}: no such directory (give a run directory)"
+    runs = sorted({p.parent for p in path.rglob(CONFIG) if p.parent.name != ".hydra"} |
+                  {p.parent for p in path.rglob(SUMMARY)})
+    if runs:
+        first = runs[0].relative_to(path)
+        return (f"{path}: a directory of {len(runs)} runs (a sweep), not one run; give one of them, "
+                f"e.g. {path / first}")
+    return f"{path}: no {CONFIG} (not an ablate run directory)"
 
 
 def tokenizer_name(cfg) -> str:
@@ -64,7 +91,7 @@ def _checkpoint_state(run_dir: Path, step: Optional[int]) -> dict:
         raise CheckpointError(f"{run_dir}: no checkpoint: the run kept none (train.ckpt_every / "
                               "keep_ckpts) or was stopped before its first evaluation")
     if step is None:
-        return checkpoint.latest_valid(run_dir)  # found is not empty: a state or CheckpointError
+        return _newest_usable(run_dir, found)
     paths = dict(found)
     if step not in paths:
         raise CheckpointError(f"{run_dir}: no checkpoint of step {step}; there are: "
@@ -73,6 +100,31 @@ def _checkpoint_state(run_dir: Path, step: Optional[int]) -> dict:
     if not isinstance(state, dict) or state.get("step") != step:
         raise CheckpointError(f"{paths[step]}: does not hold step {step}")
     return state
+
+
+def _newest_usable(run_dir: Path, found: list) -> dict:
+    """The newest checkpoint that loads (each one skipped said in a warning); when none does,
+    CheckpointError saying what is wrong with them and what a reader of the weights can do
+    (training's own message is about starting over in the directory)."""
+    from ablate.train import checkpoint
+
+    problems = []
+    for step, path in reversed(found):
+        try:
+            state = checkpoint.load_file(path)
+        except CheckpointError as e:
+            problems.append(str(e))
+            continue
+        if isinstance(state, dict) and state.get("step") == step:
+            for p in problems:
+                checkpoint.warn(f"warning: skipping checkpoint: {p}")
+            return state
+        problems.append(f"{path}: does not hold step {step}")
+    record = read_record(run_dir)
+    again = f"`ablate run {' '.join(record.overrides)}`" if record is not None and record.overrides else "`ablate run ...`"
+    raise CheckpointError(f"{run_dir}: no usable checkpoint ({len(found)} found; newest: {problems[0]}): the "
+                          f"run's weights cannot be loaded; train the variant again into a new directory, "
+                          f"e.g. {again}")
 
 
 def load_run_model(run_dir, step: Optional[int] = None) -> LoadedRun:

@@ -272,8 +272,8 @@ def _print_compare(sweep_dir: Path, logger: Any = None) -> bool:
     """`ablate compare` of the sweep directory: the one place the end of a sweep calls compare
     (an --lr-grid or --ladder sweep: its transfer report, also to W&B with logger=wandb)."""
     try:
-        from ablate.analysis import compare_dirs
-        from ablate.analysis.columns import print_comparison
+        from ablate.analysis.columns import COMPARE_HINT
+        from ablate.tables.render import print_table
     except ImportError:
         return False
     try:
@@ -282,15 +282,18 @@ def _print_compare(sweep_dir: Path, logger: Any = None) -> bool:
         record = read_transfer(sweep_dir)
         if record is not None:
             from ablate.analysis.load import find_runs
-            from ablate.analysis.columns import COMPARE_HINT
-            from ablate.tables.render import print_table
             from ablate.analysis.transfer_report import transfer_compare
 
             report = transfer_compare(find_runs([sweep_dir]), record)
             print_table(report.table, hint=COMPARE_HINT)
             _log_report(report, sweep_dir, logger)
-        else:
-            print_comparison(compare_dirs([sweep_dir]))
+        else:  # as `ablate compare` prints it: the loss at other lengths too (train.eval_lengths)
+            from ablate.analysis.report import CompareOptions, build_report
+
+            for i, table in enumerate(build_report([sweep_dir], CompareOptions()).tables):
+                if i:
+                    print()
+                print_table(table, hint=COMPARE_HINT)
     except Exception as e:  # noqa: BLE001 - the runs are done; a report problem must not hide them
         print(f"warning: could not compare the sweep's runs ({type(e).__name__}: {e})", file=sys.stderr)
         return False

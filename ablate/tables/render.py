@@ -6,9 +6,11 @@ The terminal: piped (or on a terminal wide enough) the full table, every column,
 COLUMNS says. A terminal too narrow for it gets the compact table: short headers, each cell one
 whole phrase a line (a CI on its own line), and the columns of the highest `priority` left out,
 the rightmost first, until every line fits (a note names them and how to see them: `hint`;
-`wide` keeps them all); when even that does not fit, one block per row with one field a line.
-The title is a line of its own, broken between words on a terminal and whole in a pipe.
-Nothing is cut or wrapped inside a name or a label, and no line ends in spaces.
+`wide` keeps them all); when even that does not fit, a table whose first `lead` columns name its
+rows (the loss by length) is printed in parts, each with those columns and as many others as fit,
+and any other table as one block per row with one field a line. The title is a line of its own,
+broken between words on a terminal and whole in a pipe. Nothing is cut or wrapped inside a name
+or a label, and no line ends in spaces.
 """
 
 from __future__ import annotations
@@ -122,8 +124,8 @@ def print_table(table: Table, console: Any = None, wide: bool = False, hint: str
 
 
 def _print_narrow(table: Table, console: Any, wide: bool) -> list[Column]:
-    """The compact table with the fewest columns left out (none with `wide`), else one block
-    per row; returns the columns left out."""
+    """The compact table with the fewest columns left out (none with `wide`), else in parts
+    (a table with `lead` columns) or one block per row; returns the columns left out."""
     columns, hidden = table.shown(Target.TERMINAL), []
     while True:
         compact = _rich(table, columns, compact=True)
@@ -132,11 +134,46 @@ def _print_narrow(table: Table, console: Any, wide: bool) -> list[Column]:
             return [c for c in table.shown(Target.TERMINAL) if c in hidden]
         droppable = [] if wide else [c for c in columns if c.priority > 0]
         if not droppable:
-            _blocks(table, console)
-            return []
+            if not (table.lead and _print_parts(table, columns, console)):
+                _blocks(table, console)
+            return [c for c in table.shown(Target.TERMINAL) if c in hidden]
         drop = max(reversed(droppable), key=lambda c: c.priority)  # the rightmost of the highest
         columns = [c for c in columns if c is not drop]
         hidden.append(drop)
+
+
+def _print_parts(table: Table, columns: list[Column], console: Any) -> bool:
+    """The compact table as several tables one under the other, each with the first
+    `table.lead` columns (the row's name and labels) and as many of the others, in order, as
+    fit (a column of priority > 0 stays with the one before it: a length's CI with its
+    length); False when not even one more column fits beside the lead."""
+    lead, units = columns[:table.lead], []
+    for c in columns[table.lead:]:
+        if units and c.priority > 0:
+            units[-1].append(c)
+        else:
+            units.append([c])
+
+    def fits(part: list[Column]) -> bool:
+        return _fits(console, _rich(table, lead + part, compact=True))
+
+    parts: list[list[Column]] = []
+    for unit in units:
+        if parts and fits(parts[-1] + unit):
+            parts[-1] += unit
+        elif fits(unit):
+            parts.append(list(unit))
+        else:
+            return False
+    size = -(-len(units) // len(parts))  # as many parts, evened out: no column left alone at the end
+    even = [[c for u in units[i:i + size] for c in u] for i in range(0, len(units), size)]
+    if len(even) == len(parts) and all(fits(part) for part in even):
+        parts = even
+    for i, part in enumerate(parts):
+        if i:
+            console.print()
+        _emit(console, _rich(table, lead + part, compact=True))
+    return True
 
 
 def _rich(table: Table, columns: list[Column], compact: bool) -> Any:

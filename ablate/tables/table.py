@@ -112,6 +112,7 @@ class Table(Generic[R]):
     warning: Optional[str] = None
     notes: list[str] = field(default_factory=list)
     foot: list[str] = field(default_factory=list)
+    lead: int = 0  # terminal columns that name a row, repeated when a narrow terminal splits it (0: never)
 
     def shown(self, target: Target) -> list[Column[R]]:
         return [c for c in self.columns if target in c.targets]

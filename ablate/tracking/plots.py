@@ -316,14 +316,17 @@ def _draw_stopped(ax, key: str, group, variant: str, color) -> int:
     return drawn
 
 
+PLOT_SUFFIXES = ("png", "pdf", "svg", "jpg", "jpeg")  # what matplotlib writes here; the help names them
+
+
 def check_plot_path(path: Path) -> None:
     """Refuse an unwritable place or an unknown image type before any work is done."""
     path = Path(path)
     if not path.parent.is_dir():
         raise AblateError(f"--plot {path}: the folder {path.parent} does not exist")
     suffix = path.suffix.lower().lstrip(".")
-    if suffix not in ("png", "pdf", "svg", "jpg", "jpeg"):
-        raise AblateError(f"--plot {path}: use a .png, .pdf or .svg file name")
+    if suffix not in PLOT_SUFFIXES:
+        raise AblateError(f"--plot {path}: use a .png, .pdf, .svg or .jpg file name")
 
 
 # ---- two crossed axes ---------------------------------------------------------------------------

@@ -166,7 +166,22 @@ def run_info(cfg: Any, spec, tok, data, trainer) -> RunInfo:
         micro_batch=trainer.micro_batch, grad_accum_steps=trainer.grad_accum,
         warmup_steps=trainer.state.warmup_steps,  # resolved when the run started (a resume keeps it)
         param=spec.param, base_width=spec.base_width, base_depth=spec.base_depth,
+        unigram_loss=unigram_loss(data.train),
     )
+
+
+UNIGRAM_TOKENS = 1 << 24  # a corpus's first 16M training tokens estimate its frequencies
+
+
+def unigram_loss(tokens) -> Optional[float]:
+    """The entropy (nats) of the training tokens' frequencies: the loss of a model that predicts
+    every token from how often it occurs, whatever came before (from the first UNIGRAM_TOKENS)."""
+    head = np.asarray(tokens[:UNIGRAM_TOKENS])
+    if not head.size:
+        return None
+    p = np.bincount(head).astype(np.float64) / head.size
+    p = p[p > 0]
+    return round(float(-(p * np.log(p)).sum()), 6)
 
 
 class Launch:
@@ -187,10 +202,12 @@ class Launch:
         import torch.distributed
 
         from ablate.train.distributed import setup_distributed
+        from ablate.train.threads import use_threads
 
         cfg, ctx = self.cfg, self.ctx
-        if cfg.train.threads > 0:
-            torch.set_num_threads(cfg.train.threads)
+        # the notice once, on the run's console (not from each of a sweep's jobs), when it computes on the CPU
+        on_cpu = cfg.train.device == "cpu" or (cfg.train.device == "auto" and not torch.cuda.is_available())
+        use_threads(cfg.train.threads, say=None if on_cpu and not ctx.multirun else (lambda line: None))
         dist = setup_distributed(cfg)
         tok, data = prepare_data(cfg, progress=cfg.train.progress and dist.rank == 0 and not ctx.multirun)
         if data.meta["vocab_size"] != tok.vocab_size:

@@ -55,6 +55,16 @@ def first_line(e: Exception) -> str:
     return next((ln for ln in lines if not ln.endswith(":")), lines[0] if lines else type(e).__name__)
 
 
+def blocks_grad_norm(model: torch.nn.Module) -> Optional[float]:
+    """The L2 norm of the transformer blocks' raw gradients (embeddings, final norm and head
+    aside): 0 when no gradient reaches any block. None for a model without `blocks`."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        return None
+    grads = [p.grad for p in blocks.parameters() if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -155,6 +165,7 @@ class Trainer:
         # the last train_step's objective terms and statistics, averaged as its loss is
         self.step_terms: dict[str, torch.Tensor] = {}
         self.segment: Optional[Segment] = None  # the current fit call's
+        self.block_grad_norm: Optional[float] = None  # the blocks' raw gradient norm at the last step
 
     def _place(self, model: torch.nn.Module) -> torch.nn.Module:
         """The model on its device, with the loss's implementation (not part of its spec) set
@@ -261,6 +272,8 @@ class Trainer:
             lm_loss += out.lm_loss.detach() / self.grad_accum
             for key, value in out.metrics().items():
                 terms[key] = terms.get(key, 0.0) + value.float() / self.grad_accum
+        if step == cfg.steps - 1:  # the last step's: summary.json's block_grad_norm (ablate/run/collapse.py)
+            self.block_grad_norm = blocks_grad_norm(self.model)
         if self._diagnostics_due(step):  # raw gradients; row step as for the train row (0: init profile)
             self._diag_pending = self.on_diagnostics(self, min(step + 1, cfg.steps))
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
@@ -485,6 +498,6 @@ class Trainer:
             resumed_from=seg.resumed_from, time_to_first_step_s=seg.first_step_s, compile_s=compile_s,
             mfu=self.mfu(tps) if self.is_main else None, peak_flops=peak.flops if peak else None,
             peak_flops_source=peak.source if peak else None, compile_fallback=bool(self.recompiles.hits),
-            backend=self.backend_settings,
+            backend=self.backend_settings, block_grad_norm=self.block_grad_norm,
             compile_fallback_reason=self.recompiles.reason if self.recompiles.hits else None)
         return Outcome(ending.status, ending.reason, step, self.cfg.steps, result)
