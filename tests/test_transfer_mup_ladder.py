@@ -189,3 +189,17 @@ def test_the_largest_rungs_hidden_lr_is_its_base_lr_times_base_width_over_width(
     for role, lrs in roles.items():
         hidden = role in (Role.INPUT, Role.OUTPUT)
         assert lrs == [pytest.approx(lr * 16 / 64 if hidden else lr)] * len(lrs), role
+
+
+def test_a_later_rung_the_model_refuses_stops_the_sweep_before_anything_runs(tmp_path):
+    """With --lr-grid only the smallest rung is scanned first; the other rungs run later, at the
+    pick, but their shapes are known now: one the model refuses (3 heads with a base width of 32
+    under mup) is refused before the scan, naming its job."""
+    path = ladder_file(tmp_path, [("a", 32, 1, 2), ("b", 48, 1, 3), ("c", 96, 2, 3)], lr_rule="mup",
+                       base_width=32, base_depth=1)
+    res = run_ablate("sweep", "act=gelu,relu", "param=mup", "--ladder", str(path), "--lr-grid", "1e-3:1e-1:3", "--seeds", "2",
+                     f"out_dir={tmp_path}/o", *RUN_ARGS, "--dry-run")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("error: job baseline_b_seed1 (after the first phase): model.base_width=32 "
+                                 "is not divisible by model.n_heads=3"), res.stderr
+    assert not (tmp_path / "o").exists()

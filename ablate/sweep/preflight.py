@@ -124,6 +124,16 @@ def check_jobs(jobs: Sequence[Job], load: Callable[[Job], Any], launcher: Launch
     return configs, run_dirs
 
 
+def check_configs(jobs: Sequence[Job], load: Callable[[Job], Any]) -> None:
+    """The configs of jobs that run later (a sweep's second phase), checked before anything
+    runs: ablate's invariants of each (a rung's shape that the model refuses), named by the job."""
+    from ablate.config.schema import validate
+
+    for job in jobs:
+        with naming(f"job {job.name} (after the first phase)"):
+            validate(load(job))
+
+
 def check_base_shapes(configs: Sequence[Any]) -> None:
     """Runs of one param option with width rules (mup, completep) at several widths name their
     base width, and completep's at several depths its base depth: left null, each run's base is

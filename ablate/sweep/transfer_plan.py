@@ -386,6 +386,15 @@ class TransferPlan:
     def record_in(self, sweep_dir: Path) -> None:
         write_transfer(sweep_dir, self.record)
 
+    def later_shapes(self) -> list[Job]:
+        """One job of the second phase per variant and rung, at the grid's first LR (its LR is
+        picked later; everything else about it is known now, so the sweep checks it first), named
+        without the LR."""
+        if not self.pending:  # the second phase repeats the first's configs with other seeds
+            return []
+        shapes = {(j.variant, j.tag): j for j in self.pending}
+        return [dataclasses.replace(at_lr(j, self.record.grid[0]), tag=j.tag) for j in shapes.values()]
+
     def next_jobs(self, results: Sequence[Any]) -> list[Job]:
         """The second phase, from the first phase's results."""
         import sys

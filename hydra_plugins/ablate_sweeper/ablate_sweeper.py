@@ -67,7 +67,7 @@ class AblateSweeper(Sweeper):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def sweep(self, arguments: List[str]) -> Any:
-        from ablate.sweep.preflight import check_can_launch, check_jobs
+        from ablate.sweep.preflight import check_can_launch, check_configs, check_jobs
         from ablate.sweep.launchers import launcher_of
         from ablate.sweep.placement import check_jobs_per_gpu, check_launcher_packs
         from ablate.sweep.planning import plan
@@ -91,6 +91,8 @@ class AblateSweeper(Sweeper):
                 check_can_launch(kind, sweep_dir)
             # every job is valid, or nothing runs; a dry run refuses what the sweep would
             configs, run_dirs = check_jobs(jobs, self._load, kind)
+            if transfer is not None:  # the later phase's configs too: they differ only in their LR
+                check_configs(transfer.later_shapes(), self._load)
             packing = self._packing(configs) if self.jobs_per_gpu else None
             if transfer is not None and not self.dry_run:
                 transfer.record_in(sweep_dir)
