@@ -65,6 +65,7 @@ class ParamRule:
 
 
 HIDDEN_ROLES = ("input", "output")  # Role.INPUT, Role.OUTPUT: matrices whose both dims are widths
+ROUTER_ROLE = "router"  # Role.ROUTER: fan-in a width, fan-out the expert count (router_rule)
 
 
 def base_spec(spec: Spec) -> Spec:
@@ -112,22 +113,41 @@ def param_rules(model: Any) -> dict[str, ParamRule]:
                               "sets init and LR by role: tag it (ablate.model.roles.tag, "
                               "docs/extending.md) or use param=sp") from None
     shapes = base_shapes(spec, type(model))
-    return {name: hidden_rule(name, role, tuple(p.shape), shapes) if role in HIDDEN_ROLES else ParamRule(role)
+    rules = {HIDDEN_ROLES[0]: hidden_rule, HIDDEN_ROLES[1]: hidden_rule, ROUTER_ROLE: router_rule}
+    return {name: rules[role](name, role, tuple(p.shape), shapes) if role in rules else ParamRule(role)
             for (name, p), role in zip(model.named_parameters(), roles.values())}
+
+
+def _fan_ins(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> tuple[int, int]:
+    """(fan-in, the base model's fan-in) of a matrix, or of each matrix of a 3-D bank (an MoE's
+    experts, (E, out, in): each expert is its own matrix, its fan-in the last dim)."""
+    from ablate.errors import ConfigError
+
+    if len(shape) not in (2, 3) or name not in base:
+        why = "is not a matrix" if len(shape) not in (2, 3) else "has no match in the base model"
+        raise ConfigError(f"parameter {name} {shape} (role {role}) {why}; param=mup needs its "
+                          "fan-in at the base width")
+    return shape[-1], base[name][-1]
 
 
 def hidden_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> ParamRule:
     """muP for a hidden matrix under Adam (the `mup` package: init std x base_fan_in/fan_in ^ 1/2,
-    MuAdam's LR / width_mult and weight decay x width_mult, width_mult = fan_in / base_fan_in)."""
-    from ablate.errors import ConfigError
-
-    if len(shape) != 2 or name not in base:
-        why = "is not a matrix" if len(shape) != 2 else "has no match in the base model"
-        raise ConfigError(f"parameter {name} {shape} (role {role}) {why}; param=mup needs its "
-                          "fan-in at the base width")
-    fan_in, base_fan_in = shape[1], base[name][1]
+    MuAdam's LR / width_mult and weight decay x width_mult, width_mult = fan_in / base_fan_in).
+    Each expert of a bank is a hidden matrix of its own fan-in."""
+    fan_in, base_fan_in = _fan_ins(name, role, shape, base)
     ratio = base_fan_in / fan_in
     return ParamRule(role, fan_in, base_fan_in, init_mult=math.sqrt(ratio), lr_mult=ratio, wd_mult=1.0 / ratio)
+
+
+def router_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> ParamRule:
+    """muP for an MoE router: its fan-in is a width and its fan-out the expert count (a finite
+    dim), so it is an output weight of Tensor Programs V's table 3 in its no-multiplier form:
+    init std x base_fan_in/fan_in (variance 1/fan_in^2), LR / width_mult, weight decay x
+    width_mult. Its logits start at sp's size at the base width and shrink as 1/sqrt(width_mult)
+    above it (routing starts nearer uniform), and their updates stay of one size at every width."""
+    fan_in, base_fan_in = _fan_ins(name, role, shape, base)
+    ratio = base_fan_in / fan_in
+    return ParamRule(role, fan_in, base_fan_in, init_mult=ratio, lr_mult=ratio, wd_mult=1.0 / ratio)
 
 
 def rule_rows(model: Any) -> list[dict]:
