@@ -232,7 +232,7 @@ class MoE(nn.Module):
         return dict(self.terms)
 
     def log_stats(self) -> dict[str, torch.Tensor]:
-        return {} if self.counts is None else {IMBALANCE: imbalance(self.counts)}
+        return {}  # a row's imbalance is of the whole step's loads (ExpertLoads), not one micro-step's
 
     def record(self, on: bool) -> None:
         self.recording, self.recorded = on, {}
@@ -276,6 +276,43 @@ def imbalance(counts: torch.Tensor) -> torch.Tensor:
     """The busiest expert's tokens over the mean expert's: 1 balanced, E/k when k experts get all."""
     c = counts.detach().float()
     return c.max() / c.mean().clamp(min=1e-30)
+
+
+IMBALANCE_LAYER = "moe_imbalance_layer"  # the index of the layer with the largest imbalance
+
+
+class ExpertLoads:
+    """The tokens each expert of every MoE layer received, summed over what a training step adds:
+    the trainer calls `add()` after each micro-step's forward and `take()` once the step's update
+    is applied (`discard()` when it is skipped). Nothing else reads the layers' counts, so
+    evaluation, diagnostics' extra forward and the micro-batch probe count no token."""
+
+    def __init__(self, blocks):
+        self.layers = [i for i, b in enumerate(blocks) if isinstance(b.ffn, MoE)]
+        self._moe = [blocks[i].ffn for i in self.layers]
+        self.total: Optional[torch.Tensor] = None  # (MoE layers, E)
+
+    def __bool__(self) -> bool:
+        return bool(self.layers)
+
+    def add(self) -> None:
+        counts = torch.stack([m.counts for m in self._moe])  # (L, E)
+        self.total = counts if self.total is None else self.total + counts
+
+    def take(self) -> Optional[torch.Tensor]:
+        total, self.total = self.total, None
+        return total
+
+    def discard(self) -> None:
+        self.total = None
+
+    def stats(self, loads: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A log row's summary of a step's loads (L, E): the largest imbalance over the MoE layers
+        and that layer's index (in the model's blocks)."""
+        per_layer = torch.stack([imbalance(c) for c in loads])  # (L,)
+        worst = per_layer.argmax()
+        index = torch.tensor(self.layers, device=loads.device)[worst]
+        return {IMBALANCE: per_layer[worst], IMBALANCE_LAYER: index.float()}
 
 
 def build_moe(spec, layer: int, **settings) -> nn.Module:
