@@ -2,8 +2,8 @@
 et al. 2017; Switch Transformer; OLMoE), dropless. Its settings, checks and counts are
 ablate/model/moe_spec.py.
 
-    x ─ router ─ softmax ─ top-k ─> (experts, gates)          per token
-    x ─ sort by expert ─ W_in (grouped) ─ act ─ W_out (grouped) ─ unsort ─ Σ_k gate * y ─>
+    x ─ router (no bias) ─ softmax ─ scores ─ top-k ─> k experts, their scores as gates (per token)
+    x ─ sorted by expert ─ W_in (grouped) ─ act ─ × gate ─ W_out (grouped) ─ Σ over the token's k rows ─> y
 
 Experts follow the act axis's choice (GLU experts with swiglu: W_in holds [gate; up] per expert,
 as HF's Mixtral / Qwen3-MoE `gate_up_proj`), stored as 3-D banks (E, out, in), one matrix per
@@ -26,14 +26,16 @@ import functools
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ablate.model import options
-from ablate.model.moe_spec import Balance, MoESettings
+from ablate.model.component import MEAN_ABS_FFN_HIDDEN, Sublayer
+from ablate.model.ffn import DEAD_FFN_FRAC, build_ffn
+from ablate.model.moe_spec import Balance, MoESettings, expert_width
 from ablate.model.roles import Role, bank, linear
+from ablate.names import BALANCE_TERM as BALANCE
+from ablate.names import ROUTER_Z_TERM as ROUTER_Z
 
-BALANCE, ROUTER_Z = "balance", "router_z"  # the objective's terms (loss/balance, loss/router_z)
 IMBALANCE = "moe_imbalance"  # the busiest expert's tokens over the mean (1 when balanced; max E/k)
 GROUPED, LOOP = "grouped", "loop"
 
@@ -134,7 +136,7 @@ def expert_mm_loop(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torc
 
 # ---- the layer ----------------------------------------------------------------------------------
 
-class MoE(nn.Module):
+class MoE(Sublayer, nn.Module):
     """Token-choice top-k routing over E experts of the act axis's kind; see the module docstring.
 
     settings: the ffn=moe settings; d_expert: the resolved expert width; moe_layers: how many MoE
@@ -164,12 +166,16 @@ class MoE(nn.Module):
         self.recorded: dict[str, torch.Tensor] = {}
 
     def route(self, x: torch.Tensor):
-        """x (N, d) -> logits (N, E), probabilities (N, E) in fp32, chosen experts (N, k), gates (N, k)."""
+        """x (N, d) -> logits (N, E), scores (N, E) in fp32, chosen experts (N, k), gates (N, k).
+        The choice and the gates are separate steps: the gates are the chosen experts' scores
+        (renormalized over them with ffn.renorm), whatever decided the choice."""
         logits = self.router(x)  # (N, E), in the compute dtype (autocast's, or x's)
-        probs = logits.float().softmax(dim=-1)  # (N, E)
-        top_p, top_i = probs.topk(self.k, dim=-1)  # (N, k), (N, k)
-        gates = top_p / top_p.sum(dim=-1, keepdim=True) if self.settings.renorm else top_p
-        return logits, probs, top_i, gates
+        scores = logits.float().softmax(dim=-1)  # (N, E): ffn.router=softmax
+        chosen = scores.topk(self.k, dim=-1).indices  # (N, k)
+        gates = scores.gather(-1, chosen)  # (N, k)
+        if self.settings.renorm:
+            gates = gates / gates.sum(dim=-1, keepdim=True)
+        return logits, scores, chosen, gates
 
     def experts(self, xs: torch.Tensor, experts: torch.Tensor, gates: torch.Tensor,
                 offs: torch.Tensor) -> torch.Tensor:
@@ -252,10 +258,10 @@ class MoE(nn.Module):
         """The experts' hidden activation (what a dense FFN's `hidden` is): its mean |h| and, for a
         ReLU family, the fraction of units that never fire in experts that got tokens."""
         h = h.detach()
-        self.recorded["moe_hidden_abs"] = h.abs().float().mean()
+        self.recorded[MEAN_ABS_FFN_HIDDEN] = h.abs().float().mean()
         if self.relu_family:
             fired = [h[a:b].ne(0).any(dim=0) for a, b in _bounds(offs) if b > a]
-            self.recorded["dead_ffn_frac"] = 1.0 - torch.stack(fired).float().mean()
+            self.recorded[DEAD_FFN_FRAC] = 1.0 - torch.stack(fired).float().mean()
 
 
 def balance_loss(probs: torch.Tensor, counts: torch.Tensor, n_tokens: int, top_k: int) -> torch.Tensor:
@@ -318,12 +324,7 @@ class ExpertLoads:
 def build_moe(spec, layer: int, **settings) -> nn.Module:
     """ffn=moe for layer `layer`: the dense FFN in the first `dense_first` layers, else an MoE
     whose expert width is `d_expert` or, when null, the fair width (ablate/model/moe_spec.py)."""
-    from ablate.model.ffn import build_ffn
-    from ablate.model.moe_spec import fair_d_expert
-
     s = MoESettings.of(settings)
     if not s.is_moe(layer):
-        return build_ffn(spec)
-    d_expert = s.d_expert if s.d_expert is not None else fair_d_expert(
-        spec.d_model, spec.d_ff, spec.gated, spec.bias, s.top_k, getattr(spec, "ffn_multiple_of", 16))
-    return MoE(spec, s, d_expert, spec.n_layers - s.dense_first)
+        return build_ffn(spec, layer)
+    return MoE(spec, s, expert_width(spec, s), spec.n_layers - s.dense_first)

@@ -3,7 +3,7 @@ width by the fair rule, and its parameter counts (total and active), which the `
 declaration, `ablate inspect` and the ladders read. The module is ablate/model/moe.py.
 
 Counts, per MoE layer, with d = d_model, h = the expert width (`d_expert`), E experts, k chosen:
-  one expert   n_in * (d*h + b*h) + h*d + b*d      (n_in = 2 for a GLU act, 1 otherwise; b = bias)
+  one expert   the dense FFN's count at width h    (ablate/model/options.py: ffn_layer_params)
   router       E * d                                (no bias: no HF router has one)
   total        router + E * expert
   active       router + k * expert                  (the parameters one token uses)
@@ -95,8 +95,9 @@ class MoESettings:
 
 def expert_params(d_model: int, d_expert: int, gated: bool, bias: bool) -> int:
     """One expert: the dense FFN's count at width d_expert."""
-    n_in, b = (2 if gated else 1), (1 if bias else 0)
-    return n_in * (d_model * d_expert + b * d_expert) + d_expert * d_model + b * d_model
+    from ablate.model.options import ffn_layer_params  # (options declares ffn=moe from this module)
+
+    return ffn_layer_params(d_model, d_expert, gated, bias)
 
 
 def fair_d_expert(d_model: int, dense_d_ff: int, gated: bool, bias: bool, top_k: int, multiple: int) -> int:
@@ -108,6 +109,35 @@ def fair_d_expert(d_model: int, dense_d_ff: int, gated: bool, bias: bool, top_k:
     low = max(multiple, int(exact) // multiple * multiple)
     candidates = [w for w in (low - multiple, low, low + multiple) if w >= multiple]
     return min(candidates, key=lambda w: (abs(top_k * expert_params(d_model, w, gated, bias) - target), w))
+
+
+def expert_width(spec: Any, settings: MoESettings) -> int:
+    """The expert width of a spec's MoE layers: ffn.d_expert, or the fair width from the spec's
+    dense FFN (so a muP base model, at its own d_ff, gets its own fair width)."""
+    if settings.d_expert is not None:
+        return settings.d_expert
+    return fair_d_expert(spec.d_model, spec.d_ff, spec.gated, spec.bias, settings.top_k, spec.ffn_multiple_of)
+
+
+def layer_params(spec: Any, layer: int, active: bool = False) -> int:
+    """ffn=moe's parameters in one layer (active: the ones one token uses); a dense_first layer
+    has the dense FFN's."""
+    s = MoESettings.of(spec.ffn)
+    if not s.is_moe(layer):
+        return expert_params(spec.d_model, spec.d_ff, spec.gated, spec.bias)
+    h = expert_width(spec, s)
+    n = s.top_k if active else s.experts
+    return router_params(spec.d_model, s.experts) + n * expert_params(spec.d_model, h, spec.gated, spec.bias)
+
+
+def is_moe_layer(spec: Any, layer: int) -> bool:
+    """Whether the spec's layer `layer` routes its tokens (ffn=moe, past dense_first)."""
+    return spec.ffn == "moe" and MoESettings.of(spec.ffn).is_moe(layer)
+
+
+def check_spec(spec: Any) -> None:
+    """ffn=moe's settings against the spec (ModelSpec.check calls it)."""
+    MoESettings.of(spec.ffn).check(spec.n_layers)
 
 
 def router_params(d_model: int, experts: int) -> int:

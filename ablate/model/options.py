@@ -9,9 +9,11 @@ them up over the layers.
 from __future__ import annotations
 
 from ablate.errors import ConfigError
+from ablate.model import moe_spec
 from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FfnOption, FlagOption, NormOption,
                                ParamOption, PosOption, component_axes, declare_axis, declared, default, get,
                                names, norm_factory, register_option, setting, store_in_hydra)
+from ablate.names import BALANCE_TERM, ROUTER_Z_TERM
 
 __all__ = ["AXES", "component_axes", "declared", "default", "get", "names", "norm_factory", "register_option",
            "setting", "store_in_hydra"]
@@ -128,6 +130,15 @@ def ffn_layer_params(d_model: int, d_ff: int, gated: bool, bias: bool) -> int:
 declare_axis("ffn", FfnOption, default="dense")
 register_option("ffn", "dense", "ablate.model.ffn:build_ffn",  # up/down, or gate_up/down with a gated act
                 params=lambda spec, layer: ffn_layer_params(spec.d_model, spec.d_ff, spec.gated, spec.bias))
+# moe (ablate/model/moe.py; counts and checks in moe_spec.py): E experts of the act axis's kind, each
+# token routed to k; the defaults are OLMoE's recipe at 8 experts top-2 (softmax, no renorm,
+# balancing loss 0.01, router z-loss 0.001, dropless); d_expert null: the fair width
+register_option("ffn", "moe", "ablate.model.moe:build_moe",
+                settings=dict(experts=8, top_k=2, d_expert=setting(None, int), renorm=False, balance="aux",
+                              aux_coef=0.01, z_coef=0.001, dense_first=0, router="softmax"),
+                params=lambda spec, layer: moe_spec.layer_params(spec, layer),
+                active=lambda spec, layer: moe_spec.layer_params(spec, layer, active=True),
+                check=lambda spec: moe_spec.check_spec(spec), losses=(BALANCE_TERM, ROUTER_Z_TERM))
 
 # ---- flags: what each option sets in the ModelSpec ---------------------------------------------
 declare_axis("tie", FlagOption, default="tied")  # the output head shares the embedding matrix
