@@ -3,7 +3,8 @@ width by the fair rule, and its parameter counts (total and active), which the `
 declaration, `ablate inspect` and the ladders read. The module is ablate/model/moe.py.
 
 Counts, per MoE layer, with d = d_model, h = the expert width (`d_expert`), E experts, k chosen:
-  one expert   the dense FFN's count at width h    (ablate/model/options.py: ffn_layer_params)
+  one expert   n_in * (d*h + b*h) + h*d + b*d      (n_in = 2 for a GLU act, 1 otherwise; b = bias;
+                                                    the dense FFN's count at width h)
   router       E * d                                (no bias: no HF router has one)
   total        router + E * expert
   active       router + k * expert                  (the parameters one token uses)
@@ -93,11 +94,11 @@ class MoESettings:
         return layer >= self.dense_first
 
 
-def expert_params(d_model: int, d_expert: int, gated: bool, bias: bool) -> int:
-    """One expert: the dense FFN's count at width d_expert."""
-    from ablate.model.options import ffn_layer_params  # (options declares ffn=moe from this module)
-
-    return ffn_layer_params(d_model, d_expert, gated, bias)
+def expert_params(d_model: int, width: int, gated: bool, bias: bool) -> int:
+    """One FFN of hidden width `width` (an expert, or the dense FFN: options.ffn_layer_params):
+    2 (plain) or 3 (gated) matrices, plus biases with bias=on."""
+    n_in, b = (2 if gated else 1), (1 if bias else 0)
+    return n_in * (d_model * width + b * width) + width * d_model + b * d_model
 
 
 def fair_d_expert(d_model: int, dense_d_ff: int, gated: bool, bias: bool, top_k: int, multiple: int) -> int:

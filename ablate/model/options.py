@@ -121,10 +121,9 @@ register_option("attn", "mqa", "ablate.model.attention:CausalSelfAttention", kv_
 
 # ---- ffn (ablate/model/ffn.py): the feed-forward sublayer; its GLU structure follows `act` -----
 def ffn_layer_params(d_model: int, d_ff: int, gated: bool, bias: bool) -> int:
-    """One FFN's parameters: 2 (plain) or 3 (gated) matrices, plus biases with bias=on."""
-    n_in = 2 if gated else 1
-    b = 1 if bias else 0
-    return n_in * (d_model * d_ff + b * d_ff) + d_ff * d_model + b * d_model
+    """One FFN's parameters: 2 (plain) or 3 (gated) matrices, plus biases with bias=on (the
+    formula an MoE's experts share: moe_spec.expert_params)."""
+    return moe_spec.expert_params(d_model, d_ff, gated, bias)
 
 
 declare_axis("ffn", FfnOption, default="dense")
