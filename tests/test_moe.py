@@ -16,7 +16,7 @@ from ablate.model.moe import (BALANCE, GROUPED, IMBALANCE, LOOP, ROUTER_Z, MoE, 
 from ablate.model import options
 from ablate.model.moe_spec import (MoESettings, expert_params, fair_d_expert, moe_active_params,
                                    moe_layer_params)
-from ablate.model.parametrization import hidden_rule, router_rule
+from ablate.model.parametrization import hidden_rule
 from ablate.model.roles import Role, glorot_bounds, init_weights, role_of
 from ablate.model.spec import ModelSpec
 
@@ -289,13 +289,23 @@ def test_banks_init_each_expert_by_its_own_fan_in():
     assert not torch.equal(m.w_in[0], m.w_in[1])
 
 
-def test_mup_rules_take_each_expert_as_a_hidden_matrix_and_the_router_as_an_output_weight():
-    base = {"w": (8, 96, 64), "r": (8, 64)}
-    rule = hidden_rule("w", "input", (8, 192, 128), base)
-    assert (rule.fan_in, rule.base_fan_in, rule.lr_mult) == (128, 64, 0.5)
-    assert rule.init_mult == pytest.approx(math.sqrt(0.5))
-    r = router_rule("r", "router", (8, 128), base)
-    assert (r.fan_in, r.base_fan_in, r.init_mult, r.lr_mult, r.wd_mult) == (128, 64, 0.5, 0.5, 2.0)
+def test_mup_takes_each_expert_and_the_router_as_hidden_matrices_of_their_own_fan_in():
+    """param=mup: a bank's fan-in is its last dim (each expert a matrix), the base model's
+    experts take the fair width of the base model's own d_ff, the router is scaled by its fan-in."""
+    from ablate.model.transformer import Transformer
+
+    spec = ModelSpec(vocab_size=64, d_model=64, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=176, max_seq_len=16,
+                     act="swiglu", ffn="moe", settings={"ffn": dict(experts=4, top_k=2)}, param="mup",
+                     base_width=32, base_d_ff=80)
+    with torch.device("meta"):
+        rules = Transformer(spec).param_rules
+    w_in, w_out, router = (rules[f"blocks.1.ffn.{n}"] for n in ("w_in", "w_out", "router.weight"))
+    assert (w_in.fan_in, w_in.base_fan_in) == (64, 32)
+    # the fair widths at k=2 of d_ff 176 (d 64) and of 80 (d 32): 88 and 40 exactly, ties going down
+    assert (w_out.fan_in, w_out.base_fan_in) == (80, 32)
+    assert (router.fan_in, router.base_fan_in, router.lr_mult) == (64, 32, 0.5)
+    assert router.init_mult == pytest.approx(math.sqrt(0.5)) and w_in.init_mult == pytest.approx(math.sqrt(0.5))
+    assert hidden_rule("w", "input", (8, 192, 128), {"w": (8, 96, 64)}).fan_in == 128
 
 
 @pytest.mark.parametrize("settings,message", [

@@ -65,7 +65,12 @@ class ParamRule:
 
 
 HIDDEN_ROLES = ("input", "output")  # Role.INPUT, Role.OUTPUT: matrices whose both dims are widths
-ROUTER_ROLE = "router"  # Role.ROUTER: fan-in a width, fan-out the expert count (router_rule)
+# Role.ROUTER: fan-in a width, fan-out the expert count. Taken as a hidden matrix by its fan-in,
+# so its logits, which decide the routing, keep one size at every width at init and after updates
+# (an output weight's rule, variance 1/fan_in^2, shrinks them as 1/sqrt(width_mult) and with them
+# the gates: coord-check measured the MoE's FFN output shrinking with width under it, slope -0.22
+# at step 3 over widths 64-256, against -0.10 with this rule; 2026-11-29).
+ROUTER_ROLE = "router"
 
 
 def base_spec(spec: Spec) -> Spec:
@@ -113,7 +118,7 @@ def param_rules(model: Any) -> dict[str, ParamRule]:
                               "sets init and LR by role: tag it (ablate.model.roles.tag, "
                               "docs/extending.md) or use param=sp") from None
     shapes = base_shapes(spec, type(model))
-    rules = {HIDDEN_ROLES[0]: hidden_rule, HIDDEN_ROLES[1]: hidden_rule, ROUTER_ROLE: router_rule}
+    rules = {role: hidden_rule for role in (*HIDDEN_ROLES, ROUTER_ROLE)}
     return {name: rules[role](name, role, tuple(p.shape), shapes) if role in rules else ParamRule(role)
             for (name, p), role in zip(model.named_parameters(), roles.values())}
 
@@ -137,17 +142,6 @@ def hidden_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> P
     fan_in, base_fan_in = _fan_ins(name, role, shape, base)
     ratio = base_fan_in / fan_in
     return ParamRule(role, fan_in, base_fan_in, init_mult=math.sqrt(ratio), lr_mult=ratio, wd_mult=1.0 / ratio)
-
-
-def router_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> ParamRule:
-    """muP for an MoE router: its fan-in is a width and its fan-out the expert count (a finite
-    dim), so it is an output weight of Tensor Programs V's table 3 in its no-multiplier form:
-    init std x base_fan_in/fan_in (variance 1/fan_in^2), LR / width_mult, weight decay x
-    width_mult. Its logits start at sp's size at the base width and shrink as 1/sqrt(width_mult)
-    above it (routing starts nearer uniform), and their updates stay of one size at every width."""
-    fan_in, base_fan_in = _fan_ins(name, role, shape, base)
-    ratio = base_fan_in / fan_in
-    return ParamRule(role, fan_in, base_fan_in, init_mult=ratio, lr_mult=ratio, wd_mult=1.0 / ratio)
 
 
 def rule_rows(model: Any) -> list[dict]:
