@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         reference: bool = typer.Option(False, "--reference", help="Also time a minimal plain-PyTorch GPT of the same dimensions, alternating rounds, and print the tokens/s ratio."),
         axes: bool = typer.Option(False, "--axes", help="Time every axis option (and arch preset) alone against the baseline, alternating rounds."),
         only: Optional[List[str]] = typer.Option(None, "--only", help="With --axes: only the variants whose label starts with this (repeatable), e.g. --only act --only arch."),
+        moe: bool = typer.Option(False, "--moe", help="Time the MoE FFN against the baseline's dense one at equal active parameters, alternating rounds: ffn=moe at 8 experts top-2 and 32 experts top-8 (grouped expert products), and 32 top-8 through a loop over the experts (the reference path)."),
         vs: Optional[List[str]] = typer.Option(None, "--vs", help="Time a variant against the baseline, alternating rounds: overrides added to the baseline's, e.g. --vs train.compile=true (repeatable; quote several overrides)."),
         clock: str = typer.Option("wall", "--clock", help="wall: elapsed time (use a quiet machine). cpu: this process's CPU time, far less disturbed by other load on a shared CPU (best with train.threads=1)."),
         jobs_per_device: Optional[str] = typer.Option(None, "--jobs-per-device", help="Time a small sweep (--sweep-jobs identical jobs, each its own process) run K at a time on one device, for each K in this list, e.g. 1,2,4,8: what `ablate sweep --jobs-per-gpu K` buys."),
@@ -46,18 +47,18 @@ def register(app: typer.Typer) -> None:
                         list(only or []), list(vs or []), clock, jobs_per_device, json_out)
                 return
             _bench(list(overrides or []), steps, warmup, rounds, reference, axes, list(only or []),
-                   list(vs or []), clock, jobs_per_device, sweep_jobs, json_out)
+                   list(vs or []), clock, jobs_per_device, sweep_jobs, json_out, moe)
         except AblateError as e:
             fail(str(e), e.exit_code)
 
 
 def _bench(overrides, steps, warmup, rounds, reference, axes, only, vs, clock, jobs_per_device, sweep_jobs,
-           json_out) -> None:
+           json_out, moe=False) -> None:
     from ablate.measure.bench_args import check_options
     from ablate.config.compose import check_device, compose_config
 
     ks = _jobs_list(jobs_per_device) if jobs_per_device is not None else None
-    check_options(steps, warmup, rounds, reference, axes, vs, only, clock, ks, sweep_jobs)
+    check_options(steps, warmup, rounds, reference, axes, vs, only, clock, ks, sweep_jobs, moe)
     cfg = compose_config(overrides)
     check_device(str(cfg.train.device))  # synthetic batches: no directory, corpus or tokenizer files
     if ks:
@@ -65,6 +66,11 @@ def _bench(overrides, steps, warmup, rounds, reference, axes, only, vs, clock, j
         return
     variants = _variants(overrides, axes, only, vs)
     from ablate.measure import bench as b  # torch: once every argument is checked
+
+    if moe:
+        for _, extra, _ in b.MOE_VARIANTS:  # refused before timing, as a --vs is
+            compose_config(overrides + extra)
+        variants += b.MOE_VARIANTS
 
     if variants:
         result = b.bench_variants(overrides, variants, steps=steps, warmup=warmup,

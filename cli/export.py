@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     def export(
         run_dir: str = typer.Argument(..., help="An ablate run directory (config.yaml + checkpoints)."),
         out_dir: str = typer.Argument(..., help="The Hugging Face folder to write."),
-        family: Optional[str] = typer.Option(None, "--family", help="gpt2, llama, qwen3 or gemma2 (default: the one that matches)."),
+        family: Optional[str] = typer.Option(None, "--family", help="gpt2, llama, qwen3, qwen3_moe, mixtral or gemma2 (default: the one that matches)."),
         check: bool = typer.Option(True, "--check/--no-check", help="Generate a few tokens from the saved folder and compare with the run's model."),
     ) -> None:
         """Export a run as a Hugging Face model folder (AutoModelForCausalLM.from_pretrained).

@@ -102,7 +102,7 @@ def test_reading_says_what_the_slopes_after_the_first_update_say():
     assert check.reading() == (
         "mup, width 64-256, steps 2-4: FFN output grow with width (slope 0.90 to 1.20); attention logits shrink "
         "with width (slope -0.40 to -0.20); output logits flat from step 3 (|slope| <= 0.02; -0.20 before); "
-        "embedding output, attention output, residual stream flat (|slope| <= 0.15)")
+        "embedding output, attention output, FFN hidden, residual stream flat (|slope| <= 0.15)")
     only_init = power_law_check({Module.LOGITS: [-0.5]}, 1)
     assert "step 1: output logits shrink with width (slope -0.50)" in only_init.reading()
 
@@ -126,7 +126,9 @@ def by_hand(model, x: torch.Tensor) -> dict[Module, list[float]]:
         scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (B, H, T, T)
         out[Module.ATTN_LOGITS].append(scores[..., causal].abs().mean())
         a = attn(a_in, ctx)
-        f = block.ffn(block.norm2(h + a))
+        f_in = block.norm2(h + a)
+        out[Module.FFN_HIDDEN].append(block.ffn.act(block.ffn.up(f_in)).abs().mean())  # gelu: act(up x)
+        f = block.ffn(f_in)
         h = h + a + f
         out[Module.ATTN_OUT].append(a.abs().mean())
         out[Module.FFN_OUT].append(f.abs().mean())

@@ -69,6 +69,6 @@ def test_json_and_plot(tmp_path):
     assert record["sweep"] == "depth" and record["sizes"] == [1, 2, 3] and record["seeds"] == 2
     assert {v["size"] for v in record["values"]} == {1, 2, 3}
     assert {len(v["layers"]) for v in record["values"] if v["module"] == "residual"} == {1, 2, 3}
-    assert len(record["slopes"]) == 6 * 2 and record["reading"].startswith("sp, depth 1-3, step 2: ")
+    assert len(record["slopes"]) == 7 * 2 and record["reading"].startswith("sp, depth 1-3, step 2: ")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert r.stderr == f"plot: {plot}\n"

@@ -1,6 +1,6 @@
 """`ablate run ... train.nproc=N` runs N torch.distributed ranks through torchrun.
 Two-process DDP on CPU (gloo) trains exactly like one process with the same global batch, and
-only rank 0 writes."""
+only rank 0 writes; so does FSDP2 on the CPU mesh."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 from conftest import TINY, built_once, find_run_dirs, read_jsonl, run_ablate, trained_run
 
 # batch_size is per rank: 2 ranks x 2 sequences = 1 rank x 4 sequences per step
+# The model: a dense FFN layer, then an MoE layer (ffn.dense_first=1 of TINY's 2), so the ranks
+# also reduce the experts' gradients and the routing counts, and FSDP2 shards the expert banks.
 BASE = [o for o in TINY if not o.startswith("train.batch_size")] + [
-    "train.threads=1", "train.eval_every=3"]
+    "train.threads=1", "train.eval_every=3", "ffn=moe", "ffn.experts=4", "ffn.dense_first=1"]
 TOL = dict(rel=1e-5, abs=1e-5)  # float32 all-reduce order: the same curve up to rounding
 
 
@@ -23,9 +25,12 @@ def curve(run_dir):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """The one-process reference run, once for the session's workers (its tests only read it)."""
+    """The one-process reference run, once for the session's workers (its tests only read it). Its
+    forward passes take 2 sequences each, the ranks' (Batches: micro-step m of one process reads
+    what rank m reads), so the MoE's balancing loss, a function of each forward's tokens, is
+    the same objective."""
     def build(d):
-        trained_run(d / "run", *BASE, "train.batch_size=4")
+        trained_run(d / "run", *BASE, "train.batch_size=4", "train.micro_batch=2")
 
     return built_once(tmp_path_factory, "one-process", build) / "run"
 

@@ -48,6 +48,8 @@ PLACEHOLDERS = {
     "runs/sweeps/2026-11-22_14-10-03": "sweep", "runs/sweeps/2026-11-23_10-57-04": "sweep",
     "runs/lr_qk": "sweep", "runs/ladder_pos": "sweep", "runs/ladder_2x": "sweep", "runs/ladder_pos_lr": "sweep",
     "runs/docs/glu": "sweep", "runs/docs/norm_dyt": "sweep", "runs/pos_lengths": "sweep",
+    "runs/docs/moe": "sweep", "runs/docs/moe_total": "sweep", "runs/docs/moe_balance": "sweep",
+    "runs/docs/moe_granularity": "moe",  # docs/moe.md names its baseline variant: written runs hold it
     "runs/docs/qk_norm_x_norm": "sweep", "runs/docs/act_x_pos": "sweep",
     "runs": "root",
     "OUT_DIR": "out", "hf/llama": "out",
@@ -304,7 +306,23 @@ def doc_runs(tmp_path_factory) -> dict[str, Path]:
                    "model.n_layers=1", "train.batch_size=2", "train.seq_len=16", f"hydra.sweep.dir={dirs['sweep']}",
                    cwd=root)
     assert p.returncode == 0, p.stderr[-2000:]
+    dirs["moe"] = _moe_granularity_runs(tmp_path_factory.mktemp("doc-moe-runs"))
     return dirs
+
+
+def _moe_granularity_runs(root: Path) -> Path:
+    """Run directories as docs/moe.md's granularity runs leave them (the fields compare reads,
+    tests/compare_fixtures.py), under the variant names its `--baseline` picks from."""
+    from compare_fixtures import set_config, write_run
+
+    for i, (variant, experts, top_k) in enumerate((("arch=llama,ffn=moe", 8, 2),
+                                                   ("arch=llama,ffn.experts=4,ffn.top_k=1,ffn=moe", 4, 1))):
+        for seed in (0, 1):
+            d = write_run(root, f"{i}_{seed}", {"ffn": "moe"}, seed, 3.0 + 0.01 * (i + seed), sweep="granularity",
+                          variant=variant)
+            set_config(d, "ffn.experts", experts)
+            set_config(d, "ffn.top_k", top_k)
+    return root
 
 
 def plugin_setup(work: Path) -> None:

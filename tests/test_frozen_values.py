@@ -35,6 +35,7 @@ CASES = [
     "act=relu", "act=gelu", "act=silu", "act=swiglu", "act=geglu", "act=reglu",
     "pos=learned", "pos=sinusoidal", "pos=rope", "pos=alibi", "pos=nope",
     "attn=mha", "attn=gqa", "attn=mqa",
+    "ffn=dense", "ffn=moe", "arch=llama ffn=moe ffn.dense_first=1 ffn.renorm=true",
     "tie=tied", "tie=untied",
     "bias=on", "bias=off",
     "dropout=off", "dropout=on",

@@ -26,6 +26,7 @@ CASES = [
     "act=relu", "act=gelu", "act=silu", "act=swiglu", "act=geglu", "act=reglu",
     "pos=learned", "pos=sinusoidal", "pos=rope", "pos=alibi", "pos=nope",
     "attn=mha", "attn=gqa", "attn=mqa",
+    "ffn=dense", "ffn=moe",
     "tie=tied", "tie=untied",
     "bias=on", "bias=off",
     "dropout=off", "dropout=on",
@@ -37,6 +38,7 @@ CASES = [
     "norm_pos=sandwich bias=off qk_norm=on attn=mqa", "arch=llama model.d_model=256 model.n_heads=8",
     "param=mup model.d_model=256 model.base_width=64 arch=llama",
     "param=completep model.n_layers=8 model.base_depth=2 model.base_width=64",
+    "arch=llama ffn=moe ffn.experts=4 ffn.top_k=1 ffn.dense_first=1 param=mup model.base_width=64",
 ]
 
 

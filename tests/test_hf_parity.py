@@ -27,6 +27,12 @@ CASES = {  # name -> (HF family, ModelSpec fields)
     "llama-mqa-bias-tied": ("llama", dict(LLAMA, n_kv_heads=1, bias=True, tied=True)),
     # QK-norm: per-head RMSNorm on q and k
     "qwen3": ("qwen3", dict(LLAMA, n_kv_heads=1, qk_norm=True)),
+    # ffn=moe: per-head QK-norm, top-k gates as they are (norm_topk_prob false), the first layer dense
+    "qwen3-moe": ("qwen3_moe", dict(LLAMA, n_kv_heads=2, qk_norm=True, ffn="moe", settings={"ffn": dict(
+        experts=4, top_k=2, d_expert=24, dense_first=1, z_coef=0.0)})),
+    # Mixtral: gates renormalized, every layer routes; d_ff is imported as the experts' width
+    "mixtral": ("mixtral", dict(LLAMA, n_kv_heads=2, d_ff=24, ffn="moe", settings={"ffn": dict(
+        experts=4, top_k=2, d_expert=24, renorm=True, z_coef=0.0)})),
     # sandwich norm, GeGLU, embedding scale, attention and logit soft-caps
     "gemma2": ("gemma2", dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
                               norm_pos="sandwich", emb_scale=True, attn_softcap=5.0, logit_softcap=3.0,
@@ -106,7 +112,7 @@ ALTERNATIVES = {
     "act": ["relu", "gelu", "silu", "swiglu", "geglu", "reglu"],
     "pos": ["learned", "sinusoidal", "rope", "alibi", "nope"], "rope_base": [100.0],
     # attn: by default the option n_kv_heads names (the n_kv_heads alternatives); another is refused
-    "attn": ["mha", "gqa", "mqa"], "ffn": ["dense"],
+    "attn": ["mha", "gqa", "mqa"], "ffn": ["dense", "moe"], "ffn_multiple_of": [8],
     "tied": [True, False], "bias": [True, False], "dropout": [0.1], "attn_dropout": [0.0, 0.2],
     "qk_norm": [True, False], "init": ["xavier"],
     "init_std": [0.05], "depth_scaled_init": [False], "emb_scale": [True, False],
@@ -186,6 +192,20 @@ def test_act_clamp_blocks_every_family():
     spec = ModelSpec(**{**BASE, **CASES["llama-gqa"][1], "act_clamp": 1.0})
     with pytest.raises(ConfigError, match="no Hugging Face family matches"):
         hf.to_hf(Transformer(spec))
+
+
+@pytest.mark.parametrize("family,settings,words", [
+    ("mixtral", dict(renorm=False), "ffn.renorm=true (Mixtral always renormalizes"),
+    ("mixtral", dict(renorm=True, dense_first=1), "ffn.dense_first=0"),
+    ("llama", dict(), "ffn='moe' (needs one of dense)"),
+    ("olmoe", dict(), "OLMoE norms q and k over the whole projection width"),
+    ("deepseek_v3", dict(), "sigmoid and a selection bias"),
+])
+def test_an_moe_export_that_does_not_map_is_refused_in_one_line(family, settings, words):
+    spec = ModelSpec(**{**BASE, **CASES["mixtral"][1], "settings": {"ffn": dict(experts=4, **settings)}})
+    with pytest.raises(ConfigError, match=r"^cannot export as HF " + family) as e:
+        hf.to_hf(Transformer(spec), family=family)
+    assert words in str(e.value) and "\n" not in str(e.value)
 
 
 def test_transformers_older_than_v5_is_refused_in_one_line(monkeypatch):

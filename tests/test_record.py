@@ -21,7 +21,7 @@ from ablate.names import Status
 # (docs/running.md). A key may be added; none may go.
 PUBLIC_KEYS = {
     "status", "variant", "axes", "seed", "data_seed", "overrides", "sweep", "host", "started",
-    "wall_time_s", "params", "params_breakdown", "non_embedding_params", "flops_per_token",
+    "wall_time_s", "params", "params_breakdown", "non_embedding_params", "active_params", "flops_per_token",
     "vocab_size", "tokenizer_vocab", "data", "world_size", "device", "precision", "provenance",
     "compile", "compile_optimizer", "tokens_per_step", "micro_batch", "grad_accum_steps",
     "warmup_steps", "param", "base_width", "base_depth", "unigram_loss", "wandb", "reason", "step", "steps", "tokens", "train_loss", "val_loss", "val_bpb",

@@ -90,6 +90,12 @@ CASES = [
     ("second-process-on-the-run-dir", ["hydra.run.dir={out}/locked"], ["in use by process"]),
     ("vocab-smaller-than-tokenizer", ["model.vocab_size=64"], ["model.vocab_size=64"]),
     ("secret-as-override", ["+logger.api_key=0123456789abcdef"], ["WANDB_API_KEY"]),
+    ("moe-top-k-above-experts", ["ffn=moe", "ffn.experts=4", "ffn.top_k=5"],
+     ["ffn.top_k must be between 1 and ffn.experts=4, got 5"]),
+    ("moe-no-experts", ["ffn=moe", "ffn.experts=0"], ["ffn.experts must be >= 1, got 0"]),
+    ("moe-dense-first-every-layer", ["ffn=moe", "ffn.dense_first=2"],  # TINY: 2 layers
+     ["ffn.dense_first=2", "below model.n_layers=2", "ffn=dense"]),
+    ("moe-setting-without-moe", ["ffn.experts=8"], ["ffn.experts", "ffn=moe"]),
 ]
 
 

@@ -170,6 +170,8 @@ FAMILY_RUNS = {  # a run each family exports (ablate/hf/families.py)
     "gpt2": ["arch=gpt2"],
     "llama": ["arch=llama", "model.n_heads=4"],
     "qwen3": ["arch=llama", "model.n_heads=4", "qk_norm=on"],
+    "qwen3_moe": ["arch=llama", "model.n_heads=4", "qk_norm=on", "ffn=moe", "ffn.dense_first=1"],
+    "mixtral": ["arch=llama", "model.n_heads=4", "ffn=moe", "ffn.renorm=true"],
     "gemma2": ["arch=llama", "norm_pos=sandwich", "act=geglu", "tie=tied", "attn=mha", "model.emb_scale=true",
                "model.attn_softcap=5.0", "model.logit_softcap=3.0"],
 }

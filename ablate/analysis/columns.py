@@ -28,6 +28,7 @@ VERDICT_COLORS = {"better": "green", "worse": "red"}
 class Ctx:
     metric: str
     alpha: float
+    routed: bool = False  # some variant routes its tokens (an MoE): the active parameters get a column
 
     @property
     def ci(self) -> str:
@@ -38,8 +39,12 @@ def pct(v: Optional[float]) -> str:
     return "" if v is None else f" ({v:+.2f}%)"
 
 
+COLLAPSED = "routing collapsed"  # the mark of a variant whose router collapsed (compare.routing_collapsed)
+
+
 def variant_name(r) -> str:
-    return r.variant + (" (baseline)" if r.baseline and r.variant != "baseline" else "")
+    return (r.variant + (" (baseline)" if r.baseline and r.variant != "baseline" else "")
+            + (f" ({COLLAPSED})" if getattr(r, "collapsed", None) else ""))
 
 
 def seeds(r) -> str:
@@ -132,7 +137,20 @@ def _escape(text: str) -> str:
 
 
 def rich_variant(r, sep: str = " ") -> str:
-    return _escape(r.variant) + (f"{sep}[dim](baseline)[/dim]" if r.baseline and r.variant != "baseline" else "")
+    return (_escape(r.variant) + (f"{sep}[dim](baseline)[/dim]" if r.baseline and r.variant != "baseline" else "")
+            + (f"{sep}[red]({COLLAPSED})[/red]" if getattr(r, "collapsed", None) else ""))
+
+
+def active(r) -> str:
+    return num(r.active_params, ",") + (f" ({r.active_delta_pct:+.2f}%)" if r.active_delta else "")
+
+
+def rich_active(r, sep: str = " ") -> str:
+    cell = num(r.active_params, ",")
+    if r.active_delta:
+        color = "yellow" if r.size_differs else "dim"
+        cell += f"{sep}[{color}]({r.active_delta_pct:+.2f}%)[/{color}]"
+    return cell
 
 
 def rich_params(r, sep: str = " ") -> str:
@@ -219,7 +237,12 @@ def variant_columns(ctx: Ctx, study: bool) -> list[Column]:
         Column("variant", variant_name, ("variant", "baseline", "metric"), markup=rich_variant,
                compact=partial(rich_variant, sep="\n"), align=Align.LEFT),
         Column("seeds", seeds, ("n", "runs"), priority=2),
-        Column("params", params, markup=rich_params, compact=partial(rich_params, sep="\n"), priority=3),
+        Column("params", params, markup=rich_params, compact=partial(rich_params, sep="\n"), priority=3)]
+    if ctx.routed:  # what an MoE is judged by: the parameters a token uses
+        head.append(Column("active params", active, ("active_params", "active_delta", "active_delta_pct"),
+                           markup=rich_active, compact=partial(rich_active, sep="\n"), short="active\nparams",
+                           priority=3))
+    head += [
         Column(f"{ctx.metric} (mean ± std)", mean_std, ("mean", "std"), term_head=ctx.metric,
                compact=partial(mean_std, sep="\n"))]
     tail = [
@@ -259,7 +282,7 @@ def comparison_table(cmp: Any, per_seed: bool = False) -> Table:
     from ablate.analysis.comparable import describe_mixed
     from ablate.analysis.compare import per_seed_rows
 
-    ctx = Ctx(cmp.metric, cmp.alpha)
+    ctx = Ctx(cmp.metric, cmp.alpha, any(r.routed for r in cmp))
     if per_seed:
         title, columns, rows = f"ablate compare: final {cmp.metric}, one row per run", seed_columns(ctx), per_seed_rows(cmp)
     else:

@@ -38,6 +38,11 @@ from ablate.run.directory import CONFIG
 from ablate.names import TOKENS_PER_S, VAL_LOSS, Status
 
 SIZE_NOTE_PCT = 0.5  # a variant whose parameter count differs by more than this (%) is noted
+# An MoE run's routing collapsed when, over the last COLLAPSE_TAIL of its logged steps, the worst
+# layer's busiest expert got on average at least half way from its fair share (imbalance 1) to
+# all the tokens it can get (imbalance E/k: k experts take every token): imbalance >= (1 + E/k) / 2.
+IMBALANCE = "stat/moe_imbalance"
+COLLAPSE_TAIL = 0.1
 SPEED_SPREAD = 1.5  # seeds' tokens/s whose max/min exceeds this are marked: they measured the machine
 
 
@@ -82,7 +87,7 @@ class Row(JsonRow):
     params: Optional[int]
     params_delta: Optional[int]
     params_delta_pct: Optional[float]
-    size_differs: bool
+    size_differs: bool  # judged by the active parameters (an MoE's: the ones a token uses)
     flops_per_token: Optional[float]
     kv_cache_bytes_per_token: Optional[int]  # at the run's compute dtype (inspect's formula)
     tokens_per_s: Optional[float]  # the median of the completed seeds' figures
@@ -97,6 +102,14 @@ class Row(JsonRow):
     length_eval: Optional[list] = None  # length_eval.LengthCell per protocol and length, when runs have them
     crossed: bool = False  # two crossed axes: the row has the `interaction` key
     interaction: Any = None  # interaction.InteractionCell of a cell of A's other levels; None: a baseline
+    active_params: Optional[int] = None  # the parameters a token uses (MoE); = params when dense
+    active_delta: Optional[int] = None
+    active_delta_pct: Optional[float] = None
+    collapsed: Optional[int] = None  # seeds whose routing collapsed (routing_collapsed); None: no router
+
+    @property
+    def routed(self) -> bool:
+        return self.active_params is not None and self.active_params != self.params
 
     def as_dict(self) -> dict:
         """The row as `compare --json` writes it (the public keys)."""
@@ -104,8 +117,10 @@ class Row(JsonRow):
                                            "seeds", "mean", "std", "values")}
         d.update(self.vs.as_dict())
         d.update({k: getattr(self, k) for k in ("status", "params", "params_delta", "params_delta_pct",
-                                                "size_differs", "flops_per_token", "kv_cache_bytes_per_token", TOKENS_PER_S,
+                                                "size_differs", "active_params", "active_delta", "active_delta_pct",
+                                                "flops_per_token", "kv_cache_bytes_per_token", TOKENS_PER_S,
                                                 "tokens_per_s_unsteady", "axes", "dirs")})
+        d["routing_collapsed"] = self.collapsed
         if self.rung:
             d["prev"] = self.prev
             d.update(self.vs_prev.as_dict("_prev"))
@@ -299,22 +314,45 @@ def _row(g: Group, metric: str, alpha: float, notes: list[str], rung: bool) -> R
     params, base_params = g.first(_params), g.ref.first(_params) if g.ref else None
     p_delta = (params - base_params) if (params is not None and base_params) else None
     p_pct = (100 * p_delta / base_params) if p_delta is not None else None
+    active, base_active = g.first(_active), g.ref.first(_active) if g.ref else None
+    a_delta = (active - base_active) if (active is not None and base_active) else None
+    a_pct = (100 * a_delta / base_active) if a_delta is not None else None
+    judged = a_pct if a_pct is not None else p_pct  # a token's parameters, where the runs record them
+    collapsed = [routing_collapsed(r) for r in g.runs if r.status == Status.COMPLETED]
     tps, unsteady = _speed(g)
     order = sorted(g.values, key=str)
     return Row(variant=g.label, baseline=g.baseline, metric=metric, n=len(g.values), runs=len(g.runs),
                coverage=coverage, seeds=[s[0] for s in order], mean=mean, std=std,
                values=[g.values[s] for s in order], vs=paired_or_welch(g.ref, g, alpha), status=counts,
                params=params, params_delta=p_delta, params_delta_pct=p_pct,
-               size_differs=p_pct is not None and abs(p_pct) > SIZE_NOTE_PCT,
+               size_differs=judged is not None and abs(judged) > SIZE_NOTE_PCT,
                flops_per_token=g.first(lambda r: r.record.info.flops_per_token),
                kv_cache_bytes_per_token=g.first(kv_cache_bytes_per_token), tokens_per_s=tps,
                tokens_per_s_unsteady=unsteady, axes=g.runs[0].record.axes, dirs=[str(r.dir) for r in g.runs], rung=rung,
                prev=g.prev.label if rung and g.prev else None,
-               vs_prev=paired_or_welch(g.prev, g, alpha) if rung else Versus())
+               vs_prev=paired_or_welch(g.prev, g, alpha) if rung else Versus(),
+               active_params=active, active_delta=a_delta, active_delta_pct=a_pct,
+               collapsed=None if all(c is None for c in collapsed) else sum(bool(c) for c in collapsed))
 
 
 def _params(r: Run) -> Optional[int]:
     return r.record.info.params
+
+
+def _active(r: Run) -> Optional[int]:
+    """The parameters a token uses: the record's (runs before it was recorded: all of them)."""
+    return r.record.info.active_params if r.record.info.active_params is not None else _params(r)
+
+
+def routing_collapsed(r: Run) -> Optional[bool]:
+    """Whether an MoE run's routing collapsed (the criterion at COLLAPSE_TAIL above); None for a
+    run without a router's statistics, or one whose E and k its config does not give."""
+    values = [v for v in (number(row.get(IMBALANCE)) for row in r.rows if IMBALANCE in row) if v is not None]
+    experts, top_k = number(r.config.get("ffn.experts")), number(r.config.get("ffn.top_k"))
+    if not values or not experts or not top_k:
+        return None
+    tail = values[-max(1, math.ceil(COLLAPSE_TAIL * len(values))):]
+    return experts > top_k and statistics.mean(tail) >= (1 + experts / top_k) / 2
 
 
 def compute_dtype(r: Run) -> Optional[str]:
@@ -375,10 +413,15 @@ def _summary_notes(rows: list[Row], notes: list[str]) -> None:
         notes.append(f"fewer than {MIN_SEEDS} seeds in the test: " + ", ".join(few) + "; with one or "
                      "two degrees of freedom the noise estimate is rough, so read the interval, "
                      "not the verdict (run --seeds 3 or more)")
-    sized = [f"{r.variant} ({r.params_delta:+,} params, {r.params_delta_pct:+.2f}%)" for r in rows if r.size_differs]
+    sized = [f"{r.variant} ({_size(r)})" for r in rows if r.size_differs]
     if sized:
         notes.append(f"differs in size from the baseline by more than {SIZE_NOTE_PCT:g}%, so part of "
                      "its delta may be capacity: " + "; ".join(sized))
+    collapsed = [f"{r.variant} ({r.collapsed} of {r.n} seeds)" for r in rows if r.collapsed]
+    if collapsed:
+        notes.append("routing collapsed: " + ", ".join(collapsed) + "; over the last "
+                     f"{100 * COLLAPSE_TAIL:g}% of logged steps the worst layer's busiest expert got at least "
+                     "(1 + E/k)/2 times its fair share of the tokens (stat/moe_imbalance; E/k: k experts take all)")
     unsteady = [r.variant for r in rows if r.tokens_per_s_unsteady]
     if unsteady:
         notes.append(f"~ tokens/s: the seeds' figures differ by more than {SPEED_SPREAD:g}x (max/min) in "
@@ -399,6 +442,14 @@ def collapse_notes(groups: list[Group]) -> list[str]:
             notes.append(f"{g.label}: collapsed in {len(collapsed)} of {len(done)} run(s), its status still "
                          f"completed: {collapsed[0].reason()}")
     return notes
+
+
+def _size(r: Row) -> str:
+    """A size note's figures: the parameters, and for an MoE the active ones beside them."""
+    total = f"{r.params_delta:+,} params, {r.params_delta_pct:+.2f}%" if r.params_delta is not None else ""
+    if r.routed or (r.active_delta is not None and r.active_delta != r.params_delta):
+        return f"{r.active_delta:+,} active params, {r.active_delta_pct:+.2f}%, judged by them; in all {total}"
+    return total
 
 
 def per_seed_rows(cmp: Comparison) -> list[SeedRow]:

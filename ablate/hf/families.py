@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ablate.errors import ConfigError
 from ablate.hf.weights import GPT2, ROPE, TensorMap, tensor_maps
+from ablate.model.moe_spec import MoESettings, expert_width
 from ablate.model.spec import ModelSpec
 from ablate.registry import Registry
 
@@ -191,6 +192,95 @@ FAMILIES.add("qwen3", Family(
     _qwen3_spec, _qwen3_config, ROPE))
 
 
+# ---- MoE: Qwen3-MoE (QK-norm, norm_topk_prob, mlp_only_layers) and Mixtral ------------------------
+# Their router is a softmax over the experts' logits with no bias, its top-k gates renormalized
+# (Mixtral always; Qwen3-MoE when norm_topk_prob), the experts SwiGLU banks; neither has a shared
+# expert or a router z-loss. OLMoE norms q and k over the whole projection (no ablate option does)
+# and DeepSeek's router has a selection bias and sigmoid scores: those are refused by their keys.
+MOE_NOT_IN_HF = {k: v for k, v in NOT_IN_HF.items() if k != "settings"}
+MOE_COMPONENTS = {**DENSE_COMPONENTS, "ffn": ("moe",)}
+
+
+def _moe_rules(mixtral: bool) -> tuple:
+    """What ffn=moe's settings must be: the softmax router, and Mixtral's limits (it always
+    renormalizes the top-k gates, and every layer routes); no other option's settings."""
+    def fits(s) -> bool:
+        m = MoESettings.of(s.ffn)
+        return m.router == "softmax" and (not mixtral or (m.renorm and m.dense_first == 0))
+
+    need = ("ffn.router=softmax" + (", ffn.renorm=true (Mixtral always renormalizes the top-k gates) and "
+                                    "ffn.dense_first=0 (every Mixtral layer routes)" if mixtral else ""))
+    return (("settings", "no option settings but ffn=moe's", lambda s: set(s.settings) <= {"ffn"}),
+            ("ffn", need, fits))
+
+
+def _moe_spec_settings(c: Any, experts: int, d_expert: int, renorm: bool, dense_first: int) -> dict:
+    """ffn=moe's settings of an imported model: its routing; HF's balancing loss is k times ours
+    (its coefficient becomes ours times k), and it has no router z-loss."""
+    if c.router_aux_loss_coef < 0:
+        raise ConfigError(f"HF router_aux_loss_coef={c.router_aux_loss_coef} is negative")
+    return {"ffn": dict(experts=experts, top_k=c.num_experts_per_tok, d_expert=d_expert, renorm=renorm,
+                        aux_coef=float(c.router_aux_loss_coef) * c.num_experts_per_tok, z_coef=0.0,
+                        dense_first=dense_first)}
+
+
+def _qwen3_moe_spec(c: Any) -> ModelSpec:
+    if c.hidden_act != "silu" or c.attention_bias or c.use_sliding_window:
+        raise ConfigError("HF Qwen3-MoE with attention_bias, a sliding window or hidden_act != silu is not supported")
+    dense = sorted(c.mlp_only_layers or [])
+    if c.decoder_sparse_step != 1 or dense != list(range(len(dense))):
+        raise ConfigError(f"HF Qwen3-MoE with decoder_sparse_step={c.decoder_sparse_step}, mlp_only_layers={dense} "
+                          "is not supported: ablate's dense layers are the first ffn.dense_first ones")
+    return ModelSpec(**_rope_spec_kwargs(c), norm_pos="pre", act="swiglu", bias=False, qk_norm=True,
+                     dropout=float(c.attention_dropout or 0.0), ffn="moe",
+                     settings=_moe_spec_settings(c, c.num_experts, c.moe_intermediate_size, bool(c.norm_topk_prob),
+                                                 len(dense)))
+
+
+def _qwen3_moe_config(spec: ModelSpec) -> Any:
+    s = MoESettings.of(spec.ffn)
+    return transformers_module().Qwen3MoeConfig(
+        **_rope_config_kwargs(spec), hidden_act="silu", attention_bias=False, use_sliding_window=False,
+        initializer_range=spec.init_std, decoder_sparse_step=1, moe_intermediate_size=expert_width(spec, s),
+        num_experts=s.experts, num_experts_per_tok=s.top_k, norm_topk_prob=s.renorm,
+        router_aux_loss_coef=s.aux_coef / s.top_k, mlp_only_layers=list(range(s.dense_first)))
+
+
+FAMILIES.add("qwen3_moe", Family(
+    "qwen3_moe", "Qwen3MoeForCausalLM",
+    dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=True,
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **MOE_NOT_IN_HF),
+    _qwen3_moe_spec, _qwen3_moe_config, ROPE, components=MOE_COMPONENTS,
+    rules=_moe_rules(mixtral=False)))
+
+
+def _mixtral_spec(c: Any) -> ModelSpec:
+    if c.hidden_act != "silu" or c.sliding_window is not None or c.router_jitter_noise:
+        raise ConfigError("HF Mixtral with a sliding window, router jitter noise or hidden_act != silu "
+                          "is not supported")
+    # d_ff: the dense FFN a Mixtral does not have; its experts' width, so the fair rule finds them
+    kw = _rope_spec_kwargs(c)
+    return ModelSpec(**kw, norm_pos="pre", act="swiglu", bias=False, dropout=float(c.attention_dropout or 0.0),
+                     ffn="moe", settings=_moe_spec_settings(c, c.num_local_experts, c.intermediate_size, True, 0))
+
+
+def _mixtral_config(spec: ModelSpec) -> Any:
+    s = MoESettings.of(spec.ffn)
+    kw = {**_rope_config_kwargs(spec), "intermediate_size": expert_width(spec, s)}
+    return transformers_module().MixtralConfig(
+        **kw, hidden_act="silu", initializer_range=spec.init_std, sliding_window=None,
+        num_local_experts=s.experts, num_experts_per_tok=s.top_k, router_aux_loss_coef=s.aux_coef / s.top_k,
+        router_jitter_noise=0.0)
+
+
+FAMILIES.add("mixtral", Family(
+    "mixtral", "MixtralForCausalLM",
+    dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=False,
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **MOE_NOT_IN_HF),
+    _mixtral_spec, _mixtral_config, ROPE, components=MOE_COMPONENTS,
+    rules=_moe_rules(mixtral=True)))
+
+
 # ---- Gemma 2 (sandwich norm, GeGLU, embedding scale, soft-caps) ---------------------------------
 def _gemma2_spec(c: Any) -> ModelSpec:
     if c.hidden_activation not in GELU_TANH or c.attention_bias:
@@ -224,8 +314,19 @@ FAMILIES.add("gemma2", Family(
     _gemma2_spec, _gemma2_config, ROPE, gain_offset=1.0))
 
 
+# HF families asked for by name that no ablate model maps to, and why.
+UNMAPPED = {
+    "olmoe": "OLMoE norms q and k over the whole projection width, always (ablate's qk_norm=on norms each "
+             "head, as Qwen3-MoE does: export an MoE with qk_norm=on as qwen3_moe)",
+    "deepseek_v3": "DeepSeek-V3's router scores with a sigmoid and a selection bias, with shared experts "
+                   "(ffn=moe here: a softmax router without bias)",
+}
+
+
 def family_for(spec: ModelSpec, name: Optional[str] = None) -> Family:
     """The named family, or the first whose architecture matches the spec."""
+    if name is not None and name in UNMAPPED and name not in FAMILIES:
+        raise ConfigError(f"cannot export as HF {name}: {UNMAPPED[name]}")
     if name is not None:
         fam = FAMILIES.get(name)
         bad = fam.mismatches(spec)

@@ -9,6 +9,10 @@ Layout differences the entries carry:
   - Gemma's RMSNorm multiplies by (1 + w): its stored gain is ours minus 1 (`gain`, with the
     family's gain offset).
   - RoPE: both sides use the half-split (rotate_half) layout, so q/k rows need no permutation.
+  - ffn=moe: the experts are 3-D banks as HF's Mixtral / Qwen3-MoE hold them (gate_up_proj
+    (E, 2h, d) with rows [gate; up], down_proj (E, d, h)), the router is their `gate`; a layer
+    holds its entries by kind (`layers`: "dense" FFN layers, "moe" layers; the dense_first ones
+    are Qwen3-MoE's mlp_only_layers).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ablate.model.moe_spec import is_moe_layer
 from ablate.model.spec import ModelSpec
 
 EMBEDDING = "tok_emb.weight"  # a tied head is the embedding: HF keeps it in its state dict too
@@ -42,11 +47,14 @@ class W:
     transpose: bool = False
     gain: bool = False  # a norm gain: the family's gain offset applies
     when: str = ""  # "untied" | "qk_norm" | "pre" | "sandwich": only in such models
+    layers: str = ""  # "dense" | "moe": only in the layers whose FFN is of that kind
 
 
 WHEN: dict[str, Callable[[ModelSpec], bool]] = {
     "": lambda s: True, "untied": lambda s: not s.tied, "qk_norm": lambda s: s.qk_norm,
     "pre": lambda s: s.norm_pos == "pre", "sandwich": lambda s: s.norm_pos == "sandwich"}
+LAYERS: dict[str, Callable[[ModelSpec, int], bool]] = {
+    "": lambda s, i: True, "dense": lambda s, i: not is_moe_layer(s, i), "moe": is_moe_layer}
 SPLITS: dict[str, Callable[[ModelSpec], tuple[int, ...]]] = {
     "qkv": lambda s: (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.n_kv_heads * s.head_dim),
     "gate_up": lambda s: (s.d_ff, s.d_ff)}
@@ -72,8 +80,12 @@ ROPE = (  # Llama, Qwen 3, Gemma 2
     W("lm_head.weight", ("lm_head.weight",), when="untied"),
     W("blocks.{i}.attn.qkv.{p}", tuple(_L + f"self_attn.{x}_proj.{{p}}" for x in "qkv"), split="qkv"),
     W("blocks.{i}.attn.proj.{p}", (_L + "self_attn.o_proj.{p}",)),
-    W("blocks.{i}.ffn.gate_up.{p}", (_L + "mlp.gate_proj.{p}", _L + "mlp.up_proj.{p}"), split="gate_up"),
-    W("blocks.{i}.ffn.down.{p}", (_L + "mlp.down_proj.{p}",)),
+    W("blocks.{i}.ffn.gate_up.{p}", (_L + "mlp.gate_proj.{p}", _L + "mlp.up_proj.{p}"), split="gate_up",
+      layers="dense"),
+    W("blocks.{i}.ffn.down.{p}", (_L + "mlp.down_proj.{p}",), layers="dense"),
+    W("blocks.{i}.ffn.router.weight", (_L + "mlp.gate.weight",), layers="moe"),
+    W("blocks.{i}.ffn.w_in", (_L + "mlp.experts.gate_up_proj",), layers="moe"),
+    W("blocks.{i}.ffn.w_out", (_L + "mlp.experts.down_proj",), layers="moe"),
     W("blocks.{i}.norm1.weight", (_L + "input_layernorm.weight",), gain=True, when="pre"),
     W("blocks.{i}.norm2.weight", (_L + "post_attention_layernorm.weight",), gain=True, when="pre"),
     W("blocks.{i}.pre_attn_norm.weight", (_L + "input_layernorm.weight",), gain=True, when="sandwich"),
@@ -96,7 +108,7 @@ def tensor_maps(entries: tuple[W, ...], spec: ModelSpec, gain_offset: float = 0.
     for e in entries:
         if not WHEN[e.when](spec):
             continue
-        layers = range(spec.n_layers) if "{i}" in e.ours else [None]
+        layers = [i for i in range(spec.n_layers) if LAYERS[e.layers](spec, i)] if "{i}" in e.ours else [None]
         for i in layers:
             for p in params if "{p}" in e.ours else ["weight"]:
                 out.append(TensorMap(e.ours.format(i=i, p=p), tuple(t.format(i=i, p=p) for t in e.theirs),

@@ -379,11 +379,32 @@ def _given(overrides: list[str], key: str, default: str) -> str:
     return default
 
 
-def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str]]], steps: int = 10,
+# `ablate bench --moe`: the MoE FFN against the dense one (the baseline's) at equal active
+# parameters (the fair expert width), and the grouped products against a loop over the experts:
+# (label, overrides, prepare(trainer) or None).
+MOE_VARIANTS = [
+    ("ffn=moe ffn.experts=8 ffn.top_k=2", ["ffn=moe", "ffn.experts=8", "ffn.top_k=2"], None),
+    ("ffn=moe ffn.experts=32 ffn.top_k=8", ["ffn=moe", "ffn.experts=32", "ffn.top_k=8"], None),
+    ("ffn=moe ffn.experts=32 ffn.top_k=8 (loop over experts)", ["ffn=moe", "ffn.experts=32", "ffn.top_k=8"],
+     lambda trainer: expert_path(trainer.model, "loop")),
+]
+
+
+def expert_path(model, path: str) -> None:
+    """Every MoE layer's expert products: "grouped" (the model's) or "loop" (the reference)."""
+    from ablate.model.moe import MoE
+
+    for m in model.modules():
+        if isinstance(m, MoE):
+            m.path = path
+
+
+def bench_variants(base_overrides: list[str], variants: list[tuple], steps: int = 10,
                    warmup: int = 2, rounds: int = 5, progress: Optional[Callable[[str], None]] = None,
                    clock: str = "wall") -> dict:
-    """Each variant (extra overrides on top of the baseline's) alternating with the baseline,
-    one variant at a time; ratio = variant tokens/s / baseline tokens/s (median of rounds).
+    """Each variant (extra overrides on top of the baseline's; a third element, prepare(trainer),
+    changes how the built trainer runs) alternating with the baseline, one variant at a time;
+    ratio = variant tokens/s / baseline tokens/s (median of rounds).
 
     Building a variant's Trainer resets torch.compile's state (every model compiles afresh,
     so the 9th variant does not run eagerly past dynamo's recompile limit); the baseline
@@ -391,6 +412,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
     compile_fallback: true if dynamo gave up on a function anyway while it was timed."""
     from ablate.config.compose import compose_config
     from ablate.errors import ConfigError
+    from ablate.model.spec import active_params
     from ablate.train.backends import RecompileWatch, graphs_compiled
 
     base_cfg = compose_config(base_overrides)
@@ -402,7 +424,7 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
     rows = []
     rounds = min(rounds, steps)
     steps_per_round = max(1, steps // rounds)
-    for label, extra in variants:
+    for label, extra, *prepare in variants:
         if progress:
             progress(label)
         try:
@@ -411,7 +433,9 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
             rows.append({"variant": label, "error": str(e)})
             continue
         with RecompileWatch() as watch:
-            v_trainer, _, v_params = build_trainer(cfg, data=trainer.data)  # resets compile state
+            v_trainer, v_spec, v_params = build_trainer(cfg, data=trainer.data)  # resets compile state
+            if prepare and prepare[0] is not None:
+                prepare[0](v_trainer)
             variant = trainer_contender(label, v_trainer, v_params)
             variant.clock = base.clock
             graphs = graphs_compiled()
@@ -426,12 +450,13 @@ def bench_variants(base_overrides: list[str], variants: list[tuple[str, list[str
         # extra math explains. Below that, its kernels are less efficient than the baseline's.
         flops_ratio = trainer.flops_per_token / v_trainer.flops_per_token
         rows.append({"variant": label, "overrides": extra, "params": v_params,
+                     "active_params": active_params(v_spec),
                      TOKENS_PER_S: variant.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s,
                      **ratios, "flops_per_token": v_trainer.flops_per_token, "flops_ratio": flops_ratio,
                      "efficiency": ratios["ratio"] / flops_ratio, "compile_fallback": bool(watch.hits),
                      **({"compile_fallback_reason": watch.reason} if watch.hits else {})})
         del v_trainer, variant
-    return {"baseline": {"overrides": base_overrides, "params": params,
+    return {"baseline": {"overrides": base_overrides, "params": params, "active_params": active_params(spec),
                          "flops_per_token": trainer.flops_per_token}, "rows": rows,
             "compile_fallbacks": sum(bool(r.get("compile_fallback")) for r in rows),
             "device": device_label(trainer.device), "tokens_per_step": base.tokens_per_step,

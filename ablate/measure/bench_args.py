@@ -18,23 +18,23 @@ DEFAULT_NEW_TOKENS = 32
 
 
 def check_options(steps: int, warmup: int, rounds: int, reference: bool, axes: bool, vs: list, only: list,
-                  clock: str, jobs_per_device: Optional[list[int]], sweep_jobs: int) -> None:
+                  clock: str, jobs_per_device: Optional[list[int]], sweep_jobs: int, moe: bool = False) -> None:
     """The benchmark's own arguments, checked once here (the CLI hands them on); ConfigError."""
     for name, value, low in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--rounds", rounds, 1),
                              ("--sweep-jobs", sweep_jobs, 1)):
         if value < low:
             raise ConfigError(f"{name} must be >= {low}, got {value}")
-    if (axes or vs) and reference:
-        raise ConfigError("--reference and --axes/--vs are separate benchmarks: pick one")
+    if (axes or vs or moe) and reference:
+        raise ConfigError("--reference and --axes/--vs/--moe are separate benchmarks: pick one")
     if clock not in CLOCKS:
         raise ConfigError(f"--clock must be {' or '.join(CLOCKS)}, got '{clock}'")
     if only and not axes:
         raise ConfigError("--only selects rows of --axes")
     if jobs_per_device is not None and (not jobs_per_device or min(jobs_per_device) < 1):
         raise ConfigError("--jobs-per-device takes a list of integers >= 1, e.g. 1,2,4,8")
-    if jobs_per_device and (reference or axes or vs or clock != "wall"):
+    if jobs_per_device and (reference or axes or vs or moe or clock != "wall"):
         raise ConfigError("--jobs-per-device times whole processes by the wall clock; use it without "
-                          "--reference, --axes, --vs and --clock cpu")
+                          "--reference, --axes, --vs, --moe and --clock cpu")
 
 
 def check_decode(batches: Optional[list[int]], context: Optional[int], new_tokens: Optional[int],

@@ -126,6 +126,7 @@ class VersusRow(JsonRow):
     prefill_ratio: Optional[float] = None
     error: Optional[str] = None  # an option that cannot combine with these dims: n/a
     baseline: bool = False
+    active_params: Optional[int] = None  # the parameters a token uses (an MoE's k experts)
 
 
 def _ratio_spread(row: dict) -> Optional[float]:
@@ -152,13 +153,17 @@ def _versus_notes(rows: list[VersusRow]) -> list[str]:
 def variants_table(r: dict) -> Table:
     """`ablate bench --axes/--vs` (ablate.measure.bench.bench_variants's result)."""
     base = VersusRow("baseline", r["baseline"]["params"], ratio=1.0, ratio_best=1.0, flops_ratio=1.0,
-                     efficiency=1.0, baseline=True)
+                     efficiency=1.0, baseline=True, active_params=r["baseline"].get("active_params"))
     rows = [base] + [VersusRow(x["variant"], error=x["error"]) if "error" in x else VersusRow(
         x["variant"], x["params"], x[TOKENS_PER_S], x["baseline_tokens_per_s"], x["ratio"], x["ratio_best"],
-        _ratio_spread(x), x["flops_ratio"], x["efficiency"]) for x in r["rows"]]
+        _ratio_spread(x), x["flops_ratio"], x["efficiency"], active_params=x.get("active_params")) for x in r["rows"]]
+    # an MoE among the rows (`--moe`): the parameters a token uses beside the total
+    routed = any(x.active_params not in (None, x.params) for x in rows)
     columns = [
         Column("variant", lambda x: x.variant, ("variant",), align=Align.LEFT),
         Column("params", lambda x: num(x.params, ","), ("params",)),
+        *([Column("active params", lambda x: num(x.active_params, ","), ("active_params",), short="active\nparams",
+                  priority=2)] if routed else []),
         Column("tokens/s", lambda x: "" if x.baseline else num(x.tokens_per_s, ",.0f"), (TOKENS_PER_S,)),
         Column("baseline tokens/s", lambda x: "" if x.baseline else num(x.baseline_tokens_per_s, ",.0f"),
                ("baseline_tokens_per_s",), short="baseline\ntokens/s", priority=2),

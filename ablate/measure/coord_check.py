@@ -62,6 +62,7 @@ class Module(str, Enum):
     EMBEDDING = "embedding"  # the input to block 0 (token and position embeddings, dropout)
     ATTN_LOGITS = "attn_logits"  # q.k x scale, causal entries, before soft-capping or position bias
     ATTN_OUT = "attn_out"  # the attention sublayer's output, before the residual add
+    FFN_HIDDEN = "ffn_hidden"  # the FFN's hidden activation (an MoE's: over its experts' rows)
     FFN_OUT = "ffn_out"  # the FFN sublayer's output, before the residual add
     RESIDUAL = "residual"  # each block's output; its number is the last block's (see Trace.mean)
     LOGITS = "logits"  # the output logits
@@ -72,7 +73,7 @@ class Module(str, Enum):
 
 
 LABELS = {Module.EMBEDDING: "embedding output", Module.ATTN_LOGITS: "attention logits",
-          Module.ATTN_OUT: "attention output", Module.FFN_OUT: "FFN output",
+          Module.ATTN_OUT: "attention output", Module.FFN_HIDDEN: "FFN hidden", Module.FFN_OUT: "FFN output",
           Module.RESIDUAL: "residual stream", Module.LOGITS: "output logits"}
 
 
@@ -176,12 +177,14 @@ class Probe:
         """This step's values (per layer; one for the embedding and the logits), then reset."""
         import torch
 
-        from ablate.model.component import MEAN_ABS_ATTN_LOGIT
+        from ablate.model.component import MEAN_ABS_ATTN_LOGIT, MEAN_ABS_FFN_HIDDEN
 
         now = self._now
-        nan = torch.full((), float("nan"), device=logits.device)  # an attention that does not report it
+        nan = torch.full((), float("nan"), device=logits.device)  # a component that does not report it
         now[Module.ATTN_LOGITS] = [b.attn.diag_stats().get(MEAN_ABS_ATTN_LOGIT, nan).float()
                                    for b in self.model.blocks]
+        now[Module.FFN_HIDDEN] = [b.ffn.diag_stats().get(MEAN_ABS_FFN_HIDDEN, nan).float()
+                                  for b in self.model.blocks]
         now[Module.LOGITS] = [logits.detach().float().abs().mean()]
         flat = torch.stack([v for m in Module for v in now[m]]).tolist()  # one host sync
         out, i = {}, 0

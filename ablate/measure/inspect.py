@@ -21,11 +21,14 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 def formulas(spec: ModelSpec) -> tuple[str, str]:
-    """(FLOPs/token, KV bytes/token) in words, as the attention component declares them."""
+    """(FLOPs/token, KV bytes/token) in words, as the attention component declares them; with a
+    routed FFN, N counts the weights a token uses."""
     attn = options.get("attn", spec.attn)
-    return (attn.flops_formula or f"the sum over layers of each component's declared training FLOPs per token "
-                                  f"(attn={attn.name}, ffn={spec.ffn}) + 6 * the d x V output head",
-            attn.cache_formula or f"the sum over layers of attn={attn.name}'s declared cache bytes per position")
+    flops = (attn.flops_formula or f"the sum over layers of each component's declared training FLOPs per token "
+                                   f"(attn={attn.name}, ffn={spec.ffn}) + 6 * the d x V output head")
+    if active_params(spec) != count_params(spec)["total"]:
+        flops += f"; N counts active weights only (ffn={spec.ffn}: the router and the experts a token is routed to)"
+    return flops, attn.cache_formula or f"the sum over layers of attn={attn.name}'s declared cache bytes per position"
 
 
 def run_kv_cache_bytes_per_token(cfg: Any, precision: str) -> int:
@@ -66,6 +69,33 @@ def ffn_sizes(cfg: Any) -> dict:
             "ffn_params_per_layer": per_layer, "gated_minus_plain_per_layer": delta, "why": why}
 
 
+def moe_sizes(spec: ModelSpec) -> Optional[dict]:
+    """ffn=moe: its experts' width and why, and the active parameters of an MoE layer against the
+    dense FFN's (the gap the fair width leaves, as ffn_sizes states the GLU width's); None when dense."""
+    from ablate.model.moe_spec import MoESettings, expert_params, expert_width, router_params
+
+    if spec.ffn != "moe":
+        return None
+    s = MoESettings.of(spec.ffn)
+    h = expert_width(spec, s)
+    dense = expert_params(spec.d_model, spec.d_ff, spec.gated, spec.bias)
+    experts = s.top_k * expert_params(spec.d_model, h, spec.gated, spec.bias)
+    router = router_params(spec.d_model, s.experts)
+    gap = experts - dense
+    how = (f"ffn.d_expert={h} is set explicitly" if s.d_expert is not None else
+           f"ffn.d_expert is null, so an expert's width is the multiple of model.ffn_multiple_of="
+           f"{spec.ffn_multiple_of} whose {s.top_k} experts' parameters are nearest the dense FFN's "
+           f"(d_ff {spec.d_ff}; the router not counted): {h}")
+    why = (f"ffn=moe: {s.experts} experts, top-{s.top_k}; {how}; per MoE layer a token uses {s.top_k} experts "
+           f"= {experts:,} params vs the dense FFN's {dense:,} ({gap:+,}, {100 * gap / dense:+.2f}%), plus the "
+           f"router's {router:,}; {s.experts * expert_params(spec.d_model, h, spec.gated, spec.bias) + router:,} "
+           f"params in all" + (f"; the first {s.dense_first} layers keep the dense FFN" if s.dense_first else ""))
+    return {"experts": s.experts, "top_k": s.top_k, "d_expert": h, "d_expert_explicit": s.d_expert is not None,
+            "moe_layers": spec.n_layers - s.dense_first, "dense_ffn_params_per_layer": dense,
+            "active_expert_params_per_layer": experts, "router_params_per_layer": router,
+            "active_minus_dense_per_layer": gap, "why": why}
+
+
 def baseline_spec(cfg: Any) -> ModelSpec:
     """The same config with every axis at its default option (what `ablate run` trains without
     axis overrides): sizes, tokenizer and the other model keys unchanged."""
@@ -86,10 +116,13 @@ def param_delta(cfg: Any, spec: ModelSpec) -> dict:
     """Parameters of this variant minus the default-axes baseline's (the size change to state)."""
     from ablate.config.axes import default_axes
 
-    base = count_params(baseline_spec(cfg))["total"]
+    base_spec = baseline_spec(cfg)
+    base = count_params(base_spec)["total"]
     total = count_params(spec)["total"]
+    active = active_params(spec) - active_params(base_spec)
     return {"baseline_axes": default_axes(), "baseline_params": base, "delta": total - base,
-            "delta_pct": 100.0 * (total - base) / base}
+            "delta_pct": 100.0 * (total - base) / base, "active_delta": active,
+            "active_delta_pct": 100.0 * active / active_params(base_spec)}
 
 
 def parametrization_report(spec: ModelSpec) -> dict:
@@ -171,6 +204,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
         "vocab": {"tokenizer": spec.tokenizer_vocab, "model": spec.vocab_size, "padded": padded,
                   "note": vocab_note},
         "ffn": ffn_sizes(cfg),
+        **({"moe": moe_sizes(spec)} if spec.ffn == "moe" else {}),
         "vs_baseline": param_delta(cfg, spec),
         "axes": axis_values(cfg),
         "spec": spec.to_dict(),

@@ -70,16 +70,21 @@ def inspect_tables(r: dict) -> list[Table]:
     rows = [ComponentRow(k, p[k], p[k] / total) for k in COMPONENTS]
     rows += [ComponentRow("total", total, 1.0),
              ComponentRow("non-embedding", r["non_embedding_params"], r["non_embedding_params"] / total)]
+    if r["active_params"] != total:  # an MoE: the parameters one token uses
+        rows.append(ComponentRow("active (per token)", r["active_params"], r["active_params"] / total))
     vb = r["vs_baseline"]
     changed = [f"{k}={v}" for k, v in r["axes"].items() if vb["baseline_axes"].get(k) != v]
+    active = ("" if vb["active_delta"] == vb["delta"] else
+              f"; active per token {vb['active_delta']:+,} ({vb['active_delta_pct']:+.2f}%)")
     foot = [f"vs baseline (every axis at its default{'; this variant: ' + ', '.join(changed) if changed else ''}): "
-            f"{vb['delta']:+,} params ({vb['delta_pct']:+.2f}%)"]
+            f"{vb['delta']:+,} params ({vb['delta_pct']:+.2f}%){active}"]
     if "built_params" in r:
         foot.append(f"--build: a model built on the meta device has {r['built_params']['total']:,} parameters, "
                     "equal to the analytic count in every component")
     if s["tied"]:
         foot.append("embedding includes the output head (tied); learned positions are counted in embedding")
     foot += [f"vocab: {r['vocab']['note']}", f"FFN: {r['ffn']['why']}",
+             *([f"MoE: {r['moe']['why']}"] if "moe" in r else []),
              f"FLOPs/token (training, seq_len {r['seq_len']}): {r['flops_per_token']:,} = {r['flops_formula']}",
              f"KV cache ({r['dtype']}): {r['kv_cache_bytes_per_token']:,} bytes/token = {r['kv_cache_formula']}; "
              f"for seq_len {r['seq_len']} x batch {r['batch']}: {r['kv_cache_bytes']:,} bytes "

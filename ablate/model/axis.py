@@ -321,6 +321,7 @@ class ComponentOption(Option):
     cache: Optional[Callable[[Spec, int], Optional[CacheLayout]]] = None
     losses: tuple[str, ...] = ()
     stats: Mapping[str, Reduce] = field(default_factory=dict)
+    check: Optional[Callable[[Spec], None]] = None  # ModelSpec.check calls it: ConfigError, one line
     takes_settings: ClassVar[bool] = True
 
     def build(self, spec: Spec, layer: int) -> Any:

@@ -34,6 +34,10 @@ STAT_PREFIX = "stat/"  # metrics.jsonl key of a component's every-row statistic:
 # The statistics every attention component records while recording (diagnostics, coord-check):
 # the largest scaled q.k logit and the mean |scaled q.k logit| over the causal entries.
 MAX_ATTN_LOGIT, MEAN_ABS_ATTN_LOGIT = "max_attn_logit", "mean_abs_attn_logit"
+# The statistic every FFN component records while recording: the mean |hidden activation| (a
+# dense FFN's act(up x) or act(gate x) * up x; an MoE's, over its experts' rows), which
+# coord-check reads.
+MEAN_ABS_FFN_HIDDEN = "mean_abs_ffn_hidden"
 
 
 @dataclass(frozen=True)

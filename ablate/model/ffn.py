@@ -3,12 +3,11 @@ Plain options use two matrices, gated ones three (Shazeer 2020, "GLU Variants Im
 Transformer"): FFN(x) = down(act(gate(x)) * up(x)). Each act option's facts (its function, gated
 or not, ReLU family or not) are its declaration in ablate/model/options.py, read here.
 
-Both are Sublayers (ablate/model/component.py): with a ReLU-family activation they report, while
-recording, the fraction of hidden units that never fire (`dead_ffn_frac`)."""
+Both are Sublayers (ablate/model/component.py): while recording they report their hidden
+activation's mean |h| (`mean_abs_ffn_hidden`, what coord-check reads) and, with a ReLU-family
+activation, the fraction of hidden units that never fire (`dead_ffn_frac`)."""
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +15,7 @@ from torch import nn
 
 from ablate.model import options
 from ablate.model.axis import ActOption
-from ablate.model.component import Sublayer
+from ablate.model.component import MEAN_ABS_FFN_HIDDEN, Sublayer
 from ablate.model.roles import Role, linear
 from ablate.model.spec import ModelSpec
 
@@ -31,29 +30,31 @@ def dead_fraction(hidden: torch.Tensor) -> torch.Tensor:
 
 
 class DenseFFN(Sublayer, nn.Module):
-    """What MLP and GatedMLP share: their hidden activation `hidden(x)` and, for a ReLU family,
-    the dead units of the last recorded forward."""
+    """What MLP and GatedMLP share: their hidden activation `hidden(x)`, whose mean |h| (and,
+    for a ReLU family, dead units) the last recorded forward reports."""
 
     def __init__(self, act: ActOption):
         super().__init__()
         self.relu_family = act.relu_family  # outputs exact zeros: its dead units are counted
         self.recording = False
-        self.dead: Optional[torch.Tensor] = None
+        self.recorded: dict[str, torch.Tensor] = {}
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.hidden(x)  # (B, T, d_ff)
-        if self.recording and self.relu_family:
-            self.dead = dead_fraction(h)
+        if self.recording:
+            self.recorded[MEAN_ABS_FFN_HIDDEN] = h.detach().float().abs().mean()
+            if self.relu_family:
+                self.recorded[DEAD_FFN_FRAC] = dead_fraction(h)
         return self.resid_drop(self.down(h))  # (B, T, d)
 
     def record(self, on: bool) -> None:
-        self.recording, self.dead = on, None
+        self.recording, self.recorded = on, {}
 
     def diag_stats(self) -> dict[str, torch.Tensor]:
-        return {} if self.dead is None else {DEAD_FFN_FRAC: self.dead}
+        return dict(self.recorded)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:

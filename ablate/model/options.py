@@ -9,9 +9,11 @@ them up over the layers.
 from __future__ import annotations
 
 from ablate.errors import ConfigError
+from ablate.model import moe_spec
 from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FfnOption, FlagOption, NormOption,
                                ParamOption, PosOption, component_axes, declare_axis, declared, default, get,
                                names, norm_factory, register_option, setting, store_in_hydra)
+from ablate.names import BALANCE_TERM, ROUTER_Z_TERM
 
 __all__ = ["AXES", "component_axes", "declared", "default", "get", "names", "norm_factory", "register_option",
            "setting", "store_in_hydra"]
@@ -119,15 +121,23 @@ register_option("attn", "mqa", "ablate.model.attention:CausalSelfAttention", kv_
 
 # ---- ffn (ablate/model/ffn.py): the feed-forward sublayer; its GLU structure follows `act` -----
 def ffn_layer_params(d_model: int, d_ff: int, gated: bool, bias: bool) -> int:
-    """One FFN's parameters: 2 (plain) or 3 (gated) matrices, plus biases with bias=on."""
-    n_in = 2 if gated else 1
-    b = 1 if bias else 0
-    return n_in * (d_model * d_ff + b * d_ff) + d_ff * d_model + b * d_model
+    """One FFN's parameters: 2 (plain) or 3 (gated) matrices, plus biases with bias=on (the
+    formula an MoE's experts share: moe_spec.expert_params)."""
+    return moe_spec.expert_params(d_model, d_ff, gated, bias)
 
 
 declare_axis("ffn", FfnOption, default="dense")
 register_option("ffn", "dense", "ablate.model.ffn:build_ffn",  # up/down, or gate_up/down with a gated act
                 params=lambda spec, layer: ffn_layer_params(spec.d_model, spec.d_ff, spec.gated, spec.bias))
+# moe (ablate/model/moe.py; counts and checks in moe_spec.py): E experts of the act axis's kind, each
+# token routed to k; the defaults are OLMoE's recipe at 8 experts top-2 (softmax, no renorm,
+# balancing loss 0.01, router z-loss 0.001, dropless); d_expert null: the fair width
+register_option("ffn", "moe", "ablate.model.moe:build_moe",
+                settings=dict(experts=8, top_k=2, d_expert=setting(None, int), renorm=False, balance="aux",
+                              aux_coef=0.01, z_coef=0.001, dense_first=0, router="softmax"),
+                params=lambda spec, layer: moe_spec.layer_params(spec, layer),
+                active=lambda spec, layer: moe_spec.layer_params(spec, layer, active=True),
+                check=lambda spec: moe_spec.check_spec(spec), losses=(BALANCE_TERM, ROUTER_Z_TERM))
 
 # ---- flags: what each option sets in the ModelSpec ---------------------------------------------
 declare_axis("tie", FlagOption, default="tied")  # the output head shares the embedding matrix

@@ -65,6 +65,12 @@ class ParamRule:
 
 
 HIDDEN_ROLES = ("input", "output")  # Role.INPUT, Role.OUTPUT: matrices whose both dims are widths
+# Role.ROUTER: fan-in a width, fan-out the expert count. Taken as a hidden matrix by its fan-in,
+# so its logits, which decide the routing, keep one size at every width at init and after updates
+# (an output weight's rule, variance 1/fan_in^2, shrinks them as 1/sqrt(width_mult) and with them
+# the gates: coord-check measured the MoE's FFN output shrinking with width under it, slope -0.22
+# at step 3 over widths 64-256, against -0.10 with this rule; 2026-11-29).
+ROUTER_ROLE = "router"
 
 
 def base_spec(spec: Spec) -> Spec:
@@ -112,20 +118,28 @@ def param_rules(model: Any) -> dict[str, ParamRule]:
                               "sets init and LR by role: tag it (ablate.model.roles.tag, "
                               "docs/extending.md) or use param=sp") from None
     shapes = base_shapes(spec, type(model))
-    return {name: hidden_rule(name, role, tuple(p.shape), shapes) if role in HIDDEN_ROLES else ParamRule(role)
+    rules = {role: hidden_rule for role in (*HIDDEN_ROLES, ROUTER_ROLE)}
+    return {name: rules[role](name, role, tuple(p.shape), shapes) if role in rules else ParamRule(role)
             for (name, p), role in zip(model.named_parameters(), roles.values())}
+
+
+def _fan_ins(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> tuple[int, int]:
+    """(fan-in, the base model's fan-in) of a matrix, or of each matrix of a 3-D bank (an MoE's
+    experts, (E, out, in): each expert is its own matrix, its fan-in the last dim)."""
+    from ablate.errors import ConfigError
+
+    if len(shape) not in (2, 3) or name not in base:
+        why = "is not a matrix" if len(shape) not in (2, 3) else "has no match in the base model"
+        raise ConfigError(f"parameter {name} {shape} (role {role}) {why}; param=mup needs its "
+                          "fan-in at the base width")
+    return shape[-1], base[name][-1]
 
 
 def hidden_rule(name: str, role: str, shape: tuple, base: dict[str, tuple]) -> ParamRule:
     """muP for a hidden matrix under Adam (the `mup` package: init std x base_fan_in/fan_in ^ 1/2,
-    MuAdam's LR / width_mult and weight decay x width_mult, width_mult = fan_in / base_fan_in)."""
-    from ablate.errors import ConfigError
-
-    if len(shape) != 2 or name not in base:
-        why = "is not a matrix" if len(shape) != 2 else "has no match in the base model"
-        raise ConfigError(f"parameter {name} {shape} (role {role}) {why}; param=mup needs its "
-                          "fan-in at the base width")
-    fan_in, base_fan_in = shape[1], base[name][1]
+    MuAdam's LR / width_mult and weight decay x width_mult, width_mult = fan_in / base_fan_in).
+    Each expert of a bank is a hidden matrix of its own fan-in."""
+    fan_in, base_fan_in = _fan_ins(name, role, shape, base)
     ratio = base_fan_in / fan_in
     return ParamRule(role, fan_in, base_fan_in, init_mult=math.sqrt(ratio), lr_mult=ratio, wd_mult=1.0 / ratio)
 

@@ -23,6 +23,7 @@ class Role(str, Enum):
     EMBEDDING = "embedding"  # token embedding (and the tied head)
     POSITION = "position"  # learned absolute positions
     INPUT = "input"  # projections that read the residual stream: qkv, FFN up/gate, MTP proj
+    ROUTER = "router"  # an MoE router: reads the residual stream, writes one logit per expert
     OUTPUT = "output"  # projections that write into the residual stream: attention out, FFN down
     HEAD = "head"  # untied output projection
     GAIN = "gain"  # norm scales
@@ -33,7 +34,7 @@ class Role(str, Enum):
 # Decay the matrices, never gains, biases or scalars: an explicit table, so bias=off cannot move
 # a weight between groups. A scalar is a gain on a whole tensor, so it is not decayed either (as
 # DyT's ViT/ConvNeXt recipe exempts 1-D parameters; its LLaMA code decays every parameter).
-DECAY = {Role.EMBEDDING: True, Role.POSITION: True, Role.INPUT: True, Role.OUTPUT: True,
+DECAY = {Role.EMBEDDING: True, Role.POSITION: True, Role.INPUT: True, Role.ROUTER: True, Role.OUTPUT: True,
          Role.HEAD: True, Role.GAIN: False, Role.BIAS: False, Role.SCALAR: False}
 # Roles whose value is a constant at init; SCALAR has none: its module's init_parameters sets it.
 CONSTANT = {Role.GAIN: 1.0, Role.BIAS: 0.0}
@@ -67,9 +68,23 @@ def linear(d_in: int, d_out: int, bias: bool, role: Role,
     return layer
 
 
+def bank(n: int, d_out: int, d_in: Optional[int], role: Role,
+         fused: Optional[tuple[int, ...]] = None) -> nn.Parameter:
+    """n matrices (d_out, d_in) in one 3-D parameter (n, d_out, d_in), as n Linear weights stacked
+    (an MoE's experts); d_in None: n bias vectors (n, d_out). fused: as `linear`'s, the row
+    counts of the matrices stacked in each one (an expert's gate and up)."""
+    p = nn.Parameter(torch.empty(n, d_out) if d_in is None else torch.empty(n, d_out, d_in))
+    tag(p, role)
+    if fused is not None:
+        assert sum(fused) == d_out, (fused, d_out)
+        setattr(p, _FUSED, tuple(fused))
+    return p
+
+
 def fused_parts(param: nn.Parameter) -> tuple[int, ...]:
-    """Row counts of the matrices stacked in a 2-D weight (one part when it is one matrix)."""
-    return getattr(param, _FUSED, (param.shape[0],))
+    """Row counts of the matrices stacked in a weight (one part when it is one matrix): a 2-D
+    weight's rows, or each matrix's rows in a 3-D bank (n, rows, fan_in)."""
+    return getattr(param, _FUSED, (param.shape[-2],))
 
 
 # Roles of lookup tables (rows are read, not multiplied): xavier draws them N(0, d^-1/2) as
@@ -78,8 +93,9 @@ TABLES = (Role.EMBEDDING, Role.POSITION, Role.HEAD)
 
 
 def glorot_bounds(param: nn.Parameter) -> torch.Tensor:
-    """(rows, 1): each row's Glorot-uniform bound sqrt(6 / (fan_in + fan_out)) of its own matrix."""
-    fan_in = param.shape[1]
+    """(rows, 1): each row's Glorot-uniform bound sqrt(6 / (fan_in + fan_out)) of its own matrix
+    (in a 3-D bank, of each matrix of the bank: the bound broadcasts over its first dim)."""
+    fan_in = param.shape[-1]
     return torch.cat([torch.full((rows, 1), math.sqrt(6.0 / (fan_in + rows)))
                       for rows in fused_parts(param)])
 

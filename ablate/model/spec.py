@@ -24,6 +24,7 @@ from ablate.model.component import CacheLayout
 from ablate.model.options import ffn_layer_params
 
 VOCAB_MULTIPLE = 64  # padded vocab: faster matmuls; the padding ids are never targets
+FFN_MULTIPLE = 16  # model.ffn_multiple_of's default (ablate/config/schema.py)
 
 
 def round_up(x: int, multiple: int) -> int:
@@ -78,6 +79,9 @@ class ModelSpec:
     mtp_heads: int = 0
     mtp_weight: float = 0.3
     tokenizer_vocab: Optional[int] = None  # before padding, for reporting
+    # model.ffn_multiple_of: the widths a derived FFN width rounds to (read by ffn=moe's fair
+    # expert width, which follows d_ff, so a muP base model gets its own)
+    ffn_multiple_of: int = FFN_MULTIPLE
     # The parametrization (axis `param`) and its reference shape: None resolves to this model's
     # own width, depth and FFN width (where every param option trains as sp). base_d_ff: the FFN
     # width of the base model (from_config derives it by the run's own d_ff rule).
@@ -180,6 +184,10 @@ class ModelSpec:
                 raise ConfigError(f"{key} must be positive, got {value}")
         if self.d_ff <= 0:
             raise ConfigError(f"model.d_ff must be positive, got {self.d_ff}")
+        for axis in ("attn", "ffn"):  # a component's own checks of its settings
+            own = options.get(axis, getattr(self, axis)).check
+            if own is not None:
+                own(self)
         self._check_base()
         if self.parallel_block and self.norm_pos != "pre":
             raise ConfigError("model.parallel_block=true needs norm_pos=pre")
@@ -268,14 +276,18 @@ class ModelSpec:
             mtp_weight=m.mtp_weight, tokenizer_vocab=tokenizer_vocab, settings=config_settings(cfg),
             param=cfg.param.name if "param" in cfg else options.AXES["param"].default,
             base_width=base_width, base_depth=m.get("base_depth"), base_d_ff=base_d_ff,
+            ffn_multiple_of=int(m.ffn_multiple_of),
         )
 
     def to_dict(self) -> dict:
         """The flat view as JSON values: each component axis by its option's name, `settings`
-        only when a chosen option has some. ModelSpec(**spec.to_dict()) == spec."""
+        only when a chosen option has some, `ffn_multiple_of` only when not its default.
+        ModelSpec(**spec.to_dict()) == spec."""
         out = asdict(self)
         for axis in options.component_axes():
             out[axis] = str(getattr(self, axis))
+        if out["ffn_multiple_of"] == FFN_MULTIPLE:
+            del out["ffn_multiple_of"]
         settings = out.pop("settings")
         return {**out, "settings": settings.to_dict()} if settings else out
 
@@ -349,6 +361,11 @@ def active_params(spec: ModelSpec) -> int:
 def non_embedding_params(spec: ModelSpec) -> int:
     p = count_params(spec)
     return p["total"] - p["embedding"] - (0 if spec.tied else spec.vocab_size * spec.d_model)
+
+
+def active_non_embedding_params(spec: ModelSpec) -> int:
+    """The non-embedding parameters one token uses (a ladder sizes an MoE's tokens by them)."""
+    return non_embedding_params(spec) - (count_params(spec)["total"] - active_params(spec))
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> int:

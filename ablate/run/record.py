@@ -96,6 +96,12 @@ class WandbInfo:
     url: Optional[str] = optional()  # online
 
 
+def active_note(info: "RunInfo") -> str:
+    """"; N active" where a token uses fewer parameters than the model has (an MoE), else ""."""
+    active = info.active_params
+    return "" if active is None or active == info.params else f"; {active:,} active"
+
+
 # ---- groups flattened into summary.json ----------------------------------------------------------
 @dataclass
 class RunInfo:
@@ -104,6 +110,7 @@ class RunInfo:
     params: Optional[int] = None
     params_breakdown: Optional[ParamsBreakdown] = None
     non_embedding_params: Optional[int] = None
+    active_params: Optional[int] = None  # the parameters one token uses (MoE: its k experts); = params when dense
     flops_per_token: Optional[int] = None
     vocab_size: Optional[int] = None
     tokenizer_vocab: Optional[int] = None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from ablate.run.collapse import collapse_of
-from ablate.run.record import RunRecord, WandbInfo
+from ablate.run.record import RunRecord, WandbInfo, active_note
 from ablate.terminal import print_table, render
 from ablate.names import TRAIN_LOSS, VAL_BPB, VAL_LOSS
 
@@ -41,7 +41,8 @@ def summary_table(record: RunRecord, run_dir: Path):
     t.add_row("axes", " ".join(f"{k}={v}" for k, v in (record.axes or {}).items()))
     info, result = record.info, record.result
     if info.params is not None:
-        t.add_row("params", f"{info.params or 0:,} ({info.non_embedding_params or 0:,} non-embedding)")
+        t.add_row("params", f"{info.params or 0:,} ({info.non_embedding_params or 0:,} non-embedding"
+                  + active_note(info) + ")")
         t.add_row("FLOPs/token", f"{info.flops_per_token or 0:,}")
     if record.step is not None:
         t.add_row("steps", f"{record.step}/{record.steps} ({result.tokens or 0:,} tokens)")

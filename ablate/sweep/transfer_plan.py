@@ -171,6 +171,18 @@ def as_added_keys(arguments: Sequence[str]) -> list[str]:
     return [added(a) for a in arguments]
 
 
+def rung_size(rung: Rung, load: Callable[[], Any]) -> tuple[int, int]:
+    """(the non-embedding parameters a token uses, tokens per step) of the config `load()`
+    composes at `rung`: a ladder sizes an MoE's tokens by its active parameters, as its FLOPs
+    count them. A config the rung cannot have (ffn.dense_first at or above its layers) is
+    refused in one line naming the rung."""
+    from ablate.model.spec import ModelSpec, active_non_embedding_params
+
+    with naming(f"ladder rung {rung.name} ({' '.join(rung.overrides())})"):
+        cfg = load()
+        return active_non_embedding_params(ModelSpec.from_config(cfg)), int(cfg.train.batch_size) * int(cfg.train.seq_len)
+
+
 def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Rung], tuple[int, int]],
                 seeds: Sequence[int], based: Sequence[bool] = ()) -> tuple[list[Job], list[RungPlan]]:
     """Every variant on every rung (smallest first) with every seed. plan_rung(rung) -> (the

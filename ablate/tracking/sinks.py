@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ablate.run.record import RunInfo, RunRecord
+from ablate.run.record import RunInfo, RunRecord, active_note
 from ablate.names import MFU, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS
 
 
@@ -103,7 +103,7 @@ def banner(about: About, info: RunInfo, steps: int, start_step: int = 0) -> list
     accum = info.grad_accum_steps or 1
     return [
         f"ablate run: {about.variant} (seed {about.seed})",
-        f"  params {info.params or 0:,} ({info.non_embedding_params or 0:,} non-embedding)"
+        f"  params {info.params or 0:,} ({info.non_embedding_params or 0:,} non-embedding{active_note(info)})"
         f" | FLOPs/token {info.flops_per_token or 0:,} | tokens/step {info.tokens_per_step or 0:,}"
         + (f" ({accum} passes of {info.micro_batch} sequences)" if accum > 1 else ""),
         f"  device {info.device} | precision {info.precision} | compile "

@@ -111,7 +111,7 @@ def wandb_config(cfg: Any, variant: str, info: RunInfo, arch: Optional[str] = No
     if arch:
         config["arch"] = arch
     config.update(variant=variant, params=info.params, non_embedding_params=info.non_embedding_params,
-                  flops_per_token=info.flops_per_token)
+                  active_params=info.active_params, flops_per_token=info.flops_per_token)
     if info.provenance:  # git commit, versions, device, host: which code ran where
         config["provenance"] = to_plain(info.provenance)
     return scrub(config)
@@ -204,7 +204,7 @@ class WandbSink(Sink):
         for metric in (VAL_LOSS, VAL_BPB):
             self.run.define_metric(wandb_name(metric), step_metric=TOKENS, summary="min")
         for key, value in (("params", info.params), ("non_embedding_params", info.non_embedding_params),
-                           ("flops_per_token", info.flops_per_token)):
+                           ("active_params", info.active_params), ("flops_per_token", info.flops_per_token)):
             if value is not None:
                 self.run.summary[key] = value
         # Where the records went: lands in summary.json (the info becomes part of it).
@@ -258,7 +258,7 @@ class WandbSink(Sink):
 # summary.json keys written to the W&B summary: those no row logs (one name per metric). A logged
 # metric keeps the summary W&B makes of it under its logged name: val/loss and val/bpb their
 # minimum (define_metric), train/loss, train/tokens_per_s, train/mfu their last value.
-SUMMARY_KEYS = ("status", "params", "non_embedding_params", "flops_per_token", "compile_s", "step",
+SUMMARY_KEYS = ("status", "params", "non_embedding_params", "active_params", "flops_per_token", "compile_s", "step",
                 "wall_time_s", "time_to_first_step_s")
 
 

@@ -288,6 +288,17 @@ def all_ranks_mean(value, world_size: int):
     return out / world_size
 
 
+def all_ranks_sum(value, world_size: int):
+    """Sum of a tensor over all ranks (every rank gets it): counts that the global batch adds up."""
+    if world_size <= 1:
+        return value
+    import torch.distributed as dist
+
+    out = value.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
 def all_ranks_min(value: int, world_size: int, device) -> int:
     """The smallest of an integer over all ranks (a choice every rank must share)."""
     if world_size <= 1:

@@ -149,13 +149,13 @@ def build_trainer(cfg: Any, data, tokenizer_vocab: int, byte_lengths=None, run_d
 
 def run_info(cfg: Any, spec, tok, data, trainer) -> RunInfo:
     """What summary.json and the W&B config record about the run's model, data and device."""
-    from ablate.model.spec import count_params, flops_per_token, non_embedding_params
+    from ablate.model.spec import active_params, count_params, flops_per_token, non_embedding_params
 
     params = count_params(spec)
     tokens = data.meta["tokens"]  # the cache's tokens per split
     return RunInfo(
         params=params["total"], params_breakdown=ParamsBreakdown(**params),
-        non_embedding_params=non_embedding_params(spec),
+        non_embedding_params=non_embedding_params(spec), active_params=active_params(spec),
         flops_per_token=flops_per_token(spec, cfg.train.seq_len),
         vocab_size=spec.vocab_size, tokenizer_vocab=tok.vocab_size,
         data=DataInfo(source=data.meta["source"], tokenizer=data.meta["tokenizer"],

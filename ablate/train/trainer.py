@@ -17,6 +17,7 @@ import torch
 
 from ablate.data.batches import Batches, val_windows
 from ablate.data.cache import TokenData
+from ablate.model.moe import ExpertLoads
 from ablate.model.roles import unique_parameters
 from ablate.model.spec import flops_per_token
 from ablate.run.record import Outcome, TrainResult
@@ -25,8 +26,8 @@ from ablate.train import checkpoint
 from ablate.train.allocator import keep_freed_memory
 from ablate.train.backends import (RecompileWatch, check_sdpa_backend, compile_model, configure_backends,
                                    graphs_compiled, reset_compile_state)
-from ablate.train.distributed import (all_ranks_mean, all_ranks_min, any_rank, load_model_and_optimizer_state,
-                                      model_and_optimizer_state)
+from ablate.train.distributed import (all_ranks_mean, all_ranks_min, all_ranks_sum, any_rank,
+                                      load_model_and_optimizer_state, model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
 from ablate.train.microbatch import resolve_micro_batch
 from ablate.train.optimizer import build_optimizer, optimizer_step, restore_implementation, set_lr
@@ -36,7 +37,7 @@ from ablate.train.schedule import lr_at, resolved_warmup
 from ablate.train.signals import Phase, StopRequest
 from ablate.train.state import RunState
 from ablate.train.throughput import Throughput
-from ablate.names import GRAD_NORM, LR, MFU, TOKENS, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS, Status
+from ablate.names import GRAD_NORM, LR, MFU, TOKENS, TOKENS_PER_S, TRAIN_LOSS, VAL_BPB, VAL_LOSS, Status, stat_key
 
 
 def process_age_s() -> Optional[float]:
@@ -164,6 +165,12 @@ class Trainer:
         self._resume_rng: Optional[dict] = None  # applied right before the first resumed step
         # the last train_step's objective terms and statistics, averaged as its loss is
         self.step_terms: dict[str, torch.Tensor] = {}
+        # an MoE's tokens per expert (layers, experts): what this step's micro-steps routed (all
+        # ranks), then, once its update is applied, the last applied step's (a skipped step's are
+        # dropped); forward passes outside train_step are never added (ablate/model/moe.py)
+        self.loads = ExpertLoads(self.model.blocks) if hasattr(self.model, "blocks") else None
+        self.step_loads: Optional[torch.Tensor] = None
+        self.expert_loads: Optional[torch.Tensor] = None
         self.segment: Optional[Segment] = None  # the current fit call's
         self.block_grad_norm: Optional[float] = None  # the blocks' raw gradient norm at the last step
 
@@ -270,6 +277,8 @@ class Trainer:
                     out = self.train_model(x, y)
                 (out.loss / self.grad_accum).backward()
             lm_loss += out.lm_loss.detach() / self.grad_accum
+            if self.loads:
+                self.loads.add()
             for key, value in out.metrics().items():
                 terms[key] = terms.get(key, 0.0) + value.float() / self.grad_accum
         if step == cfg.steps - 1:  # the last step's: summary.json's block_grad_norm (ablate/run/collapse.py)
@@ -281,6 +290,9 @@ class Trainer:
         lm_loss = all_ranks_mean(lm_loss, self.world)  # the global batch's loss on every rank
         self.step_terms = dict(zip(terms, all_ranks_mean(torch.stack(list(terms.values())), self.world))) \
             if terms else {}  # one collective for all of them
+        if self.loads:  # the step's loads, summed over micro-steps and ranks, and their summary
+            self.step_loads = all_ranks_sum(self.loads.take(), self.world)
+            self.step_terms.update({stat_key(k): v for k, v in self.loads.stats(self.step_loads).items()})
         return lm_loss, grad_norm, lr
 
     def _diagnostics_due(self, step: int) -> bool:
@@ -373,6 +385,8 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.apply_update()
+            self.expert_loads = self.step_loads  # a skipped step's routing counts for nothing
+        self.step_loads = None
         self.guard.updated(verdict)
         self.state.step += 1
         self._step_finished()

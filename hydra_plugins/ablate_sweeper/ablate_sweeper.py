@@ -118,13 +118,10 @@ class AblateSweeper(Sweeper):
     def _transfer_plan(self, arguments: List[str]):
         """An --lr-grid or --ladder sweep's plan (ablate/sweep/transfer_plan.py); the ladder's steps
         come from the baseline's parameters at each rung, composed here."""
-        from ablate.model.spec import ModelSpec, non_embedding_params
-        from ablate.sweep.transfer_plan import Rung, TransferPlan
+        from ablate.sweep.transfer_plan import Rung, TransferPlan, rung_size
 
         def plan_rung(baseline, rung: Rung):
-            cfg = self._load(type(baseline)(baseline.overrides + rung.overrides()))
-            return (non_embedding_params(ModelSpec.from_config(cfg)),
-                    int(cfg.train.batch_size) * int(cfg.train.seq_len))
+            return rung_size(rung, lambda: self._load(type(baseline)(baseline.overrides + rung.overrides())))
 
         def base_lr(variant) -> float:
             return float(self._load(variant).train.lr)
