@@ -202,3 +202,40 @@ def test_decode_flops_are_the_counted_matmuls(mode):
     with torch.no_grad(), decode_mode(m, mode):
         counted = counted_flops(lambda: m(torch.randn(1, 1, D), ctx))
     assert counted == m.shape.decode_flops(S, absorbed=mode == "absorbed")
+
+
+@pytest.mark.parametrize("q_rank,bias", [(None, False), (12, True)])
+def test_a_layer_equals_hf_deepseek_v3_attention_with_copied_weights(q_rank, bias):
+    """HF's DeepseekV3Attention (rope_interleave=False: the half-split layout) given our weights,
+    rows reordered to its per-head layout (ablate/hf/weights.py: per_head_rows)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_ds
+
+    from ablate.hf.weights import per_head_rows
+
+    spec = make_spec(bias=bias, rope_base=500.0)
+    m = sharpened(MultiHeadLatentAttention(spec, q_rank=q_rank), std=0.3).eval()
+    s = m.shape
+    config = transformers.DeepseekV3Config(
+        hidden_size=D, num_attention_heads=H, num_key_value_heads=H, kv_lora_rank=s.kv_rank, q_lora_rank=q_rank,
+        qk_rope_head_dim=s.rope_dim, qk_nope_head_dim=s.head_dim, v_head_dim=s.head_dim, rope_interleave=False,
+        attention_bias=bias, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    config._attn_implementation = "eager"
+    theirs = hf_ds.DeepseekV3Attention(config, layer_idx=0).eval()
+    q_rows, kv_rows = list(per_head_rows(H, (s.head_dim, s.rope_dim))), list(per_head_rows(H, (s.head_dim,) * 2))
+    state = {"kv_a_proj_with_mqa.weight": m.kv_a.weight, "kv_a_layernorm.weight": m.kv_norm.weight,
+             "kv_b_proj.weight": m.kv_b.weight[kv_rows], "o_proj.weight": m.proj.weight}
+    if q_rank is None:
+        state["q_proj.weight"] = m.q.weight[q_rows]
+    else:
+        state.update({"q_a_proj.weight": m.q_a.weight, "q_a_layernorm.weight": m.q_norm.weight,
+                      "q_b_proj.weight": m.q_b.weight[q_rows]})
+    if bias:
+        state.update({"q_a_proj.bias": m.q_a.bias, "kv_a_proj_with_mqa.bias": m.kv_a.bias, "o_proj.bias": m.proj.bias})
+    theirs.load_state_dict(state, strict=True)
+    T = 12
+    x = torch.randn(2, T, D)
+    cos_sin = hf_ds.DeepseekV3RotaryEmbedding(config)(x, torch.arange(T)[None])
+    causal = torch.full((T, T), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, ctx_for(m, spec, T)), theirs(x, cos_sin, causal)[0], rtol=1e-5, atol=1e-5)

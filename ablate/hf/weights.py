@@ -9,6 +9,9 @@ Layout differences the entries carry:
   - Gemma's RMSNorm multiplies by (1 + w): its stored gain is ours minus 1 (`gain`, with the
     family's gain offset).
   - RoPE: both sides use the half-split (rotate_half) layout, so q/k rows need no permutation.
+  - MLA's query and kv_b projections hold each part for all heads in turn ([q_C of every head;
+    q_R of every head], [keys of every head; values of every head]: kv_b's two matrices stay
+    whole), DeepseekV3 each head's parts in turn: their rows are reordered (`heads`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ablate.model.latent import LatentShape
 from ablate.model.spec import ModelSpec
 
 EMBEDDING = "tok_emb.weight"  # a tied head is the embedding: HF keeps it in its state dict too
@@ -30,6 +34,7 @@ class TensorMap:
     sizes: Optional[tuple[int, ...]] = None  # row counts of the parts when theirs has several
     transpose: bool = False  # HF Conv1D: (in, out)
     offset: float = 0.0  # HF value = ours - offset (Gemma's 1 + w gains)
+    rows: Optional[tuple[int, ...]] = None  # HF row i is our row rows[i] (per-head layouts)
 
 
 @dataclass(frozen=True)
@@ -41,15 +46,29 @@ class W:
     split: str = ""  # "qkv" | "gate_up": the HF tensors are row blocks of ours
     transpose: bool = False
     gain: bool = False  # a norm gain: the family's gain offset applies
-    when: str = ""  # "untied" | "qk_norm" | "pre" | "sandwich": only in such models
+    when: str = ""  # "untied" | "qk_norm" | "pre" | "sandwich" | "q_plain" | "q_latent": only in such models
+    heads: str = ""  # "q" | "kv_b": our rows are parts x heads, HF's heads x parts (per_head_rows)
 
 
 WHEN: dict[str, Callable[[ModelSpec], bool]] = {
     "": lambda s: True, "untied": lambda s: not s.tied, "qk_norm": lambda s: s.qk_norm,
-    "pre": lambda s: s.norm_pos == "pre", "sandwich": lambda s: s.norm_pos == "sandwich"}
+    "pre": lambda s: s.norm_pos == "pre", "sandwich": lambda s: s.norm_pos == "sandwich",
+    "q_plain": lambda s: LatentShape.for_spec(s).q_rank is None,
+    "q_latent": lambda s: LatentShape.for_spec(s).q_rank is not None}
 SPLITS: dict[str, Callable[[ModelSpec], tuple[int, ...]]] = {
     "qkv": lambda s: (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.n_kv_heads * s.head_dim),
     "gate_up": lambda s: (s.d_ff, s.d_ff)}
+HEADS: dict[str, Callable[[ModelSpec], tuple[int, tuple[int, ...]]]] = {  # (heads, each head's parts' widths)
+    "q": lambda s: (s.n_heads, (LatentShape.for_spec(s).head_dim, LatentShape.for_spec(s).rope_dim)),
+    "kv_b": lambda s: (s.n_heads, (s.head_dim, s.head_dim))}
+
+
+def per_head_rows(n_heads: int, widths: tuple[int, ...]) -> tuple[int, ...]:
+    """The row order taking our layout, part by part ([part 0 of every head; part 1 of every
+    head; ...], each part n_heads x width rows), to one head after another ([head 0's parts;
+    head 1's parts; ...]): row i of the latter is row rows[i] of ours."""
+    starts = [n_heads * sum(widths[:p]) for p in range(len(widths))]
+    return tuple(starts[p] + h * w + j for h in range(n_heads) for p, w in enumerate(widths) for j in range(w))
 
 _H = "transformer.h.{i}."
 GPT2 = (
@@ -101,5 +120,6 @@ def tensor_maps(entries: tuple[W, ...], spec: ModelSpec, gain_offset: float = 0.
             for p in params if "{p}" in e.ours else ["weight"]:
                 out.append(TensorMap(e.ours.format(i=i, p=p), tuple(t.format(i=i, p=p) for t in e.theirs),
                                      SPLITS[e.split](spec) if e.split else None, e.transpose,
-                                     gain_offset if e.gain else 0.0))
+                                     gain_offset if e.gain else 0.0,
+                                     per_head_rows(*HEADS[e.heads](spec)) if e.heads else None))
     return out

@@ -86,6 +86,12 @@ class LatentShape:
                    rope_dim=(derived_rope_dim(hd) if rope_dim is None else rope_dim) if rope else 0,
                    bias=bool(spec.bias))
 
+    @classmethod
+    def for_spec(cls, spec: Spec) -> "LatentShape":
+        """The shape of an attn=mla spec's layers, from its attn settings."""
+        given = spec.settings.of("attn")
+        return cls.of(spec, **{key: given.get(key) for key in ("kv_rank", "q_rank", "rope_dim")})
+
     @property
     def qk_dim(self) -> int:
         """Each head's query and key width: head_dim + rope_dim."""
