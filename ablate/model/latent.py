@@ -154,9 +154,15 @@ class LatentShape:
             per_position = c * 2 * H * hd + H * (hd + r) + H * hd  # up-projection, scores, values
         return 2 * (per_step + per_position * context)
 
-    def logit_scale(self, base: Optional["LatentShape"] = None) -> float:
-        """1 / sqrt(head_dim + rope_dim); under muP (`base`: the base model's shape, when its
-        width differs) sqrt(base qk_dim) / qk_dim, muP's 1/d attention scaled to agree at the base."""
-        if base is None or base.qk_dim == self.qk_dim:
-            return 1.0 / math.sqrt(self.qk_dim)
-        return math.sqrt(base.qk_dim) / self.qk_dim
+    def logit_scales(self, base: Optional["LatentShape"] = None) -> tuple[float, float]:
+        """(content, rope): the scales of q_C . k_C and of q_R . k_R in the score. Both are
+        1 / sqrt(head_dim + rope_dim) (DeepSeek-V2). Under muP (`base`: the base model's shape,
+        its width differing) each part follows muP's 1/width attention by its own width, so as to
+        agree at the base: content (base head_dim / head_dim) / sqrt(base qk_dim), rope (base
+        rope_dim / rope_dim) / sqrt(base qk_dim). With derived ranks both parts grow with the
+        width and the scales are one, sqrt(base qk_dim) / qk_dim; a fixed rope_dim keeps its
+        base scale (a fixed-width dot product does not grow)."""
+        sp = 1.0 / math.sqrt(self.qk_dim if base is None else base.qk_dim)
+        if base is None:
+            return sp, sp
+        return sp * base.head_dim / self.head_dim, sp * base.rope_dim / self.rope_dim if self.rope_dim else sp

@@ -44,20 +44,23 @@ DECODE_MODES = ("absorbed", "plain")
 
 
 def latent_shape(spec: ModelSpec, kv_rank: Optional[int] = None, q_rank: Optional[int] = None,
-                 rope_dim: Optional[int] = None) -> tuple[LatentShape, float]:
-    """The layer's widths and its logit scale (muP: against the base model's qk width)."""
+                 rope_dim: Optional[int] = None) -> tuple[LatentShape, tuple[float, float]]:
+    """The layer's widths and its logit scales, (content, rope) (LatentShape.logit_scales; muP:
+    against the base model's widths)."""
     shape = LatentShape.of(spec, kv_rank, q_rank, rope_dim)
     base = None
     if Parametrization.of(spec).attn_scale is not None:  # muP, away from the base width
         base = LatentShape.of(spec, kv_rank, q_rank, rope_dim, head_dim=spec.base_width // spec.n_heads)
-    return shape, shape.logit_scale(base)
+    return shape, shape.logit_scales(base)
 
 
 class MultiHeadLatentAttention(Attention):
     def __init__(self, spec: ModelSpec, layer: int = 0, kv_rank: Optional[int] = None,
                  q_rank: Optional[int] = None, rope_dim: Optional[int] = None):
-        shape, scale = latent_shape(spec, kv_rank, q_rank, rope_dim)
+        shape, (scale, rope_scale) = latent_shape(spec, kv_rank, q_rank, rope_dim)
         super().__init__(spec, scale)
+        # q_R . k_R's scale relative to q_C . k_C's: 1 but under muP with a fixed rope_dim
+        self.rope_gain = rope_scale / scale
         self.shape = s = shape
         d, H, hd, r, c = s.d_model, s.n_heads, s.head_dim, s.rope_dim, s.kv_rank
         if s.q_rank is None:
@@ -88,6 +91,8 @@ class MultiHeadLatentAttention(Attention):
         if ctx.rope is not None:
             cos, sin = ctx.rope  # (T, r) each
             q_r, k_r = apply_rope(q_r, cos, sin), apply_rope(k_r, cos, sin)
+        if self.rope_gain != 1.0:
+            q_r = q_r * self.rope_gain
         if self.kv_cache is not None:  # decoding: every position's latent so far
             held = self.kv_cache.append(latent=torch.cat([latent, k_r], dim=-1))["latent"]  # (B, 1, S, c+r)
             if T == 1 and self.decode_mode == "absorbed":
