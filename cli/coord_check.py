@@ -14,8 +14,6 @@ import typer
 
 from ablate.measure.coord_check import DEFAULT_SEEDS, DEFAULT_STEPS, DEFAULT_WIDTHS
 
-TABLE_STEPS = 5  # step columns in the table (all of them in --json and --plot)
-
 
 def register(app: typer.Typer) -> None:
     @app.command("coord-check")
@@ -102,39 +100,8 @@ def _measure(request, json_out: bool):
 
 
 def _print(check) -> None:
-    from rich.table import Table
+    """The table (ablate/measure/coord_report.py) at the terminal's width, or whole in a pipe."""
+    from ablate.measure.coord_report import coord_table
+    from ablate.tables.render import print_table
 
-    from ablate.measure.coord_check import Module
-    from ablate.terminal import print_text, table_console
-
-    r, s = check.request, check.setting
-    shown = _shown_steps(r.steps)
-    base = f"; base {r.sweep.value} {s.base}" if s.base is not None else ""
-    t = Table(title=f"coord-check: slope of log mean |x| against log {r.sweep.value} (mean ± sd over {r.seeds} seeds)",
-              caption=f"param={s.param}{base}; {r.sweep.value}s {','.join(map(str, r.sizes))}; lr {s.lr:g} constant; "
-                      f"batch {s.batch_size} x {s.seq_len} tokens; {s.device}, {s.precision}; "
-                      f"t=1: at init; layers averaged, the residual stream the last block's (--json: each layer)")
-    t.add_column("module")
-    for step in shown:
-        t.add_column(f"t={step}", justify="right")
-    t.add_column(f"mean |x| at t={r.steps}: {r.sizes[0]} -> {r.sizes[-1]}", justify="right")
-    for m in Module:
-        first, last = (sum(tr.mean(m, r.steps) for tr in check.traces if tr.size == size) / r.seeds
-                       for size in (r.sizes[0], r.sizes[-1]))
-        t.add_row(m.label, *(_cell(check.slope(m, step)) for step in shown), f"{first:.3g} -> {last:.3g}")
-    con = table_console()
-    con.print(t)
-    print_text(con, f"[bold]{check.reading()}[/bold]")
-
-
-def _shown_steps(steps: int) -> list[int]:
-    """Every step up to TABLE_STEPS of them; else the first three, the middle and the last."""
-    if steps <= TABLE_STEPS:
-        return list(range(1, steps + 1))
-    return sorted({1, 2, 3, (steps + 1) // 2, steps})
-
-
-def _cell(slope) -> str:
-    if slope.mean != slope.mean:  # nan: a non-finite activation
-        return "nan"
-    return f"{slope.mean:+.2f}" + ("" if slope.spread is None else f" ± {slope.spread:.2f}")
+    print_table(coord_table(check.to_json()))

@@ -1,4 +1,17 @@
-"""Shared test helpers. Tests never touch the network, the user's cache or ./runs."""
+"""Shared test helpers. Tests never touch the network, the user's cache or ./runs.
+
+How the suite runs (`make test`: two xdist workers), and the switches that turn each shortcut off
+(set in the environment of pytest, e.g. `ABLATE_TEST_MEMO=0 make test`):
+- run_ablate runs a command in the test's process where the test cannot tell the difference
+  (in_process); `ABLATE_TEST_IN_PROCESS=0` gives every run_ablate command a process of its own
+  (tests that call in_process themselves, to observe the process, still run there).
+- A command in a process of its own is forked from a warm interpreter, the zygote
+  (tests/forkserver.py); `ABLATE_TEST_ZYGOTE=0` starts a fresh interpreter for each instead.
+- Hydra's compositions are derived from earlier ones by the test-side composition memo
+  (tests/composition_memo.py), installed for the session here and in the zygote (not in fresh
+  interpreters); `ABLATE_TEST_MEMO=0` leaves every composition Hydra's own, as in the product
+  (the tests of the memo itself are then skipped).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import composition_memo
 import forkserver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,15 +116,39 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
     process sees no GPU outside the cuda tier: no CUDA context per test process (12 xdist
     workers each opening one ended in CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics
     whatever the machine."""
-    if not (process or needs_process(args)):
+    if not (process or needs_process(args) or _switched_off("ABLATE_TEST_IN_PROCESS")):
         return in_process(*args, cwd=cwd, env=env)
     full_env = {**os.environ, **({} if _cuda_test else {"CUDA_VISIBLE_DEVICES": ""}), **(env or {})}
     cmd = [sys.executable, "-m", "cli.main", *args]
-    if not (fresh or _cuda_test or _gpu_present()):
+    if not (fresh or _cuda_test or _gpu_present() or _switched_off("ABLATE_TEST_ZYGOTE")):
         forked = forkserver.run(cmd, args, cwd=cwd or ROOT, env=full_env, timeout=timeout)
         if forked is not None:
             return forked
     return subprocess.run(cmd, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def _switched_off(name: str) -> bool:
+    """A shortcut of the suite's turned off in the environment (the module's docstring)."""
+    return os.environ.get(name, "1") == "0"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _composition_memo():
+    """The test-side composition memo for every command run in this process (not where
+    ABLATE_TEST_MEMO=0)."""
+    composition_memo.install()
+    yield
+    composition_memo.uninstall()
+
+
+@pytest.fixture
+def fresh_memo():
+    """The composition memo empty for this test, as in a new process: what it composes and
+    derives is recorded (a Record); skipped where ABLATE_TEST_MEMO=0 installed none."""
+    if not composition_memo.installed():
+        pytest.skip("the composition memo is off (ABLATE_TEST_MEMO=0)")
+    with composition_memo.fresh() as record:
+        yield record
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -287,6 +325,58 @@ def run_on_terminal(*args: str, columns: int = 80, stdout: bool = True, env: dic
     code = proc.wait(timeout=timeout)
     text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+# ---- a Table on a terminal (ablate/tables/render.py) --------------------------------------------
+def table_on_terminal(table, width: int, wide: bool = False, hint: str = "") -> str:
+    """What a terminal `width` columns wide shows of `table` (ablate/tables/render.py print_table)."""
+    from rich.console import Console
+
+    from ablate.tables.render import print_table
+
+    console = Console(width=width, force_terminal=True, color_system=None, record=True)
+    print_table(table, console, wide, hint)
+    return console.export_text()
+
+
+def table_in_pipe(table) -> str:
+    """What a pipe or a file gets of `table`: the console ablate gives them (table_console)."""
+    from rich.console import Console
+
+    from ablate.tables.render import print_table
+
+    console = Console(width=1000, soft_wrap=False, force_terminal=False, color_system=None, record=True)
+    print_table(table, console)
+    return console.export_text()
+
+
+def phrases(table) -> set[str]:
+    """Everything a terminal must show whole: each line of every cell and header, in each of
+    their forms (full, compact, plain), the notes' words aside."""
+    from rich.text import Text
+
+    out = {table.title}
+    for c in table.columns:
+        out |= {c.head, c.header(False), *c.header(True).split("\n")}
+        for r in table.rows:
+            out |= {c.cell(r), *(Text.from_markup(x).plain for x in (c.rich(r) + "\n" + c.narrow(r)).split("\n"))}
+    return {" ".join(p.split()) for p in out if p.strip()}
+
+
+def split_phrases(text: str, table) -> list[str]:
+    """The phrases that the text shows, but not on one line: broken by a wrap."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    flat = " ".join(lines)
+    return [p for p in phrases(table) if p in flat and not any(p in line for line in lines)
+            and p != table.title]  # the title is a line of words (the notes' rule)
+
+
+def assert_fits(text: str, width: int, table) -> None:
+    """Every line within `width`, none ending in spaces, no phrase of the table broken."""
+    for line in text.splitlines():
+        assert len(line) <= width, f"{len(line)} > {width}: {line!r}"
+        assert line == line.rstrip(), f"trailing spaces: {line!r}"
+    assert not split_phrases(text, table), split_phrases(text, table)
 
 
 @pytest.fixture(scope="session")

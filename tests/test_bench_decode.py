@@ -2,16 +2,20 @@
 first token, decode tokens/s aggregate and per stream, the cache's bytes measured from its
 tensors (equal to `ablate inspect`'s formula at the compute dtype), peak memory; variants
 alternate with the baseline round by round. Speeds are checked for their arithmetic, never
-for their size: timings on a shared machine are noise."""
+for their size: timings on a shared machine are noise. How sure each figure is, from its rounds,
+is checked with a scripted clock: rounds that disagree are marked, rounds that agree are not."""
 
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
 
 from ablate.measure import decode_bench as d
+from ablate.measure.bench_report import decode_table
+from ablate.measure.rounds import spread
 from ablate.measure.inspect import inspect_config
 from compare_fixtures import cli
 from conftest import compose, run_ablate
@@ -95,6 +99,7 @@ def test_only_attn_alternates_each_option_with_the_baseline(monkeypatch):
         assert r["kv_cache_ratio"] == 4 / KV_HEADS[r["variant"].split("=")[1]]
         assert r["baseline"]["kv_cache_bytes"] == r["kv_cache_ratio"] * r["kv_cache_bytes"]
         assert r["ratio"] > 0 and len(r["round_ratios"]) == 4 and r["prefill_ratio"] > 0
+        assert r["ratio_spread"] == pytest.approx(spread(r["round_ratios"]).relative)
 
 
 def test_the_cli_prints_the_table_and_json_names_the_public_keys():
@@ -107,7 +112,9 @@ def test_the_cli_prints_the_table_and_json_names_the_public_keys():
     assert set(r["rows"][0]) == {"batch", "prefill_tokens_per_s", "time_to_first_token_ms",
                                  "decode_tokens_per_s_aggregate", "decode_tokens_per_s_per_stream",
                                  "decode_ms_per_step", "kv_cache_bytes", "kv_cache_bytes_per_token",
-                                 "peak_memory_bytes"}
+                                 "peak_memory_bytes", "prefill_ms_per_round", "decode_ms_per_round",
+                                 "prefill_spread", "decode_spread"}
+    assert r["spread_limit"] == 0.1 and len(r["rows"][0]["decode_ms_per_round"]) == 2
 
 
 def test_the_context_defaults_to_the_training_length_less_the_new_tokens():
@@ -143,3 +150,37 @@ def test_bad_input_in_a_real_process_is_one_line_without_traceback():
     res = run_ablate("bench", *DIMS, "--decode", "--batch", "8,0")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.strip().splitlines() == ["error: --batch takes a list of integers >= 1, e.g. 1,8,32"]
+
+
+def scripted_clock(prefill: list, decode: list):
+    """A clock under which round i (the warm-up first) takes prefill[i] and decode[i] seconds:
+    a round reads it at its start and end (Contender.run) and at the generation's start, after
+    its prefill and after its decode (Generation)."""
+    times, t = [], 0.0
+    for p, q in zip(prefill, decode):
+        times += [t, t, t + p, t + p + q, t + p + q]
+        t += p + q + 1.0
+    ticks = iter(times)
+    return lambda: next(ticks)
+
+
+@pytest.mark.parametrize("decode_s, disagree", [
+    ([0.2, 0.100, 0.102, 0.099, 0.101, 0.100], False),  # ±1.5%
+    ([0.2, 0.100, 0.100, 0.500, 0.100, 0.020], True),  # one round 5x slower, one 5x faster
+])
+def test_decode_figures_whose_rounds_disagree_are_marked(monkeypatch, decode_s, disagree):
+    prefill_s = [0.05, 0.010, 0.010, 0.0101, 0.0099, 0.010]  # agree: ±1%
+    monkeypatch.setattr(d, "tick_clock", lambda name, device: scripted_clock(prefill_s, decode_s))
+    r = d.bench_decode(compose(DIMS), [2], context=4, new_tokens=3, rounds=5, warmup=1)
+    row, timed = r["rows"][0], decode_s[1:]  # the warm-up round is not counted
+    assert row["decode_ms_per_round"] == pytest.approx([1e3 * x for x in timed])
+    # 5 rounds: the median's interval is their range (it holds the median with probability 15/16)
+    assert row["decode_spread"] == pytest.approx((max(timed) - min(timed)) / (2 * statistics.median(timed)))
+    assert row["prefill_spread"] == pytest.approx(0.0002 / (2 * 0.010))
+    assert row["decode_tokens_per_s_aggregate"] == pytest.approx(2 * 3 / statistics.median(timed))
+    table = decode_table(r)
+    cells = {c.head: c.cell(table.rows[0]) for c in table.columns}
+    decode_cells = [cells["decode tokens/s aggregate"], cells["decode tokens/s per stream"], cells["spread decode"]]
+    assert [x.endswith("*") for x in decode_cells] == [disagree] * 3
+    assert not cells["prefill tokens/s"].endswith("*") and not cells["time to first token"].endswith("*")
+    assert any(n.startswith("*: its rounds disagree") for n in table.notes) == disagree

@@ -14,7 +14,8 @@ import yaml
 from scipy import stats
 
 from ablate.analysis import CompareError, compare_dirs
-from ablate.analysis.render import print_comparison, to_json
+from ablate.analysis.columns import print_comparison
+from ablate.tables.render import to_json
 from ablate.analysis.stats import holm, seed_test, seeds_needed
 from compare_fixtures import BASE, LONG_NAME, NOISY, PAIRED, WELCH, by_name, cli, write_run, write_study
 from conftest import invoke_ablate

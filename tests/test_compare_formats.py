@@ -1,4 +1,4 @@
-"""What `ablate compare` writes where a user pastes it (ablate/analysis/render.py): csv, markdown and
+"""What `ablate compare` writes where a user pastes it (ablate/tables/render.py): csv, markdown and
 LaTeX as they are, --where filters and --per-seed rows, and no variant name cut at 80 columns."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 import pytest
 
 from ablate.analysis import compare_dirs
-from ablate.analysis.render import print_comparison
+from ablate.analysis.columns import print_comparison
 from compare_fixtures import BASE, LONG_NAME, PAIRED, by_name, cli
 from conftest import run_ablate
 

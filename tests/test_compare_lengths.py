@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from ablate.analysis.report import CompareOptions, build_report
-from ablate.analysis.render import to_csv, to_markdown
+from ablate.tables.render import to_csv, to_markdown
 from compare_fixtures import NA, TRAIN_LEN, cli, write_length_runs, write_lengths, write_run
 
 CHANGES = [{}, {"norm": "rmsnorm"}, {"act": "swiglu"}, {"pos": "rope"}, {"pos": "alibi"}]

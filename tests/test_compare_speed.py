@@ -13,7 +13,8 @@ import pytest
 
 from ablate.analysis import compare_dirs
 from ablate.analysis.columns import comparison_table
-from ablate.analysis.render import print_comparison, to_csv, to_latex, to_markdown
+from ablate.analysis.columns import print_comparison
+from ablate.tables.render import to_csv, to_latex, to_markdown
 from compare_fixtures import BASE, PAIRED, by_name, cli, write_run
 
 # Measured on a loaded host: the baseline's three seeds, and act=swiglu's (steady) figure. Their

@@ -14,7 +14,7 @@ from rich.console import Console
 from scipy import stats
 
 from ablate.analysis import compare_dirs
-from ablate.analysis.render import print_comparison
+from ablate.analysis.columns import print_comparison
 from conftest import invoke_ablate
 from compare_fixtures import LADDER, SWEEP, VALUES, write_run, write_study  # noqa: F401
 

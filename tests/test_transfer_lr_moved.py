@@ -12,16 +12,15 @@ import pytest
 
 from ablate.analysis.transfer_stats import log_grid
 from ablate.analysis.transfer_report import Point, ladder_report
+from compare_fixtures import ladder_record
 
 GRID = log_grid(1e-3, 1e-1, 5)
 COMPUTES = [1e9, 1e10, 1e11]
-RUNGS = [{"name": f"r{i}"} for i in range(3)]
+RUNGS = [(f"r{i}", 16 * (i + 1), i + 1) for i in range(3)]
 
 
-def _record(lr_rule: str = "fixed", grid=GRID) -> dict:
-    record = {"kind": "ladder", "ladder": {"name": "t", "tokens_per_param": 20, "lr_rule": lr_rule},
-              "rungs": RUNGS}
-    return {**record, "grid": grid} if grid else record
+def _record(lr_rule: str = "fixed", grid=GRID, seeds: int = 1):
+    return ladder_record(RUNGS, grid or (), lr_rule, seeds)
 
 
 def _loss(rung: int, lr: float, best: float, seed: int) -> float:
@@ -112,6 +111,6 @@ def test_an_lr_rule_mup_pick_on_the_grids_edge_is_noted_once():
 @pytest.mark.parametrize("seeds", [1, 2, 3])
 def test_the_note_on_each_rungs_own_best_lr_says_which_seeds_ran_there(seeds):
     report = ladder_report(_scan_points("baseline", [2, 2, 2], seeds) + _scan_points("v", [1, 2, 3], seeds),
-                           {**_record(), "seeds": seeds})
+                           _record(seeds=seeds))
     note = next(n for n in report.notes if n.startswith("each variant on each rung at its own best LR"))
     assert note.endswith("(seeds 1.. ran there)" if seeds > 1 else ", seed 0 only")

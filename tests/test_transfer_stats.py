@@ -21,6 +21,8 @@ from ablate.analysis.transfer_stats import (PowerLaw, best_lr, compute_multiplie
                                       wins_every_rung)
 from ablate.analysis.transfer_report import Point, ladder_report
 from ablate.errors import ConfigError
+from compare_fixtures import ladder_record
+from ablate.sweep.transfer_record import TransferRecord
 
 GRID = [1e-4, 1e-3, 1e-2, 1e-1]
 
@@ -229,8 +231,7 @@ def test_a_variant_of_the_tokens_alone_reads_as_the_twice_the_tokens_check():
         noise = (0.002, -0.002) if variant == "baseline" else (0.0021, -0.0021)
         return [Point(variant, seed, 0.01, f"r{i}", loss + e, None, c, None, "")
                 for i, (c, loss) in enumerate(zip(rungs, losses)) for seed, e in enumerate(noise)]
-    record = {"ladder": {"name": "t", "tokens_per_param": 20},
-              "rungs": [{"name": f"r{i}"} for i in range(3)]}
+    record = ladder_record([(f"r{i}", 16 * (i + 1), i + 1) for i in range(3)])
     at_twice = [TRUE.loss(2 * c) for c in rungs]
     report = ladder_report(points("baseline", [TRUE.loss(c) for c in rungs])
                            + points("ladder.tokens_per_param=40", at_twice)   # 2x the tokens, x = 2
@@ -295,7 +296,7 @@ def test_the_tuned_report_by_hand():
     points = [pt("baseline", lr, 0, v) for lr, v in base.items()] + [pt("v", lr, 0, x) for lr, x in var.items()]
     points += [pt("baseline", 1e-2, 1, 2.52), pt("baseline", 1e-2, 2, 2.48),
                pt("v", 1e-1, 1, 2.41), pt("v", 1e-1, 2, 2.43)]
-    report = lr_grid_report(points, {"kind": "lr_grid", "grid": grid, "shared_lr": 0.01})
+    report = lr_grid_report(points, TransferRecord.lr_grid(grid, 1, 0.01))
     b, v = report.rows
     assert (b["best_lr"], v["best_lr"]) == (1e-2, 1e-1) and v["best_lr_on_edge"] and not b["best_lr_on_edge"]
     hand = ((2.40 - 2.50) + (2.41 - 2.52) + (2.43 - 2.48)) / 3  # paired by seed at each one's best LR
@@ -393,7 +394,7 @@ def _ladder_points(variant, losses):
             for i, (c, by_seed) in enumerate(zip(COMPUTE[:3], losses)) for seed, loss in enumerate(by_seed)]
 
 
-LADDER = {"ladder": {"name": "t", "tokens_per_param": 20}, "rungs": [{"name": f"r{i}"} for i in range(3)]}
+LADDER = ladder_record([(f"r{i}", 16 * (i + 1), i + 1) for i in range(3)])
 
 
 def _null_draw(rng, seeds):
@@ -491,7 +492,7 @@ def test_one_seed_says_why_the_tuned_delta_is_missing_beside_the_shared_one():
     from ablate.analysis.transfer_report import lr_grid_report
 
     grid, points = _grid_points(1)
-    report = lr_grid_report(points, {"kind": "lr_grid", "grid": grid, "shared_lr": 1e-2})
+    report = lr_grid_report(points, TransferRecord.lr_grid(grid, 1, 1e-2))
     v = report.rows[1]
     assert v["tuned_delta"] is None and v["shared_delta"] == pytest.approx(-0.05)
     note = [n for n in report.notes if n.startswith("tuned Δ -")]
@@ -500,7 +501,7 @@ def test_one_seed_says_why_the_tuned_delta_is_missing_beside_the_shared_one():
                     "baseline 1); the Δ at LR 0.01 is the paired difference of the seeds there, "
                     "untested: run the grid with --seeds 2 or more"]
     grid, points = _grid_points(2)
-    two = lr_grid_report(points, {"kind": "lr_grid", "grid": grid, "shared_lr": 1e-2})
+    two = lr_grid_report(points, TransferRecord.lr_grid(grid, 1, 1e-2))
     assert two.rows[1]["tuned_delta"] is not None and not any(n.startswith("tuned Δ -") for n in two.notes)
 
 
@@ -511,7 +512,7 @@ def test_the_lr_axis_reads_in_decimals():
     from ablate.tracking.transfer_plots import transfer_figure
 
     grid, points = _grid_points(1)
-    fig = transfer_figure(lr_grid_report(points, {"kind": "lr_grid", "grid": grid, "shared_lr": 1e-2}))
+    fig = transfer_figure(lr_grid_report(points, TransferRecord.lr_grid(grid, 1, 1e-2)))
     fig.canvas.draw()
     assert len(fig.axes) == 2  # the loss and, with diagnostics, the attention logit
     for ax in fig.axes:

@@ -13,6 +13,7 @@ from ablate.errors import ConfigError
 from ablate.sweep.planning import Job
 from ablate.sweep.transfer_plan import (Ladder, Rung, best_jobs, check_ladder, grid_jobs, ladder_jobs,
                                    load_ladder, seed_jobs, write_transfer)
+from ablate.sweep.transfer_record import TransferRecord
 from conftest import run_ablate
 
 
@@ -154,7 +155,7 @@ def test_ladder_jobs_name_their_rung_and_share_its_steps():
                               lambda r: (1000 * r.d_model, 100), [0])
     assert [j.name for j in jobs] == ["baseline_r0_seed0", "act=swiglu_r0_seed0",
                                       "baseline_r1_seed0", "act=swiglu_r1_seed0"]
-    assert [t["steps"] for t in table] == [3200, 6400] and [t["lr"] for t in table] == [8e-3, 4e-3]
+    assert [t.steps for t in table] == [3200, 6400] and [t.lr for t in table] == [8e-3, 4e-3]
     assert jobs[1].overrides[:1] == ["act=swiglu"] and "train.steps=3200" in jobs[1].overrides
 
 
@@ -162,7 +163,7 @@ def test_a_variant_with_its_own_tokens_per_param_trains_that_many_tokens_on_ever
     lad = Ladder("t", (Rung("r0", 32, 2, 2), Rung("r1", 64, 4, 4)), 10, 4e-3, 64, warmup_fraction=0.1)
     jobs, table = ladder_jobs([Job([], "baseline"), Job(["ladder.tokens_per_param=20"], "x")], lad,
                               lambda r: (1000 * r.d_model, 100), [0])
-    assert [t["steps"] for t in table] == [3200, 6400]  # the table is the baseline's
+    assert [t.steps for t in table] == [3200, 6400]  # the table is the baseline's
     twice = [j.overrides for j in jobs if j.variant == "x"]
     assert [o for o in twice[0] if o.startswith("train.")] == ["train.steps=6400", "train.warmup_steps=640",
                                                                "train.lr=0.008"]
@@ -181,10 +182,10 @@ def test_a_variant_with_its_own_tokens_per_param_trains_that_many_tokens_on_ever
 
 
 def test_a_rerun_with_another_grid_into_the_same_directory_is_refused(tmp_path):
-    write_transfer(tmp_path, {"kind": "lr_grid", "grid": [0.001, 0.01, 0.1]})
-    write_transfer(tmp_path, {"kind": "lr_grid", "grid": [0.001, 0.01, 0.1]})  # the same: fine
-    with pytest.raises(ConfigError, match="new hydra.sweep.dir"):
-        write_transfer(tmp_path, {"kind": "lr_grid", "grid": [0.001, 0.1, 1.0]})
+    write_transfer(tmp_path, TransferRecord.lr_grid([0.001, 0.01, 0.1], 1, 0.01))
+    write_transfer(tmp_path, TransferRecord.lr_grid([0.001, 0.01, 0.1], 1, 0.01))  # the same: fine
+    with pytest.raises(ConfigError, match="records another lr_grid sweep than this grid; sweep into a new"):
+        write_transfer(tmp_path, TransferRecord.lr_grid([0.001, 0.1, 1.0], 1, 0.01))
 
 
 def test_the_gpu_ladder_plans_up_to_gpt2_small(tmp_path):

@@ -1,4 +1,4 @@
-"""The comparison's columns, written once on the one table model (ablate/analysis/table.py):
+"""The comparison's columns, written once on the one table model (ablate/tables/table.py):
 every format renders them (render.py). Markdown, LaTeX and the one-field-per-line blocks show
 `head`/`cell`; the terminal table `term_head`/`markup`, a narrow terminal `short`/`compact`;
 csv writes `fields`, --json every key of Row.as_dict().
@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, Optional
 
 from ablate.analysis.stats import SEEDS_NEEDED_LIMIT
-from ablate.analysis.table import ONLY_TEXT, Align, Column, Field, Table, lines, num
+from ablate.tables.table import ONLY_TEXT, Align, Column, Field, Table, lines, num
 from ablate.names import TOKENS_PER_S, Status
 
 VERDICT_WORDS = {"better": "yes, better", "worse": "yes, worse", "noise": "no"}
@@ -270,3 +270,13 @@ def comparison_table(cmp: Any, per_seed: bool = False) -> Table:
                "a delta here is not the effect of the variant alone") if cmp.mixed else None
     head = [f"baseline: {cmp.baseline} ({cmp.baseline_reason})"] if cmp.baseline else []
     return Table(title, columns, rows, head, warning, list(cmp.notes))
+
+
+COMPARE_HINT = "ablate compare --wide shows every column"  # what a narrow terminal's note says
+
+
+def print_comparison(cmp: Any, console: Any = None, per_seed: bool = False, wide: bool = False) -> None:
+    """`ablate compare`'s table of a Comparison (one line per variant, or per run)."""
+    from ablate.tables.render import print_table
+
+    print_table(comparison_table(cmp, per_seed), console, wide, COMPARE_HINT)

@@ -1,6 +1,6 @@
 """`ablate compare` of an --lr-grid or a --ladder sweep (its sweep directory holds transfer.json,
 ablate/sweep/transfer_plan.py): one typed row per variant (GridRow, LadderRow: their as_dict() is the
-public `compare --json` object) and the columns of the one table model (ablate/analysis/table.py).
+public `compare --json` object) and the columns of the one table model (ablate/tables/table.py).
 
 LR grid: best_lr (and best_lr_on_edge), the loss at the best LR with its CI, tuned_delta vs
 the baseline at *its* best LR (paired t over seeds, Holm over variants), shared_delta at the
@@ -26,8 +26,10 @@ from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, number
 from ablate.analysis.stats import ALPHA, mean_std, seed_test
-from ablate.analysis.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Report, ReportKind, Table, lines, num
+from ablate.analysis.report_types import Report, ReportKind
+from ablate.tables.table import ONLY_TERMINAL, ONLY_TEXT, Align, Column, Field, JsonRow, Table, lines, num
 from ablate.names import LADDER_TOKENS_KEY, LR, TOKENS, VAL_LOSS, Status
+from ablate.sweep.transfer_record import RungPlan, TransferKind, TransferRecord
 
 MIN_RUNGS = 3  # fewer: the rung table, no fit and no projection
 
@@ -60,21 +62,21 @@ def _max_logit(run: Run) -> Optional[float]:
     return max(vals) if vals else None
 
 
-def _rung_of(run: Run, rungs: Sequence[dict]) -> Optional[str]:
+def _rung_of(run: Run, rungs: Sequence[RungPlan]) -> Optional[str]:
     for r in rungs:
-        if (run.config.get("model.d_model"), run.config.get("model.n_layers")) == (r["d_model"], r["n_layers"]):
-            return r["name"]
+        if (run.config.get("model.d_model"), run.config.get("model.n_layers")) == (r.d_model, r.n_layers):
+            return r.name
     return None
 
 
-def to_points(runs: Sequence[Run], record: dict) -> list[Point]:
+def to_points(runs: Sequence[Run], record: TransferRecord) -> list[Point]:
     out = []
     for r in runs:
         loss = r.value(VAL_LOSS) if r.status == Status.COMPLETED else None
         fpt, tokens = number(r.record.info.flops_per_token), r.record.metric(TOKENS)
         out.append(Point(str(r.record.variant or r.dir.name), r.record.seed,
                          float(r.config.get("train.lr") or 0.0),
-                         _rung_of(r, record.get("rungs") or []),
+                         _rung_of(r, record.rungs),
                          loss if loss is not None and math.isfinite(loss) else None, _first_val(r),
                          fpt * tokens if fpt and tokens else None, _max_logit(r), str(r.dir)))
     return out
@@ -91,26 +93,20 @@ def find_transfer(paths: Sequence[Path | str]) -> bool:
     return False
 
 
-def transfer_record(runs: Sequence[Run]) -> Optional[dict]:
+def transfer_record(runs: Sequence[Run]) -> Optional[TransferRecord]:
     """The transfer.json of the runs' sweep, None for ordinary runs; runs of several grids or
     ladders, or such runs mixed with others, are refused."""
-    from ablate.run.directory import read_transfer
+    from ablate.sweep.transfer_record import read_transfer
 
-    records = {r.dir.parent: read_transfer(r.dir.parent) for r in runs}
-    kinds = {json_key(v) for v in records.values()}
-    if kinds == {json_key(None)}:
+    records = {d: read_transfer(d) for d in dict.fromkeys(r.dir.parent for r in runs)}
+    kinds = set(records.values())
+    if kinds == {None}:
         return None
     if len(kinds) > 1:
         what = ", ".join(sorted({str(d) for d, v in records.items() if v is not None}))
         raise CompareError(f"these runs mix sweeps of different LR grids or ladders (or such a sweep "
                            f"with other runs): {what}; compare one such sweep at a time")
     return next(iter(records.values()))
-
-
-def json_key(v: Any) -> str:
-    import json
-
-    return json.dumps(v, sort_keys=True)
 
 
 @dataclass
@@ -177,15 +173,44 @@ class GridRow(JsonRow):
     max_attn_logit: Optional[float]
     max_attn_logit_lr: float
     curve: dict  # "lr" -> the grid's final loss there (None: diverged)
+    crossed: bool = False  # two crossed axes: the row has the `interaction` key
+    interaction: Any = None  # interaction.InteractionCell of a cell of A's other levels; None: a baseline
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("crossed")
+        if self.crossed:
+            d["interaction"] = self.interaction.as_dict() if self.interaction is not None else None
+        else:
+            del d["interaction"]
+        return d
 
 
-def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str] = None,
-                   alpha: float = ALPHA) -> Report:
+def _crossed_variants(points: Sequence[Point], crossing: Any) -> tuple[list[str], dict, dict]:
+    """The variants of a crossed LR grid, one per cell, A's baseline level first (each of A's
+    levels in B's order), each one's reference (A's baseline at its level of B) and its cell."""
+    cell_of = {p.variant: crossing.cells[Path(p.dir)] for p in points}
+    by_cell = {cell: n for n, cell in cell_of.items()}
+    names = [by_cell[a, b] for a in crossing.a.levels for b in crossing.b.levels]
+    return names, {n: None if cell_of[n][0] == crossing.a.first else by_cell[crossing.a.first, cell_of[n][1]]
+                   for n in names}, cell_of
+
+
+def lr_grid_report(points: Sequence[Point], record: TransferRecord, baseline: Optional[str] = None,
+                   alpha: float = ALPHA, crossing: Any = None) -> Report:
+    """The LR grid's report; with two crossed axes (crossing.Crossing, its baseline already set),
+    each cell against A's baseline at its level of B, both at their own best LR, and the
+    interaction table of those tuned values."""
     import ablate.analysis.transfer_stats as T
 
-    names, base = _by_variant(points, baseline)
-    grid = [float(x) for x in record["grid"]]
-    shared = _nearest(grid, float(record.get("shared_lr") or grid[len(grid) // 2]))
+    reference: Optional[dict] = None
+    if crossing is not None:
+        names, reference, cell_of = _crossed_variants(points, crossing)
+        base = names[0]
+    else:
+        names, base = _by_variant(points, baseline)
+    grid = list(record.grid)
+    shared = _nearest(grid, record.shared_lr or grid[len(grid) // 2])
     runs: dict = {n: {lr: {} for lr in grid} for n in names}
     inits: dict = {n: [] for n in names}
     for p in points:
@@ -193,23 +218,40 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
         if p.loss_init is not None:
             inits[p.variant].append(p.loss_init)
     loss_init = {n: _mean(v) for n, v in inits.items()}
-    tuned = T.tuned_comparison(runs, base, loss_init, shared, alpha)
+    tuned = T.tuned_comparison(runs, base, loss_init, shared, alpha, reference)
     rows = []
     for n in names:
         t, test = tuned[n], tuned[n].tuned_delta
         top = max((p for p in points if p.variant == n), key=lambda p: p.lr)
         rows.append(GridRow(
-            n, n == base, t.best_lr, t.on_edge, t.n, t.loss, list(t.loss_ci) if t.loss_ci[0] is not None else None,
+            n, n == base if reference is None else reference[n] is None, t.best_lr, t.on_edge, t.n, t.loss,
+            list(t.loss_ci) if t.loss_ci[0] is not None else None,
             test.test_delta if test else None,
             [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
             test.p_value if test else None, test.t if test else None, test.seeds_needed if test else None,
             test.seeds_needed_alpha if test else None, t.p_holm, t.verdict, shared, t.shared_delta,
             t.verdict_differs, t.lr_sensitivity, loss_init[n], top.max_attn_logit, top.lr,
-            {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()}))
+            {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()}, crossing is not None))
+    said = (f"baselines: {crossing.a.name(crossing.a.first)} at each level of {crossing.b.key}"
+            if crossing is not None else f"baseline: {base}")
     title = (f"ablate compare: LR grid {', '.join(f'{x:g}' for x in grid)}; each variant at its "
-             f"own best LR (baseline: {base})")
+             f"own best LR ({said})")
     table = Table(title, grid_columns(shared, alpha), rows, notes=_grid_notes(rows, shared))
-    return Report(ReportKind.LR_GRID, table, points=list(points))
+    report = Report(ReportKind.LR_GRID, table, points=list(points))
+    if crossing is not None:
+        from ablate.analysis.interaction import csv_column, interaction
+
+        values = {cell_of[n]: tuned[n].values for n in names}
+        report.interaction = interaction(values, crossing, VAL_LOSS, alpha, what=", each cell at its own best LR",
+                                         said=table.notes)
+        if report.interaction is not None:
+            for row in rows:
+                row.interaction = report.interaction.of(crossing.label(*cell_of[row.variant]))
+            table.columns.append(csv_column())
+        else:
+            for row in rows:
+                row.crossed = False
+    return report
 
 
 def _grid_notes(rows: list[GridRow], shared: float) -> list[str]:
@@ -222,7 +264,7 @@ def _grid_notes(rows: list[GridRow], shared: float) -> list[str]:
         if row.verdict_differs:
             notes.append(f"{row.variant}: the verdict at the shared LR {shared:g} differs from the "
                          "tuned one (each variant at its own best LR)")
-    untested = [r for r in rows[1:] if r.tuned_delta is None and r.best_lr is not None]
+    untested = [r for r in rows if not r.baseline and r.tuned_delta is None and r.best_lr is not None]
     if untested and rows[0].best_lr is not None:
         counts = ", ".join(f"{r.variant} {r.n}" for r in untested + rows[:1])
         notes.append(f"tuned Δ - for {', '.join(r.variant for r in untested)}: the tuned test pairs each "
@@ -326,12 +368,12 @@ class LadderRow(JsonRow):
         return d
 
 
-def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str] = None,
+def ladder_report(points: Sequence[Point], record: TransferRecord, baseline: Optional[str] = None,
                   alpha: float = ALPHA) -> Report:
     names, base = _by_variant(points, baseline)
-    rungs = [r["name"] for r in record["rungs"]]
-    best = _best_per_rung(points, record["grid"], names, rungs) if record.get("grid") else {}
-    one_scan = bool(best) and record["ladder"].get("lr_rule") == "mup"
+    rungs = [r.name for r in record.rungs]
+    best = _best_per_rung(points, record.grid, names, rungs) if record.grid else {}
+    one_scan = record.one_scan
     if one_scan:  # every rung ran at its variant's pick of the smallest rung's scan
         best = {(n, r): best[n, rungs[0]] for n in names for r in rungs}
     if best:  # each variant on each rung at its own best LR there
@@ -346,15 +388,15 @@ def ladder_report(points: Sequence[Point], record: dict, baseline: Optional[str]
     fits, target = _fit(names, base, losses, computes, notes)
     rows = [_ladder_row(n, base, rungs, losses, computes, fits, target, alpha) for n in names]
     if best:
-        _add_best_lrs(rows, best, notes, [float(x) for x in record["grid"]], one_scan, record.get("seeds", 1))
+        _add_best_lrs(rows, best, notes, list(record.grid), one_scan, record.seeds)
     for row in rows:
         beyond = [r.rung for r in row.rungs if r.compute_multiplier_extrapolated]
         if beyond:
             notes.append(f"{row.variant}: x at {', '.join(beyond)} lies beyond the baseline's measured "
                          "losses, so it is read off the baseline's fitted curve (an extrapolation)")
-    notes += [n for row in rows if (n := _tokens_check(row, record["ladder"]["tokens_per_param"]))]
+    notes += [n for row in rows if (n := _tokens_check(row, record.ladder.tokens_per_param))]
     _rank(rows, losses, names, rungs, notes)
-    title = (f"ablate compare: ladder {record['ladder']['name']} ({', '.join(rungs)}); "
+    title = (f"ablate compare: ladder {record.ladder.name} ({', '.join(rungs)}); "
              f"x = compute multiplier vs the baseline (baseline: {base})")
     table = Table(title, ladder_columns(rungs, bool(best), alpha, moved=bool(best) and not one_scan), rows,
                   notes=notes)
@@ -611,9 +653,12 @@ def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA, moved: bo
                compact=lambda r: _wins(r, len(rungs), compact=True), short="wins\nevery rung", priority=2)]
 
 
-def transfer_compare(runs: Sequence[Run], record: dict, baseline: Optional[str] = None,
-                     alpha: float = ALPHA) -> Report:
+def transfer_compare(runs: Sequence[Run], record: TransferRecord, baseline: Optional[str] = None,
+                     alpha: float = ALPHA, crossing: Any = None) -> Report:
+    """The report of an LR grid (two crossed axes: crossing.Crossing) or a ladder sweep."""
     points = to_points(runs, record)
-    if record.get("kind") == ReportKind.LR_GRID:
-        return lr_grid_report(points, record, baseline, alpha)
+    if record.kind is TransferKind.LR_GRID:
+        if crossing is not None and baseline:
+            crossing.rebase_to(baseline, runs)
+        return lr_grid_report(points, record, baseline, alpha, crossing)
     return ladder_report(points, record, baseline, alpha)

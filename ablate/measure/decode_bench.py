@@ -14,8 +14,11 @@ of `context` tokens per sequence prefilled into it, the first token picked (gree
   KV cache bytes              measured from the cache tensors (KVCache.bytes()), and per token
   peak memory                 CUDA: max_memory_allocated; CPU: KV cache + weights and buffers
 
+with each phase's round times and their spread (ablate/measure/rounds.py: the half-width of the
+median's interval over the median; above SPREAD_LIMIT the rounds disagree and the table marks the figure).
 Variants (--axes, --only, --vs) alternate with the baseline round by round at each batch size,
-with the training bench's machinery (ablate/measure/bench.py: Contender, alternate, the per-round ratios).
+with the training bench's machinery (ablate/measure/bench.py: Contender, alternate, the per-round
+ratios), and the ratio's rounds have a spread of their own (`ratio_spread`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ablate.measure.bench import Contender, tick_clock, device_label, memory_start, speed_ratios, alternate, sync
 from ablate.errors import ConfigError
+from ablate.measure.bench import Contender, alternate, device_label, memory_start, speed_ratios, sync, tick_clock
+from ablate.measure.rounds import SPREAD_LIMIT, spread
 
 @dataclass
 class DecodeModel:
@@ -123,7 +127,8 @@ class Generation:
 
 @dataclass
 class DecodeSpeed:
-    """One model at one batch size: the medians over the timed rounds."""
+    """One model at one batch size: the medians over the timed rounds, each phase's round times
+    and their spread (None with one round)."""
 
     batch: int
     prefill_tokens_per_s: float
@@ -133,6 +138,10 @@ class DecodeSpeed:
     decode_ms_per_step: float
     kv_cache_bytes: int  # measured from the cache tensors: batch x (context + new_tokens) positions
     kv_cache_bytes_per_token: int
+    prefill_ms_per_round: list[float]
+    decode_ms_per_round: list[float]
+    prefill_spread: Optional[float]  # the half-width of the median's interval over the median (rounds.py)
+    decode_spread: Optional[float]
 
     @classmethod
     def of(cls, g: Generation) -> "DecodeSpeed":
@@ -140,7 +149,8 @@ class DecodeSpeed:
         kv = g.cache.bytes()
         return cls(g.batch, g.batch * g.context / prefill, 1e3 * prefill, g.batch * g.new_tokens / decode,
                    g.new_tokens / decode, 1e3 * decode / g.new_tokens, kv,
-                   kv // (g.batch * (g.context + g.new_tokens)))
+                   kv // (g.batch * (g.context + g.new_tokens)), [1e3 * t for t in g.prefill_s],
+                   [1e3 * t for t in g.decode_s], spread(g.prefill_s).relative, spread(g.decode_s).relative)
 
 
 def _timed(gens: list[Generation], rounds: int, warmup: int) -> None:
@@ -178,7 +188,8 @@ def bench_decode(cfg: Any, batches: list[int], context: int, new_tokens: int, ro
         del gen  # its cache, before the next batch's
     return {"mode": "decode", "device": device_label(dm.device), "precision": dm.precision, "compile": False,
             "threads": torch.get_num_threads(), "context": context, "new_tokens": new_tokens,
-            "rounds": rounds, "warmup": max(warmup, 1), "clock": clock, "params": dm.params,
+            "rounds": rounds, "warmup": max(warmup, 1), "clock": clock, "spread_limit": SPREAD_LIMIT,
+            "params": dm.params,
             "weights_bytes": dm.weights_bytes,
             "kv_cache_formula_bytes_per_token": kv_cache_bytes_per_token(dm.spec, DTYPE_BYTES[dm.precision]),
             "peak_memory_kind": _memory_kind(dm.device), "rows": rows}
@@ -218,7 +229,7 @@ def bench_decode_variants(base_overrides: list[str], variants: list[tuple[str, l
     return {"mode": "decode", "baseline": {"overrides": base_overrides, "params": base.params},
             "rows": rows, "device": device_label(base.device), "precision": base.precision,
             "context": context, "new_tokens": new_tokens, "batches": batches, "rounds": rounds,
-            "warmup": max(warmup, 1), "clock": clock}
+            "warmup": max(warmup, 1), "clock": clock, "spread_limit": SPREAD_LIMIT}
 
 
 def _pair(label: str, extra: list[str], base: DecodeModel, dm: DecodeModel, batch: int, context: int,
@@ -231,5 +242,6 @@ def _pair(label: str, extra: list[str], base: DecodeModel, dm: DecodeModel, batc
     decode, prefill = speed_ratios(v.phase("decode"), b.phase("decode")), speed_ratios(v.phase("prefill"), b.phase("prefill"))
     return {"variant": label, "overrides": extra, "params": dm.params, **asdict(vs),
             "baseline": asdict(bs), "ratio": decode["ratio"], "ratio_best": decode["ratio_best"],
-            "round_ratios": decode["round_ratios"], "prefill_ratio": prefill["ratio"],
+            "round_ratios": decode["round_ratios"], "ratio_spread": spread(decode["round_ratios"]).relative,
+            "prefill_ratio": prefill["ratio"],
             "kv_cache_ratio": bs.kv_cache_bytes / vs.kv_cache_bytes}

@@ -3,11 +3,13 @@
 PyTorch SDPA everywhere it applies (flash / memory-efficient kernels on CUDA). On CUDA,
 attention-logit soft-capping (Gemma 2) and ALiBi go through FlexAttention (ablate/model/flex.py);
 on CPU (FlexAttention has no CPU backward) soft-capping takes the explicit path and ALiBi SDPA
-with a float mask. The max-logit diagnostic needs the logits: explicit path.
+with a float mask. Recording (Sublayer.record: diagnostics, coord-check) needs the logits:
+explicit path.
 
-Decoding (Transformer.decode) gives each layer its slice of a KV cache (ablate/model/kv_cache.py)
-as `kv_cache` for one pass: the new keys and values join the cached ones there, and the new
-queries, at positions offset .. offset + T - 1, attend to all of them. A plain forward pass has
+Decoding (Transformer.decode) gives each layer its slice of a KV cache (ablate/model/kv_cache.py,
+laid out as the option declares: keys and values, ablate/model/options.py) as `kv_cache` for one
+pass: the new keys and values join the cached ones there, and the new queries, at positions
+offset .. offset + T - 1, attend to all of them. A plain forward pass has
 no cache and takes exactly the paths above.
 """
 
@@ -20,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ablate.model.component import MAX_ATTN_LOGIT, MEAN_ABS_ATTN_LOGIT, Sublayer
 from ablate.model.flex import flex_attend, flex_supported
-from ablate.model.kv_cache import LayerKV
+from ablate.model.kv_cache import LayerCache
 from ablate.model.norms import RMSNorm
 from ablate.model.parametrization import Parametrization
 from ablate.model.positions import AttnContext, apply_rope
@@ -29,7 +32,7 @@ from ablate.model.roles import Role, linear
 from ablate.model.spec import ModelSpec
 
 
-class Attention(nn.Module):
+class Attention(Sublayer, nn.Module):
     """What every attention shares once its queries, keys and values are made: causal scores at
     `scale` (None: 1/sqrt(the query width)), soft-capping, ALiBi's bias, dropout on the
     probabilities, the max-logit record, and the decode cache slot. Keys and values may have
@@ -42,10 +45,10 @@ class Attention(nn.Module):
         self.resid_drop = nn.Dropout(spec.dropout)  # on the output, before the residual add
         self.softcap = spec.attn_softcap
         self.scale = scale
-        self.record_max_logit = False  # set by diagnostics; forces the explicit path
+        self.record_max_logit = False  # recording (record()); forces the explicit path
         self.max_logit: Optional[torch.Tensor] = None
         self.mean_abs_logit: Optional[torch.Tensor] = None  # recorded with max_logit (coord-check)
-        self.kv_cache: Optional[LayerKV] = None  # set while decoding (KVCache.attached)
+        self.kv_cache: Optional[LayerCache] = None  # set while decoding (KVCache.attached)
 
     def _attend(self, q, k, v, ctx: AttnContext) -> torch.Tensor:
         """q: (B, H, T, hd) at positions S - T .. S - 1; k: (B, KV, S, hd), v: (B, KV, S, hd_v)
@@ -99,9 +102,18 @@ class Attention(nn.Module):
         causal = (~future).sum() * (scores.numel() // future.numel())  # entries per (T, S) x batch x heads
         self.mean_abs_logit = scores.abs().masked_fill(future, 0.0).sum() / causal
 
+    def record(self, on: bool) -> None:
+        self.record_max_logit = on
+        self.max_logit = self.mean_abs_logit = None
+
+    def diag_stats(self) -> dict[str, torch.Tensor]:
+        if self.max_logit is None:
+            return {}
+        return {MAX_ATTN_LOGIT: self.max_logit, MEAN_ABS_ATTN_LOGIT: self.mean_abs_logit}
+
 
 class CausalSelfAttention(Attention):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer: int = 0):
         # the logits' scale: None is 1/sqrt(head_dim); param=mup: sqrt(base_head_dim) / head_dim
         super().__init__(spec, Parametrization.of(spec).attn_scale)
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
@@ -125,7 +137,8 @@ class CausalSelfAttention(Attention):
             cos, sin = ctx.rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_cache is not None:  # decoding: the cached positions' keys, then these
-            k, v = self.kv_cache.update(k, v)  # (B, KV, offset + T, hd)
+            held = self.kv_cache.append(k=k, v=v)
+            k, v = held["k"], held["v"]  # (B, KV, offset + T, hd)
         y = self._attend(q, k, v, ctx)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
         return self.resid_drop(self.proj(y))

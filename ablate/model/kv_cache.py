@@ -1,18 +1,20 @@
-"""The KV cache of incremental decoding: each layer's keys and values of the tokens seen so far,
-so a decode step runs only the new token through the model.
+"""The decode cache of incremental decoding: what each layer keeps of the tokens seen so far, so
+a decode step runs only the new token through the model.
 
     cache = KVCache.for_model(model, batch=B, capacity=P + N)  # empty; room for P + N positions
     logits = model.decode(prompt, cache)   # prefill: prompt (B, P) -> logits (B, P, V)
     logits = model.decode(tokens, cache)   # one step: tokens (B, 1) -> logits (B, 1, V)
     cache.length                           # positions held (P + steps so far)
-    cache.bytes()                          # bytes of every layer's k and v tensors
+    cache.bytes()                          # bytes of every layer's tensors
 
-Each layer holds k and v of shape (B, n_kv_heads, capacity, head_dim) in the cache's dtype
-(default: the model's parameters'): one entry per KV head, never repeated to n_heads, so a GQA or
-MQA cache is n_heads / n_kv_heads times smaller than MHA's. The tensors are preallocated at
-`capacity` positions when the cache is made: decoding then copies nothing and allocates nothing
-for the cache, and bytes() (measured from the tensors: numel x element size) is what the cache
-holds from the first step on. Writing past the capacity raises ValueError.
+What a layer keeps is its attention component's declared CacheLayout (ablate/model/component.py),
+the same one `ablate inspect` counts bytes from: for MHA, GQA and MQA keys and values of shape
+(B, n_kv_heads, capacity, head_dim) in the cache's dtype (default: the model's parameters'), one
+entry per KV head, never repeated to n_heads, so a GQA or MQA cache is n_heads / n_kv_heads times
+smaller than MHA's; another attention may keep one latent per position. The tensors are
+preallocated at `capacity` positions when the cache is made: decoding then copies nothing and
+allocates nothing for the cache, and bytes() (measured from the tensors: numel x element size)
+is what the cache holds from the first step on. Writing past the capacity raises ValueError.
 
 Keys are cached after QK-norm and RoPE (each key's rotation is fixed by its own position), so a
 decode step only rotates the new token's query and key. The model passes each layer its slice
@@ -22,47 +24,70 @@ while model.decode runs (`attached`); a plain forward pass never sees a cache.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
 
+from ablate.model.component import CacheLayout
 
-@dataclass
-class LayerKV:
-    """One layer's cache: k and v of shape (B, n_kv_heads, capacity, head_dim), filled up to `length`."""
 
-    k: torch.Tensor
-    v: torch.Tensor
-    length: int = 0
+class LayerCache:
+    """One layer's cache: a tensor per CacheTensor of its layout, (B, *shape[:seq_dim], capacity,
+    *shape[seq_dim:]), filled up to `length` positions; each tensor is also an attribute
+    (`layer.k`, `layer.v`)."""
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k, v (B, n_kv_heads, T, head_dim); return every position's keys and values so
-        far, (B, n_kv_heads, length + T, head_dim), in k's dtype."""
-        start, end = self.length, self.length + k.shape[2]
-        if end > self.k.shape[2]:
-            raise ValueError(f"KV cache full: {end} positions do not fit its capacity of {self.k.shape[2]}")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
+    def __init__(self, layout: CacheLayout, batch: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.layout, self.length = layout, 0
+        self.capacity = layout.positions(capacity)
+        self.tensors = {t.name: torch.empty((batch, *t.shape[:t.seq_dim], self.capacity, *t.shape[t.seq_dim:]),
+                                            dtype=dtype, device=device) for t in layout.tensors}
+        self._dims = {t.name: 1 + t.seq_dim for t in layout.tensors}
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        tensors = self.__dict__.get("tensors", {})
+        if name in tensors:
+            return tensors[name]
+        raise AttributeError(name)
+
+    def append(self, **new: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Write the new positions of every tensor (each (B, ..., T, ...) with T on its positions
+        axis); return each tensor's positions so far, 0 .. length + T - 1, in the new one's dtype."""
+        if set(new) != set(self.tensors):
+            raise ValueError(f"this cache holds {', '.join(self.tensors)}; got {', '.join(new)}")
+        T = next(new[name].shape[self._dims[name]] for name in new)
+        start, end = self.length, self.length + T
+        if end > self.capacity:
+            raise ValueError(f"KV cache full: {end} positions do not fit its capacity of {self.capacity}")
+        out = {}
+        for name, value in new.items():
+            held = self.tensors[name].narrow(self._dims[name], 0, end)
+            held.narrow(self._dims[name], start, T).copy_(value)
+            out[name] = held.to(value.dtype)
         self.length = end
-        return self.k[:, :, :end].to(k.dtype), self.v[:, :, :end].to(v.dtype)
+        return out
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 class KVCache:
-    """Every layer's LayerKV (see the module docstring for how to use it)."""
+    """Every layer's LayerCache (see the module docstring for how to use it)."""
 
-    def __init__(self, layers: list[LayerKV]):
+    def __init__(self, layers: list[LayerCache]):
         self.layers = layers
 
     @classmethod
     def for_model(cls, model, batch: int, capacity: int, dtype: Optional[torch.dtype] = None,
                   device: Optional[torch.device] = None) -> "KVCache":
         """An empty cache for `model` (an ablate Transformer) with room for `capacity` positions
-        of `batch` sequences; dtype and device default to the model's parameters'."""
-        spec, param = model.spec, next(model.parameters())
-        shape = (batch, spec.n_kv_heads, capacity, spec.head_dim)  # (B, KV, capacity, hd)
+        of `batch` sequences, each layer as its attention component declares (ModelSpec's
+        cache_layouts); dtype and device default to the model's parameters'."""
+        from ablate.model.spec import cache_layouts
+
+        param = next(model.parameters())
         kw = dict(dtype=dtype or param.dtype, device=device or param.device)
-        return cls([LayerKV(torch.empty(shape, **kw), torch.empty(shape, **kw)) for _ in range(spec.n_layers)])
+        return cls([LayerCache(layout, batch, capacity, **kw) for layout in cache_layouts(model.spec)])
 
     @property
     def length(self) -> int:
@@ -71,11 +96,11 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.layers[0].k.shape[2]
+        return self.layers[0].capacity
 
     def bytes(self) -> int:
-        """Bytes of the cache's tensors (all layers, k and v, at full capacity)."""
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.k, layer.v))
+        """Bytes of the cache's tensors (all layers, at full capacity)."""
+        return sum(layer.bytes() for layer in self.layers)
 
     @contextmanager
     def attached(self, attentions: list) -> Iterator[None]:

@@ -17,7 +17,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 LOCK = "run.lock"
-TRANSFER = "transfer.json"  # a sweep directory's --lr-grid or --ladder record (ablate/sweep/transfer_plan.py)
+TRANSFER = "transfer.json"  # a sweep directory's --lr-grid or --ladder record (ablate/sweep/transfer_record.py)
 
 
 def resume_command(run_dir: Path) -> str:
@@ -221,11 +221,3 @@ class RunLock:
             self.path.unlink(missing_ok=True)
             self.held = False
 
-
-def read_transfer(sweep_dir: Path) -> Optional[dict]:
-    """A sweep directory's transfer.json; None when it has none (an ordinary sweep)."""
-    try:
-        record = json.loads((Path(sweep_dir) / TRANSFER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None

@@ -273,20 +273,21 @@ def _print_compare(sweep_dir: Path, logger: Any = None) -> bool:
     (an --lr-grid or --ladder sweep: its transfer report, also to W&B with logger=wandb)."""
     try:
         from ablate.analysis import compare_dirs
-        from ablate.analysis.render import print_comparison
+        from ablate.analysis.columns import print_comparison
     except ImportError:
         return False
     try:
-        from ablate.run.directory import read_transfer
+        from ablate.sweep.transfer_record import read_transfer
 
         record = read_transfer(sweep_dir)
         if record is not None:
             from ablate.analysis.load import find_runs
-            from ablate.analysis.render import print_table
+            from ablate.analysis.columns import COMPARE_HINT
+            from ablate.tables.render import print_table
             from ablate.analysis.transfer_report import transfer_compare
 
             report = transfer_compare(find_runs([sweep_dir]), record)
-            print_table(report.table)
+            print_table(report.table, hint=COMPARE_HINT)
             _log_report(report, sweep_dir, logger)
         else:
             print_comparison(compare_dirs([sweep_dir]))

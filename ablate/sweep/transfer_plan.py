@@ -16,30 +16,28 @@ each variant on every rung of a model ladder (`--ladder`).
 Both together: the LR grid on every rung (the ladder's LR rule gives way), then each variant's
 seeds at its own best LR of each rung; under lr_rule mup the grid on the smallest rung only,
 then every rung and seed at each variant's best LR there.
-The sweep directory's transfer.json says which of the two a sweep is; `ablate compare` reads it
-to report best_lr, lr_sensitivity, tuned_delta or the compute multiplier
-(ablate/analysis/transfer_report.py).
+The sweep directory's transfer.json (ablate/sweep/transfer_record.py) says which of the two a
+sweep is; `ablate compare` reads it to report best_lr, lr_sensitivity, tuned_delta or the compute
+multiplier (ablate/analysis/transfer_report.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ablate.errors import ConfigError
-from ablate.run.directory import TRANSFER, read_transfer
-from ablate.sweep.planning import SEED_KEY, Job, Parsed, naming
 from ablate.names import LADDER_TOKENS_KEY as TOKENS_KEY
-from ablate.names import LR, TOKENS, VAL_LOSS, Status
+from ablate.names import VAL_LOSS, Status
+from ablate.run.directory import TRANSFER
+from ablate.sweep.planning import SEED_KEY, Job, Parsed, naming
+from ablate.sweep.transfer_record import (BASE_KEYS, LADDER_KEYS, Ladder, LrRule, Rung, RungPlan,
+                                          TransferKind, TransferRecord, read_transfer)
 
 LR_KEY = "train.lr"
-LADDER_KEYS = ("model.d_model", "model.n_layers", "model.n_heads")
-BASE_KEYS = ("model.base_width", "model.base_depth")  # the reference shape of param=mup, completep
-LR_RULES = ("width", "fixed", "mup")
 LADDER_PREFIX = "ladder."
 # the ladder's keys that `ladder.KEY=VALUE` sets for the whole sweep (ladder.lr_rule=mup)
 SETTINGS = ("lr_rule", "base_lr", "base_width", "base_depth", "steps", "warmup_fraction")
@@ -89,69 +87,6 @@ def seed_jobs(best: dict[tuple[str, str], tuple[Job, float]], seeds: int) -> lis
 
 
 # ---- --ladder -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rung:
-    name: str
-    d_model: int
-    n_layers: int
-    n_heads: int
-
-    def overrides(self) -> list[str]:
-        return [f"{k}={v}" for k, v in zip(LADDER_KEYS, (self.d_model, self.n_layers, self.n_heads))]
-
-
-@dataclass(frozen=True)
-class Ladder:
-    """A named model ladder. tokens_per_param: training tokens per non-embedding parameter of
-    the baseline at each rung (every variant trains on the same tokens); or steps: the same
-    steps on every rung (a width ladder measuring LR transfer, as muP's figures fix the steps).
-    base_lr is the LR at the base shape, base_width x base_depth (None: the smallest rung's).
-    lr_rule "width": base_lr * base_width / d_model (wider models take smaller steps, as muP's
-    hidden-layer rule for Adam); "fixed": base_lr on every rung; "mup": base_lr on every rung,
-    for param=mup / completep, whose rules scale each layer's LR from the base shape."""
-
-    name: str
-    rungs: tuple
-    tokens_per_param: Optional[float]
-    base_lr: float
-    base_width: Optional[int] = None
-    lr_rule: str = "width"
-    warmup_fraction: float = 0.1  # of each rung's steps
-    base_depth: Optional[int] = None
-    steps: Optional[int] = None
-
-    @property
-    def base(self) -> tuple[int, int]:
-        """(width, depth) of the base shape: the file's, else the smallest rung's."""
-        return self.base_width or self.rungs[0].d_model, self.base_depth or self.rungs[0].n_layers
-
-    def warmup(self, steps: int) -> int:
-        return math.ceil(self.warmup_fraction * steps)
-
-    def lr(self, rung: Rung) -> float:
-        lr = self.base_lr * self.base[0] / rung.d_model if self.lr_rule == "width" else self.base_lr
-        return float(f"{lr:.3g}")
-
-    def rung_steps(self, params: int, tokens_per_step: int, tokens_per_param: Optional[float] = None) -> int:
-        """A rung's steps: a variant's own tokens per parameter, else the ladder's steps or its
-        tokens per parameter of the baseline's `params`."""
-        if tokens_per_param is None and self.steps is not None:
-            return self.steps
-        return max(1, math.ceil((tokens_per_param or self.tokens_per_param) * params / tokens_per_step))
-
-    def base_overrides(self) -> list[str]:
-        """What each job of a variant with a base shape (param=mup, completep) trains with."""
-        return [f"{k}={v}" for k, v in zip(BASE_KEYS, self.base)]
-
-    def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["rungs"] = [dataclasses.asdict(r) for r in self.rungs]
-        for key in ("base_depth", "steps"):  # unset: the record of a ladder that had no such key
-            if d[key] is None:
-                del d[key]
-        return d
-
-
 def load_ladder(name: str, settings: Optional[dict[str, str]] = None) -> Ladder:
     """conf/ladder/NAME.yaml, or a .yaml file, with `settings` ({key: value} of `ladder.KEY=VALUE`
     on the command line) over the file's; the rungs must grow (width, depth and heads never
@@ -170,12 +105,11 @@ def load_ladder(name: str, settings: Optional[dict[str, str]] = None) -> Ladder:
         if "steps" in (settings or {}):  # the same steps on every rung, in place of the tokens rule
             doc.pop("tokens_per_param", None)
         doc.update({k: yaml.safe_load(v) for k, v in (settings or {}).items()})
-        rungs = tuple(Rung(str(r["name"]), int(r["d_model"]), int(r["n_layers"]), int(r["n_heads"]))
-                      for r in doc["rungs"])
-        ladder = Ladder(path.stem, rungs, _maybe(float, doc.get("tokens_per_param")), float(doc["base_lr"]),
-                        _maybe(int, doc.get("base_width")), str(doc.get("lr_rule", "width")),
-                        float(doc.get("warmup_fraction", 0.1)), _maybe(int, doc.get("base_depth")),
-                        _maybe(int, doc.get("steps")))
+        rule = str(doc.get("lr_rule", "width"))
+        if rule not in {r.value for r in LrRule}:
+            raise ConfigError(f"ladder {path.stem}: lr_rule must be one of "
+                              f"{', '.join(r.value for r in LrRule)}, got {rule}")
+        ladder = Ladder.from_dict(path.stem, doc)
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
         mark = getattr(e, "problem_mark", None)  # a YAML syntax error: its several lines in one
         why = (f"no key {e}" if isinstance(e, KeyError) else
@@ -188,14 +122,7 @@ def load_ladder(name: str, settings: Optional[dict[str, str]] = None) -> Ladder:
     return ladder
 
 
-def _maybe(kind: Callable[[Any], Any], value: Any) -> Any:
-    return None if value is None else kind(value)
-
-
 def check_ladder(ladder: Ladder) -> None:
-    if ladder.lr_rule not in LR_RULES:
-        raise ConfigError(f"ladder {ladder.name}: lr_rule must be one of {', '.join(LR_RULES)}, "
-                          f"got {ladder.lr_rule}")
     if len(ladder.rungs) < 2:
         raise ConfigError(f"ladder {ladder.name}: a ladder needs at least 2 rungs")
     if (ladder.tokens_per_param is None) == (ladder.steps is None):
@@ -245,7 +172,7 @@ def as_added_keys(arguments: Sequence[str]) -> list[str]:
 
 
 def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Rung], tuple[int, int]],
-                seeds: Sequence[int], based: Sequence[bool] = ()) -> tuple[list[Job], list[dict]]:
+                seeds: Sequence[int], based: Sequence[bool] = ()) -> tuple[list[Job], list[RungPlan]]:
     """Every variant on every rung (smallest first) with every seed. plan_rung(rung) -> (the
     baseline's non-embedding params there, tokens per step); based[i]: variant i trains with the
     ladder's base shape (its param has one). Returns (jobs, the rung table)."""
@@ -253,8 +180,8 @@ def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Ru
     for rung in ladder.rungs:
         params, per_step = plan_rung(rung)
         steps, lr = ladder.rung_steps(params, per_step), ladder.lr(rung)
-        table.append({**dataclasses.asdict(rung), "params": params, "steps": steps,
-                      TOKENS: steps * per_step, LR: lr})
+        table.append(RungPlan(rung.name, rung.d_model, rung.n_layers, rung.n_heads, params, steps,
+                              steps * per_step, lr))
         for i, v in enumerate(variants):
             own, rest = variant_tokens(v.overrides)
             n = steps if own is None else ladder.rung_steps(params, per_step, own)  # the tokens as a variant
@@ -287,20 +214,17 @@ def variant_tokens(overrides: Sequence[str]) -> tuple[Optional[float], list[str]
 
 
 # ---- the sweep's record -------------------------------------------------------------------------
-def write_transfer(sweep_dir: Path, record: dict) -> None:
+def write_transfer(sweep_dir: Path, record: TransferRecord) -> None:
     """transfer.json, written before the first job: a re-run with another grid or ladder into the
     same directory is refused (its jobs would be other experiments)."""
-    from ablate.run.directory import write_json
-
     path = Path(sweep_dir) / TRANSFER
     old = read_transfer(path.parent)
-    if old is not None and old != json.loads(json.dumps(record)):
-        what = "grid" if record.get("kind") == "lr_grid" else "ladder"
-        raise ConfigError(f"{path} records another {old.get('kind')} sweep than this {what}; "
+    if old is not None and old != record:
+        what = "grid" if record.kind is TransferKind.LR_GRID else "ladder"
+        raise ConfigError(f"{path} records another {old.kind} sweep than this {what}; "
                           "sweep into a new hydra.sweep.dir")
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, record)
-
+    record.write(path.parent)
 
 
 def check_transfer(lr_grid: Optional[str], ladder: Optional[str],
@@ -343,12 +267,12 @@ def check_rule(lad: Ladder, params: Sequence[str], grid: bool) -> list[bool]:
     for i, name in enumerate(params):
         option = options.get("param", name)
         who = "the baseline" if i == 0 else "a variant"
-        if lad.lr_rule == "mup" and not option.width:
+        if lad.lr_rule is LrRule.MUP and not option.width:
             raise ConfigError(f"ladder {lad.name}: lr_rule mup trains every rung at one LR and leaves the "
                               f"width to the parametrization, but {who} has param={name}, which does not "
                               "scale with the width: give it param=mup or param=completep, or set "
                               "ladder.lr_rule=fixed")
-        if lad.lr_rule == "width" and option.width and not grid:
+        if lad.lr_rule is LrRule.WIDTH and option.width and not grid:
             raise ConfigError(f"ladder {lad.name}: lr_rule width scales the LR by base_width / d_model, "
                               f"which {who}'s param={name} already does for its hidden layers: set "
                               "ladder.lr_rule=mup (one LR for every rung)")
@@ -364,7 +288,7 @@ class TransferPlan:
 
     jobs: list
     variants: list
-    record: dict
+    record: TransferRecord
     seeds: int
     later: int = 0
     pending: list = dataclasses.field(default_factory=list)
@@ -388,7 +312,7 @@ class TransferPlan:
         variants = plan(arguments, mode, 0, explicit)
         k = max(seeds, 1)
         if lad is None:
-            record = {"kind": "lr_grid", "grid": grid, "seeds": k, "shared_lr": base_lr(variants[0])}
+            record = TransferRecord.lr_grid(grid, k, base_lr(variants[0]))
             return cls(grid_jobs(variants, grid), variants, record, k, len(variants) * (k - 1))
         params = []
         for v in variants:  # composed without the ladder's own keys
@@ -413,13 +337,13 @@ class TransferPlan:
             lad = dataclasses.replace(lad, tokens_per_param=own)
         based = check_rule(lad, params, bool(grid))
         shape = lad.base if any(based) else None
-        k, one_scan = max(seeds, 1), bool(grid) and lad.lr_rule == "mup"
+        k, one_scan = max(seeds, 1), bool(grid) and lad.lr_rule is LrRule.MUP
         jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(base, rung),
                                   list(range(k)) if one_scan else [0] if grid else list(range(seeds)), based)
-        record = {"kind": "ladder", "ladder": lad.as_dict(), "rungs": table, "seeds": seeds}
+        record = TransferRecord.of_ladder(lad, table, seeds)
         if not grid:
             return cls(jobs, variants, record, seeds, base=shape)
-        record.update(grid=grid, seeds=k)
+        record = record.with_grid(grid, k)
         if not one_scan:  # a scan per rung (seed 0), then the seeds at the best LR of each rung
             return cls([at_lr(j, lr) for j in jobs for lr in grid], variants, record, k,
                        len(jobs) * (k - 1), base=shape)
@@ -431,31 +355,31 @@ class TransferPlan:
 
     def header(self, n: int, sweep_dir: Path) -> str:
         r = self.record
-        grid = ", ".join(f"{x:g}" for x in r.get("grid", []))
-        if r["kind"] == "lr_grid":
-            return (f"lr-grid sweep: {len(self.variants)} variants x {len(r['grid'])} learning rates "
+        grid = ", ".join(f"{x:g}" for x in r.grid)
+        if r.kind is TransferKind.LR_GRID:
+            return (f"lr-grid sweep: {len(self.variants)} variants x {len(r.grid)} learning rates "
                     f"({grid}), seed 0: {n} jobs -> {sweep_dir}")
-        lad, first = r["ladder"], r["rungs"][0]["name"]
-        rungs = "".join(f"\n  {t['name']}: d_model {t['d_model']}, {t['n_layers']} layers, "
-                        f"{t['n_heads']} heads, {t['params']:,} non-embedding params, {t['steps']} steps "
-                        f"({t[TOKENS]:,} tokens)" + ("" if grid else f", lr {t[LR]:g}") for t in r["rungs"])
-        size = (f"{len(r['grid'])} learning rates ({grid}) on {first}, seed 0 (lr_rule mup: one scan, "
+        lad, first = r.ladder, r.rungs[0].name
+        rungs = "".join(f"\n  {t.name}: d_model {t.d_model}, {t.n_layers} layers, "
+                        f"{t.n_heads} heads, {t.params:,} non-embedding params, {t.steps} steps "
+                        f"({t.tokens:,} tokens)" + ("" if grid else f", lr {t.lr:g}") for t in r.rungs)
+        size = (f"{len(r.grid)} learning rates ({grid}) on {first}, seed 0 (lr_rule mup: one scan, "
                 "at the smallest rung)" if self.pending else
-                f"{len(r['rungs'])} rungs x {len(r['grid'])} learning rates ({grid}), seed 0" if grid else
-                f"{len(r['rungs'])} rungs x {max(self.seeds, 1)} seeds")
-        rule = (f"{lad['steps']} steps each" if lad.get("steps") else
-                f"{lad['tokens_per_param']:g} tokens per non-embedding parameter of the baseline")
+                f"{len(r.rungs)} rungs x {len(r.grid)} learning rates ({grid}), seed 0" if grid else
+                f"{len(r.rungs)} rungs x {max(self.seeds, 1)} seeds")
+        rule = (f"{lad.steps} steps each" if lad.steps else
+                f"{lad.tokens_per_param:g} tokens per non-embedding parameter of the baseline")
         base = f"; param base shape: d_model {self.base[0]}, {self.base[1]} layers" if self.base else ""
-        return (f"ladder {lad['name']} sweep: {len(self.variants)} variants x {size}: {n} jobs -> "
+        return (f"ladder {lad.name} sweep: {len(self.variants)} variants x {size}: {n} jobs -> "
                 f"{sweep_dir}\nrungs ({rule}{base}):{rungs}")
 
     def then(self) -> str:
         if self.pending:
-            first = self.record["rungs"][0]["name"]
+            first = self.record.rungs[0].name
             return (f"then: every rung, seeds 0..{self.seeds - 1} (seed 0 of {first} is the scan's), of "
                     f"each variant at its own best LR of {first} (lr_rule mup: one LR for every rung): "
                     f"{self.later} jobs")
-        where = " on each rung" if self.record["kind"] == "ladder" else ""
+        where = " on each rung" if self.record.kind is TransferKind.LADDER else ""
         return (f"then: seeds 1..{self.seeds - 1} of each variant at its own best LR of the grid{where}: "
                 f"{self.later} jobs")
 

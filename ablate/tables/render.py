@@ -1,13 +1,14 @@
-"""The one renderer of every report's Table (ablate/analysis/table.py): the terminal's rich table,
+"""The one renderer of every Table (ablate/tables/table.py): the terminal's rich table,
 markdown, LaTeX, csv and JSON. The lines to read first (the baseline, a MIXED warning) go
-above the table, the notes below it.
+above the table, its foot (the setting it was measured in) and the notes below it.
 
 The terminal: piped (or on a terminal wide enough) the full table, every column, whatever
 COLUMNS says. A terminal too narrow for it gets the compact table: short headers, each cell one
 whole phrase a line (a CI on its own line), and the columns of the highest `priority` left out,
-the rightmost first, until every line fits (a note names them; `wide` keeps them all); when
-even that does not fit, one block per row with one field a line. Nothing is cut or wrapped
-inside a name or a label, and no line ends in spaces.
+the rightmost first, until every line fits (a note names them and how to see them: `hint`;
+`wide` keeps them all); when even that does not fit, one block per row with one field a line.
+The title is a line of its own, broken between words on a terminal and whole in a pipe.
+Nothing is cut or wrapped inside a name or a label, and no line ends in spaces.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import json
 import math
 from typing import Any, Sequence
 
-from ablate.analysis.load import CompareError
-from ablate.analysis.table import Align, Column, Table, Target, column_names
+from ablate.errors import AblateError
+from ablate.tables.table import Align, Column, Table, Target, column_names
 
 FORMATS = ("table", "csv", "markdown", "latex")
 
@@ -59,6 +60,7 @@ def to_markdown(table: Table) -> str:
     lines += ["| " + " | ".join(map(esc, heads)) + " |",
               "|" + "|".join("---" if c.align is Align.LEFT else "--:" for c in table.shown(Target.TEXT)) + "|"]
     lines += ["| " + " | ".join(map(esc, row)) + " |" for row in cells]
+    lines += [""] + [f"{line}  " for line in table.foot] if table.foot else []
     return "\n".join(lines + ([""] + [f"- note: {n}" for n in table.notes] if table.notes else [])) + "\n"
 
 
@@ -78,21 +80,23 @@ def to_latex(table: Table) -> str:
     lines += [r"\begin{tabular}{" + "".join("l" if c.align is Align.LEFT else "r" for c in table.shown(Target.TEXT))
               + "}", r"\toprule", " & ".join(map(_tex, heads)) + r" \\", r"\midrule"]
     lines += [" & ".join(map(_tex, row)) + r" \\" for row in cells]
-    lines += [r"\bottomrule", r"\end{tabular}"] + [f"% note: {n}" for n in table.notes]
+    lines += [r"\bottomrule", r"\end{tabular}"] + [f"% {line}" for line in table.foot]
+    lines += [f"% note: {n}" for n in table.notes]
     return "\n".join(lines) + "\n"
 
 
 def render(table: Table, fmt: str) -> str:
     """csv / markdown / latex as text (the table format prints through rich: print_table)."""
     if fmt not in FORMATS or fmt == "table":
-        raise CompareError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
+        raise AblateError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
     return {"csv": to_csv, "markdown": to_markdown, "latex": to_latex}[fmt](table)
 
 
 # ---- the terminal ---------------------------------------------------------------------------------
-def print_table(table: Table, console: Any = None, wide: bool = False) -> None:
+def print_table(table: Table, console: Any = None, wide: bool = False, hint: str = "") -> None:
     """The table on a terminal (or piped: full width), the lines to read first above it and the
-    notes below, each broken between words to a terminal's width."""
+    foot and notes below, each broken between words to a terminal's width. `hint`: how to see
+    the columns a narrow terminal leaves out ("ablate compare --wide shows every column")."""
     from rich.markup import escape
 
     from ablate.terminal import print_text, table_console
@@ -100,18 +104,19 @@ def print_table(table: Table, console: Any = None, wide: bool = False) -> None:
     console = console or table_console()
     for line in table.head_lines():
         print_text(console, f"[bold yellow]{escape(line)}[/bold yellow]" if line == table.warning else escape(line))
-    # piped, the title heads the table as it always has; on a terminal it is a line of its own
-    full = _rich(table, table.shown(Target.TERMINAL), compact=False, titled=not console.is_terminal)
-    fits, notes = _fits(console, full), list(table.notes)
-    if console.is_terminal or not fits:
-        print_text(console, escape(table.title))
-    if fits:
+    # a line of its own, whole in a pipe: a title wider than its table is not folded to its width
+    print_text(console, escape(table.title))
+    full = _rich(table, table.shown(Target.TERMINAL), compact=False)
+    notes = list(table.notes)
+    if _fits(console, full):
         _emit(console, full)
     else:
         hidden = _print_narrow(table, console, wide)
         if hidden:
-            notes.insert(0, f"hidden to fit {console.width} columns: {column_names(hidden)} "
-                            "(ablate compare --wide shows every column)")
+            notes.insert(0, f"hidden to fit {console.width} columns: {column_names(hidden)}"
+                            + (f" ({hint})" if hint else ""))
+    for line in table.foot:
+        print_text(console, escape(line))
     for note in notes:
         print_text(console, "note: " + escape(note))
 
@@ -121,7 +126,7 @@ def _print_narrow(table: Table, console: Any, wide: bool) -> list[Column]:
     per row; returns the columns left out."""
     columns, hidden = table.shown(Target.TERMINAL), []
     while True:
-        compact = _rich(table, columns, compact=True, titled=False)
+        compact = _rich(table, columns, compact=True)
         if _fits(console, compact):
             _emit(console, compact)
             return [c for c in table.shown(Target.TERMINAL) if c in hidden]
@@ -134,14 +139,14 @@ def _print_narrow(table: Table, console: Any, wide: bool) -> list[Column]:
         hidden.append(drop)
 
 
-def _rich(table: Table, columns: list[Column], compact: bool, titled: bool) -> Any:
+def _rich(table: Table, columns: list[Column], compact: bool) -> Any:
     from rich import box
     from rich.table import Table as RichTable
 
     cells = [[c.narrow(r) if compact else c.rich(r) for c in columns] for r in table.rows]
     opts: dict = dict(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
                       show_lines=any("\n" in x for row in cells for x in row)) if compact else {}
-    t = RichTable(title=table.title if titled else None, title_justify="left", **opts)
+    t = RichTable(**opts)
     for i, c in enumerate(columns):
         if i == 0:  # the row's name: never cut
             t.add_column(c.header(compact), style="bold", no_wrap=True,
@@ -191,9 +196,3 @@ def _blocks(table: Table, console: Any) -> None:
             value = pad.join(textwrap.wrap(cell, room, break_on_hyphens=False)) or cell
             console.print(Text(lead + value), soft_wrap=True)
 
-
-def print_comparison(cmp: Any, console: Any = None, per_seed: bool = False, wide: bool = False) -> None:
-    """`ablate compare`'s table of a Comparison (one line per variant, or per run)."""
-    from ablate.analysis.columns import comparison_table
-
-    print_table(comparison_table(cmp, per_seed), console, wide)

@@ -1,5 +1,7 @@
-"""The one table model of every report: a `Table` of typed `Column`s over typed rows, rendered by
-ablate/analysis/render.py in every format (the terminal's rich table, markdown, LaTeX, csv, JSON).
+"""The one table model of every table ablate prints: a `Table` of typed `Column`s over typed rows,
+rendered by ablate/tables/render.py in every format (the terminal's rich table, markdown, LaTeX,
+csv, JSON). `ablate compare`'s reports, `bench`, `bench --decode`, `inspect` and `coord-check`
+all build one.
 
 A column says, once: its header (and the short one a narrow terminal shows), how its cell
 reads as plain text (markdown, LaTeX, one field per line) and as rich markup (the terminal
@@ -8,7 +10,8 @@ carries, where it shows (`targets`), its alignment and how early a narrow termin
 (`priority`). A row is a dataclass whose `as_dict()` is its `--json` object (JsonRow).
 
 Adding a column to a report: one `Column(...)` in the list its builder returns
-(ablate/analysis/columns.py for compare, transfer_report.py for the LR grid and the ladder).
+(ablate/analysis/columns.py for compare, transfer_report.py for the LR grid and the ladder,
+ablate/measure/bench_report.py, inspect_report.py and coord_report.py for the measurements).
 A new table (say, the loss at several evaluation lengths) is typed rows plus its columns, those
 per item of a list generated from it as the ladder's per rung are (ladder_columns); the
 renderer needs nothing new.
@@ -99,7 +102,8 @@ class Column(Generic[R]):
 @dataclass
 class Table(Generic[R]):
     """A report's table: the first column names each row (never cut, bold on a terminal); `head`
-    is read before it (`warning` first, in yellow), `notes` after it."""
+    is read before it (`warning` first, in yellow), `foot` after it (the setting it was measured
+    in, figures read beside it), then the `notes`."""
 
     title: str
     columns: list[Column[R]]
@@ -107,6 +111,7 @@ class Table(Generic[R]):
     head: list[str] = field(default_factory=list)
     warning: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    foot: list[str] = field(default_factory=list)
 
     def shown(self, target: Target) -> list[Column[R]]:
         return [c for c in self.columns if target in c.targets]
@@ -141,37 +146,3 @@ def lines(*parts: Optional[str]) -> str:
 def column_names(columns: Sequence[Column]) -> str:
     """The columns' headers for a line of prose, each kept on one line when it wraps (no-break spaces)."""
     return ", ".join(c.head.replace(" ", "\u00a0") for c in columns if c.head)
-
-
-# A report is one Table and what its figure draws; its kind says which (report.py chooses it).
-class ReportKind(str, Enum):
-    COMPARISON = "comparison"  # one row per variant
-    PER_SEED = "per_seed"  # one row per run
-    LR_GRID = "lr_grid"
-    LADDER = "ladder"
-
-    __str__ = str.__str__
-    __format__ = str.__format__
-
-
-@dataclass
-class Report:
-    kind: ReportKind
-    table: Table
-    comparison: Any = None  # compare.Comparison of an ordinary report: its plots read it
-    points: list = field(default_factory=list)  # transfer_report.Point: every run of a grid or ladder
-    ladder: Any = None  # transfer_report.LadderFit: the ladder's fitted curves, for its figure
-    lengths: Any = None  # length_eval.LengthEval: the loss at other context lengths, tables under the main one
-
-    @property
-    def tables(self) -> list[Table]:
-        """The main table, then the tables printed under it (one per evaluation protocol)."""
-        return [self.table] + (list(self.lengths.tables) if self.lengths is not None else [])
-
-    @property
-    def rows(self) -> list:
-        return self.table.rows
-
-    @property
-    def notes(self) -> list[str]:
-        return self.table.notes

@@ -1,0 +1,101 @@
+"""The tables of `ablate inspect`: its report (the `--json` dict of ablate/measure/inspect.py,
+unchanged by this module) as typed rows and the Columns of the one table model
+(ablate/tables/table.py): the parameters by component, with the variant's axes and dimensions
+above them and what the counts mean below; under param=mup or completep the init and LR of each
+parameter role. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ablate.tables.table import Align, Column, JsonRow, Table, num
+from ablate.terminal import human_bytes
+
+COMPONENTS = ("embedding", "attention", "ffn", "norm", "head")
+
+
+@dataclass
+class ComponentRow(JsonRow):
+    component: str
+    params: int
+    share: float  # of the total
+
+
+PARAM_COLUMNS: list[Column] = [
+    Column("component", lambda x: x.component, ("component",), align=Align.LEFT),
+    Column("params", lambda x: f"{x.params:,}", ("params",)),
+    Column("share", lambda x: f"{100 * x.share:.1f}%" if x.share < 1 else "100%", ("share",)),
+]
+
+
+@dataclass
+class RuleRow(JsonRow):
+    """A parameter role under a parametrization (ablate/model/parametrization.py rule_rows)."""
+
+    role: str
+    tensors: int
+    params: int
+    fan_in: Optional[int]
+    base_fan_in: Optional[int]
+    init_std: Optional[float]
+    lr_mult: float
+    weight_decay_mult: float
+
+    @classmethod
+    def of(cls, x: dict) -> "RuleRow":
+        return cls(*(x.get(f) for f in cls.__dataclass_fields__))
+
+
+RULE_COLUMNS: list[Column] = [
+    Column("role", lambda x: x.role, ("role",), align=Align.LEFT),
+    Column("tensors", lambda x: str(x.tensors), ("tensors",)),
+    Column("params", lambda x: f"{x.params:,}", ("params",)),
+    Column("fan-in (base)", lambda x: "-" if x.fan_in is None else f"{x.fan_in} ({x.base_fan_in})",
+           ("fan_in", "base_fan_in"), short="fan-in\n(base)"),
+    Column("init std", lambda x: num(x.init_std, ".4g"), ("init_std",), short="init\nstd"),
+    Column("LR x", lambda x: f"{x.lr_mult:.4g}", ("lr_mult",)),
+    Column("decay x", lambda x: f"{x.weight_decay_mult:.4g}", ("weight_decay_mult",), short="decay\nx"),
+]
+
+
+def inspect_tables(r: dict) -> list[Table]:
+    """`ablate inspect`'s report (inspect_config's, with cross_check's built_params)."""
+    s, p = r["spec"], r["params"]
+    settings = [f"{a}.{k}={v}" for a, values in s.get("settings", {}).items() for k, v in values.items()]
+    head = [" ".join([f"{k}={v}" for k, v in r["axes"].items()] + settings),  # norm.alpha0=0.5 with dyt
+            f"d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads x head_dim {r['head_dim']}, "
+            f"{s['n_kv_heads']} KV heads, d_ff {s['d_ff']}, max_seq_len {s['max_seq_len']}"]
+    total = p["total"]
+    rows = [ComponentRow(k, p[k], p[k] / total) for k in COMPONENTS]
+    rows += [ComponentRow("total", total, 1.0),
+             ComponentRow("non-embedding", r["non_embedding_params"], r["non_embedding_params"] / total)]
+    vb = r["vs_baseline"]
+    changed = [f"{k}={v}" for k, v in r["axes"].items() if vb["baseline_axes"].get(k) != v]
+    foot = [f"vs baseline (every axis at its default{'; this variant: ' + ', '.join(changed) if changed else ''}): "
+            f"{vb['delta']:+,} params ({vb['delta_pct']:+.2f}%)"]
+    if "built_params" in r:
+        foot.append(f"--build: a model built on the meta device has {r['built_params']['total']:,} parameters, "
+                    "equal to the analytic count in every component")
+    if s["tied"]:
+        foot.append("embedding includes the output head (tied); learned positions are counted in embedding")
+    foot += [f"vocab: {r['vocab']['note']}", f"FFN: {r['ffn']['why']}",
+             f"FLOPs/token (training, seq_len {r['seq_len']}): {r['flops_per_token']:,} = {r['flops_formula']}",
+             f"KV cache ({r['dtype']}): {r['kv_cache_bytes_per_token']:,} bytes/token = {r['kv_cache_formula']}; "
+             f"for seq_len {r['seq_len']} x batch {r['batch']}: {r['kv_cache_bytes']:,} bytes "
+             f"({human_bytes(r['kv_cache_bytes'])})",
+             _parametrization(r["parametrization"])]
+    tables = [Table("parameters", PARAM_COLUMNS, rows, head=head, foot=foot)]
+    rules = r["parametrization"]["rules"]
+    if rules:
+        tables.append(Table(f"param={r['parametrization']['param']}: init and LR by parameter role", RULE_COLUMNS,
+                            [RuleRow.of(x) for x in rules]))
+    return tables
+
+
+def _parametrization(p: dict) -> str:
+    """The param axis: its base shape and multipliers (under mup / completep a table of rules follows)."""
+    return (f"parametrization {p['param']}: base width {p['base_width']}, base depth {p['base_depth']}; width "
+            f"x{p['width_mult']:.4g}, depth x{p['depth_mult']:.4g}; logits x{p['logit_mult']:.4g}, attention "
+            f"scale {p['attn_scale']:.4g}, residual branches x{p['branch_mult']:.4g}, AdamW eps {p['adam_eps']:.3g}"
+            + ("" if p["rules"] else "; every parameter at the base LR and init (docs/parametrization.md)"))
