@@ -1,5 +1,6 @@
 """Multi-head Latent Attention (attn=mla) against DeepSeek-V2's equations (section 2.1), written
-out here in float64 from the weight matrices, and its shapes, counts and costs (ablate/model/latent.py)."""
+out here in float64 from the weight matrices; decoding from its latent cache, absorbed and plain;
+its shapes, counts, costs and muP rule (ablate/model/latent.py); its preset and study."""
 
 from __future__ import annotations
 
@@ -9,19 +10,26 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.errors import ConfigError
-from ablate.model.latent import LatentShape
+from ablate.model import options
+from ablate.model.kv_cache import KVCache, LayerCache
+from ablate.model.latent import DECODE_MODES, LatentShape
 from ablate.model.mla import MultiHeadLatentAttention
-from ablate.model.positions import AttnContext, alibi_bias, alibi_slopes, rope_tables
-from ablate.model.spec import ModelSpec
+from ablate.model.positions import AttnContext, alibi_slopes
+from ablate.model.spec import ModelSpec, kv_cache_bytes_per_token
 
 D, H = 32, 4  # head_dim 8
 
 
-def make_spec(**kw) -> ModelSpec:
+def make_spec(settings=None, **kw) -> ModelSpec:
     base = dict(vocab_size=64, d_model=D, n_layers=1, n_heads=H, n_kv_heads=H, d_ff=48, max_seq_len=64,
-                norm="rmsnorm", pos="rope", bias=False)
+                norm="rmsnorm", pos="rope", bias=False, attn="mla", settings={"attn": settings or {}})
+    kw.setdefault("n_kv_heads", kw.get("n_heads", H))  # MLA: every head has its keys and values
     return ModelSpec(**{**base, **kw})
+
+
+def build(spec: ModelSpec) -> MultiHeadLatentAttention:
+    """Layer 0's attention as the model builds it (its settings from the spec)."""
+    return options.get("attn", spec.attn).build(spec, 0)
 
 
 def sharpened(module: torch.nn.Module, std: float = 0.5) -> torch.nn.Module:
@@ -89,12 +97,9 @@ def paper_mla(m: MultiHeadLatentAttention, x: torch.Tensor, base: float, scale: 
     return torch.cat(outs, -1) @ f["proj.weight"].T + f.get("proj.bias", 0), torch.stack(probs)  # eq. 19
 
 
-def ctx_for(m: MultiHeadLatentAttention, spec: ModelSpec, T: int) -> AttnContext:
-    if spec.pos == "alibi":
-        return AttnContext(bias=alibi_bias(H, T), alibi_slopes=alibi_slopes(H))
-    if spec.pos != "rope":
-        return AttnContext()
-    return AttnContext(rope=rope_tables(T, m.shape.rope_dim, spec.rope_base, None))
+def ctx_at(spec: ModelSpec, start: int, T: int) -> AttnContext:
+    """What the model's position option gives the layers for T tokens from position `start`."""
+    return options.get("pos", spec.pos).build(spec).context(T, torch.device("cpu"), torch.float32, offset=start)
 
 
 @pytest.mark.parametrize("case", [
@@ -106,14 +111,14 @@ def ctx_for(m: MultiHeadLatentAttention, spec: ModelSpec, T: int) -> AttnContext
 def test_mla_is_deepseek_v2s_equations(case):
     case = dict(case)
     settings = case.pop("settings")
-    spec = make_spec(**case)
-    m = sharpened(MultiHeadLatentAttention(spec, **settings)).eval()
+    spec = make_spec(settings, **case)
+    m = sharpened(build(spec)).eval()
     s = m.shape
     assert s.rope_dim == (settings.get("rope_dim", 4) if spec.pos == "rope" else 0)
     T = 24
     x = torch.randn(1, T, D)
     with torch.no_grad():
-        ours = m(x, ctx_for(m, spec, T))[0]
+        ours = m(x, ctx_at(spec, 0, T))[0]
     ref, probs = paper_mla(m, x[0], spec.rope_base, 1 / math.sqrt(s.head_dim + s.rope_dim), spec.pos == "alibi")
     # far from uniform over many keys: the late queries put most of their weight on few of their 16+ keys
     assert probs[:, 16:].amax(-1).mean() > 0.5
@@ -136,31 +141,19 @@ def test_derived_ranks_follow_head_dim_in_deepseek_v2s_proportions():
 
 @pytest.mark.parametrize("settings,bias", [({}, False), (dict(q_rank=12, kv_rank=10, rope_dim=6), True)])
 def test_parameters_by_projection_are_the_modules(settings, bias):
-    m = MultiHeadLatentAttention(make_spec(bias=bias), **settings)
+    m = build(make_spec(settings, bias=bias))
     built = {name: sum(p.numel() for p in mod.parameters()) for name, mod in m.named_children()
              if any(True for _ in mod.parameters())}
     assert m.shape.projections() == built
     assert m.shape.params() == sum(p.numel() for p in m.parameters())
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("kv_rank", 0, r"attn.kv_rank=0 must be a positive integer or null"),
-    ("q_rank", -3, r"attn.q_rank=-3 must be a positive integer or null"),
-    ("rope_dim", 0, r"attn.rope_dim=0 must be a positive integer or null"),
-    ("rope_dim", 5, r"attn.rope_dim=5 must be even"),
-])
-def test_bad_ranks_are_refused_in_one_line(key, value, message):
-    with pytest.raises(ConfigError, match=message):
-        LatentShape.of(make_spec(), **{key: value})
-
-
-def test_a_rope_dim_without_rope_is_refused():
-    with pytest.raises(ConfigError, match=r"attn.rope_dim=8 .* needs pos=rope; with pos=nope"):
-        LatentShape.of(make_spec(pos="nope"), rope_dim=8)
-
-
 def counted_flops(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
+    """torch's FLOP count of fn, SDPA on its math backend (the counter does not see the fused
+    CPU kernel's matmuls)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
 
@@ -168,27 +161,26 @@ def counted_flops(fn) -> int:
 @pytest.mark.parametrize("settings", [{}, dict(q_rank=12)])
 def test_training_flops_are_the_counted_matmuls(settings):
     """6 x weights + 6 * H * (2 hd + r) * T per token, against torch's FLOP counter over a
-    forward and backward pass (it counts the full T x T score matrix, as the convention does);
-    the formula's 6 x weights includes the norm gains, which are not matmuls."""
-    spec = make_spec()
-    m = MultiHeadLatentAttention(spec, **settings)
-    T = 16
-    x = torch.randn(2, T, D, requires_grad=True)
-    ctx = ctx_for(m, spec, T)
+    forward and backward pass (it counts the full T x T score matrix, as the convention does).
+    What the counter sees beside the model's FLOPs: not the norm gains (in the 6 x weights, not
+    matmuls), and the values' zero padding to the keys' width (6 * H * r * T: SDPA's fused
+    kernels need equal widths)."""
+    spec = make_spec(settings)
+    m = build(spec)
+    s, T = m.shape, 16
+    x = torch.randn(2, T, D, requires_grad=True)  # its gradient too: the convention's 6N holds dL/dx
+    ctx = ctx_at(spec, 0, T)
     counted = counted_flops(lambda: m(x, ctx).sum().backward()) / (2 * T)
-    gains = m.shape.kv_rank + (m.shape.q_rank or 0)
-    # the input's own gradient is not a weight's: torch counts dL/dx of the first projections too,
-    # which the convention's 6N (2N forward, 4N backward) already holds; so they agree exactly
-    assert counted == m.shape.train_flops(T) - 6 * gains
+    gains = s.kv_rank + (s.q_rank or 0)
+    assert counted == s.train_flops(T) - 6 * gains + 6 * H * s.rope_dim * T
 
 
 @pytest.mark.parametrize("mode", ["absorbed", "plain"])
 def test_decode_flops_are_the_counted_matmuls(mode):
-    """One decode step attending to S positions, against torch's FLOP counter."""
-    from ablate.model.mla import decode_mode
-
-    spec = make_spec()
-    m = MultiHeadLatentAttention(spec).eval()
+    """One decode step attending to S positions, against torch's FLOP counter (the plain path's
+    values padded as in training: 2 * H * r * S more)."""
+    spec = make_spec({"decode": mode})
+    m = build(spec).eval()
     S = 20
 
     class Held:  # a cache already holding S - 1 positions
@@ -198,44 +190,103 @@ def test_decode_flops_are_the_counted_matmuls(mode):
             return {"latent": torch.cat([torch.randn(1, 1, S - 1, latent.shape[-1]), latent], dim=2)}
 
     m.kv_cache = Held()
-    ctx = AttnContext(rope=tuple(t[-1:] for t in rope_tables(S, m.shape.rope_dim, spec.rope_base, None)))
-    with torch.no_grad(), decode_mode(m, mode):
-        counted = counted_flops(lambda: m(torch.randn(1, 1, D), ctx))
-    assert counted == m.shape.decode_flops(S, absorbed=mode == "absorbed")
-
-
-@pytest.mark.parametrize("q_rank,bias", [(None, False), (12, True)])
-def test_a_layer_equals_hf_deepseek_v3_attention_with_copied_weights(q_rank, bias):
-    """HF's DeepseekV3Attention (rope_interleave=False: the half-split layout) given our weights,
-    rows reordered to its per-head layout (ablate/hf/weights.py: per_head_rows)."""
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_ds
-
-    from ablate.hf.weights import per_head_rows
-
-    spec = make_spec(bias=bias, rope_base=500.0)
-    m = sharpened(MultiHeadLatentAttention(spec, q_rank=q_rank), std=0.3).eval()
-    s = m.shape
-    config = transformers.DeepseekV3Config(
-        hidden_size=D, num_attention_heads=H, num_key_value_heads=H, kv_lora_rank=s.kv_rank, q_lora_rank=q_rank,
-        qk_rope_head_dim=s.rope_dim, qk_nope_head_dim=s.head_dim, v_head_dim=s.head_dim, rope_interleave=False,
-        attention_bias=bias, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
-    config._attn_implementation = "eager"
-    theirs = hf_ds.DeepseekV3Attention(config, layer_idx=0).eval()
-    q_rows, kv_rows = list(per_head_rows(H, (s.head_dim, s.rope_dim))), list(per_head_rows(H, (s.head_dim,) * 2))
-    state = {"kv_a_proj_with_mqa.weight": m.kv_a.weight, "kv_a_layernorm.weight": m.kv_norm.weight,
-             "kv_b_proj.weight": m.kv_b.weight[kv_rows], "o_proj.weight": m.proj.weight}
-    if q_rank is None:
-        state["q_proj.weight"] = m.q.weight[q_rows]
-    else:
-        state.update({"q_a_proj.weight": m.q_a.weight, "q_a_layernorm.weight": m.q_norm.weight,
-                      "q_b_proj.weight": m.q_b.weight[q_rows]})
-    if bias:
-        state.update({"q_a_proj.bias": m.q_a.bias, "kv_a_proj_with_mqa.bias": m.kv_a.bias, "o_proj.bias": m.proj.bias})
-    theirs.load_state_dict(state, strict=True)
-    T = 12
-    x = torch.randn(2, T, D)
-    cos_sin = hf_ds.DeepseekV3RotaryEmbedding(config)(x, torch.arange(T)[None])
-    causal = torch.full((T, T), float("-inf")).triu(1)[None, None]
+    ctx = ctx_at(spec, S - 1, 1)
     with torch.no_grad():
-        torch.testing.assert_close(m(x, ctx_for(m, spec, T)), theirs(x, cos_sin, causal)[0], rtol=1e-5, atol=1e-5)
+        counted = counted_flops(lambda: m(torch.randn(1, 1, D), ctx))
+    padding = 0 if mode == "absorbed" else 2 * H * m.shape.rope_dim * S
+    assert counted == m.shape.decode_flops(S, absorbed=mode == "absorbed") + padding
+
+
+@pytest.mark.parametrize("settings,pos", [({}, "rope"), (dict(q_rank=12, kv_rank=10, rope_dim=6), "rope"),
+                                          (dict(kv_rank=12), "alibi")])
+def test_decoding_from_the_latent_cache_equals_the_full_forward_pass_and_the_paper(settings, pos):
+    """A prefill of 4 positions, then one token per step into the layer's declared cache, which
+    holds kv_rank + rope_dim numbers per position: absorbed and plain decoding both give the full
+    forward pass, which is the paper's, with attention far from uniform over many keys."""
+    spec = make_spec(settings, pos=pos)
+    m = sharpened(build(spec)).eval()
+    s, T = m.shape, 32
+    x = torch.randn(2, T, D)
+    layout = options.get("attn", spec.attn).cache_layout(spec, 0)
+    assert layout.bytes_per_position(1) == s.kv_rank + s.rope_dim
+    with torch.no_grad():
+        full = m(x, ctx_at(spec, 0, T))
+        for b in range(2):
+            ref, probs = paper_mla(m, x[b], spec.rope_base, 1 / math.sqrt(s.qk_dim), pos == "alibi")
+            assert probs[:, 16:].amax(-1).mean() > 0.5
+            torch.testing.assert_close(full[b].double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        for mode in DECODE_MODES:
+            m.decode = mode
+            m.kv_cache = LayerCache(layout, batch=2, capacity=T, dtype=torch.float32, device=torch.device("cpu"))
+            steps = [m(x[:, :4], ctx_at(spec, 0, 4))] + [m(x[:, t:t + 1], ctx_at(spec, t, 1)) for t in range(4, T)]
+            m.kv_cache = None
+            torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5 * full.abs().max().item())
+
+
+def test_a_models_cache_holds_each_layers_latent_and_rope_key_and_decodes_absorbed_by_default():
+    from ablate.model.transformer import build_model
+
+    spec = make_spec(dict(q_rank=12, kv_rank=10, rope_dim=6), n_layers=2, act="swiglu")
+    model = build_model(spec, seed=0).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(20.0 if p.ndim == 2 else 1.0)  # sharp attention: std 0.4
+    assert {b.attn.decode for b in model.blocks} == {"absorbed"}  # what sample and bench --decode use
+    cache = KVCache.for_model(model, batch=2, capacity=12)
+    assert [tuple(t.shape) for t in cache.layers[0].tensors.values()] == [(2, 1, 12, 10 + 6)]
+    assert cache.bytes() == 2 * 2 * 12 * (10 + 6) * 4 == kv_cache_bytes_per_token(spec, 4) * 2 * 12
+    idx = torch.randint(0, spec.vocab_size, (2, 12))
+    with torch.no_grad():
+        full = model(idx).logits
+        steps = [model.decode(idx[:, :3], cache)] + [model.decode(idx[:, t:t + 1], cache) for t in range(3, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("rope_dim", [None, 4])
+def test_under_mup_each_part_of_the_score_and_each_matrix_follows_its_own_width(rope_dim):
+    """Width 64 against a base of 32 (head_dim 16 against 8). The content part q_C . k_C takes
+    muP's 1/width attention; the rope part the same when rope_dim is derived (it grows with the
+    width) and its base scale when rope_dim is fixed. Every matrix gets the fan-in rule: a fixed
+    rank is a finite fan-in (sp's init and LR: muP's input-layer rule)."""
+    from ablate.model.transformer import Transformer
+
+    settings = {"kv_rank": 24, "rope_dim": rope_dim}
+    spec = make_spec(settings, d_model=64, param="mup", base_width=32)
+    m = build(spec)
+    base_qk = 8 + (4 if rope_dim is None else rope_dim)
+    assert m.scale == pytest.approx(base_qk ** -0.5 * 8 / 16)
+    rope_scale = base_qk ** -0.5 * (4 / 8 if rope_dim is None else 1.0)
+    assert m.scale * m.rope_gain == pytest.approx(rope_scale)
+    with torch.device("meta"):
+        rules = Transformer(spec).param_rules
+    lr = {name.split(".")[3]: rules[name].lr_mult for name in rules if name.startswith("blocks.0.attn.")
+          and name.endswith("weight") and rules[name].fan_in is not None}
+    assert lr == {"q": 0.5, "kv_a": 0.5, "kv_b": 1.0, "proj": 0.5}  # kv_b reads the fixed kv_rank
+
+
+def test_the_deepseek_dense_preset_is_the_llama_block_with_mla_and_exports():
+    from ablate import hf
+    from conftest import compose
+
+    spec = ModelSpec.from_config(compose(["arch=deepseek_dense"]))
+    llama = ModelSpec.from_config(compose(["arch=llama"]))
+    assert spec.attn == "mla" and LatentShape.for_spec(spec).kv_rank == 4 * spec.head_dim
+    assert {k: v for k, v in spec.to_dict().items() if k not in ("attn", "n_kv_heads", "settings")} == \
+        {k: v for k, v in llama.to_dict().items() if k not in ("attn", "n_kv_heads", "settings")}
+    assert hf.family_for(spec).model_type == "deepseek_v3"
+
+
+def test_the_equal_kv_bytes_studys_mla_caches_what_gqa_does():
+    """conf/study/equal_kv_bytes.yaml: each job composed on the study's preset; MLA's kv_rank +
+    rope_dim is GQA's 2 x n_kv_heads x head_dim, MQA's cache is smaller, MHA's larger."""
+    from pathlib import Path
+
+    import yaml
+
+    from conftest import compose
+
+    study = yaml.safe_load((Path(__file__).parents[1] / "conf/study/equal_kv_bytes.yaml").read_text())
+    preset = [f"{k.removeprefix('override /')}={v}" for d in study["defaults"] for k, v in d.items()]
+    kv = {job["name"]: kv_cache_bytes_per_token(ModelSpec.from_config(compose([*preset, *job["overrides"]])))
+          for job in study["hydra"]["sweeper"]["jobs"]}
+    assert kv["mla"] == kv["gqa"] and kv["mqa"] < kv["gqa"] < kv["mha"]

@@ -38,6 +38,7 @@ from ablate.errors import ConfigError
 
 Spec = Any  # ablate.model.spec.ModelSpec (torch-free, but imports the declarations)
 LATENT_NORM_EPS = 1e-6  # DeepSeek's q_a / kv_a RMSNorm eps (HF DeepseekV3 fixes it)
+DECODE_MODES = ("absorbed", "plain")  # attn.decode: how a decode step attends (ablate/model/mla.py)
 
 
 def derived_kv_rank(head_dim: int) -> int:
@@ -89,8 +90,7 @@ class LatentShape:
     @classmethod
     def for_spec(cls, spec: Spec) -> "LatentShape":
         """The shape of an attn=mla spec's layers, from its attn settings."""
-        given = spec.settings.of("attn")
-        return cls.of(spec, **{key: given.get(key) for key in ("kv_rank", "q_rank", "rope_dim")})
+        return cls.of(spec, **ranks_of(spec))
 
     @property
     def qk_dim(self) -> int:
@@ -154,6 +154,18 @@ class LatentShape:
             per_position = c * 2 * H * hd + H * (hd + r) + H * hd  # up-projection, scores, values
         return 2 * (per_step + per_position * context)
 
+    def details(self, scales: tuple[float, float], context: int) -> dict[str, Any]:
+        """What `ablate inspect` shows of one layer: the resolved ranks, the logit scales
+        (content, rope: shape_and_scales), parameters by projection, and one decode step's
+        FLOPs at `context` positions, absorbed and plain."""
+        content, rope = scales
+        return {"head_dim": self.head_dim, "kv_rank": self.kv_rank, "q_rank": self.q_rank,
+                "rope_dim": self.rope_dim, "qk_dim": self.qk_dim, "cache_per_position": self.cache_width,
+                "logit_scale": content, **({"rope_logit_scale": rope} if rope != content else {}),
+                "params_by_projection": self.projections(), "context": context,
+                "decode_flops_absorbed": self.decode_flops(context, absorbed=True),
+                "decode_flops_plain": self.decode_flops(context, absorbed=False)}
+
     def logit_scales(self, base: Optional["LatentShape"] = None) -> tuple[float, float]:
         """(content, rope): the scales of q_C . k_C and of q_R . k_R in the score. Both are
         1 / sqrt(head_dim + rope_dim) (DeepSeek-V2). Under muP (`base`: the base model's shape,
@@ -166,3 +178,22 @@ class LatentShape:
         if base is None:
             return sp, sp
         return sp * base.head_dim / self.head_dim, sp * base.rope_dim / self.rope_dim if self.rope_dim else sp
+
+
+def ranks_of(spec: Spec) -> dict[str, Optional[int]]:
+    """An attn=mla spec's rank settings (null: derived)."""
+    given = spec.settings.of("attn")
+    return {key: given.get(key) for key in ("kv_rank", "q_rank", "rope_dim")}
+
+
+def shape_and_scales(spec: Spec, width_rules: bool, kv_rank: Optional[int] = None, q_rank: Optional[int] = None,
+                     rope_dim: Optional[int] = None) -> tuple[LatentShape, tuple[float, float]]:
+    """A layer's widths and its logit scales, (content, rope) (LatentShape.logit_scales): with
+    muP's width rules (`width_rules`, the param option's) away from the base width, against the
+    base model's widths (model.base_width / n_heads per head, as muP's attention scale)."""
+    shape = LatentShape.of(spec, kv_rank, q_rank, rope_dim)
+    base_head_dim = spec.base_width // spec.n_heads
+    base = None
+    if width_rules and base_head_dim != shape.head_dim:
+        base = LatentShape.of(spec, kv_rank, q_rank, rope_dim, head_dim=base_head_dim)
+    return shape, shape.logit_scales(base)

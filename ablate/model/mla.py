@@ -19,45 +19,32 @@ default (DeepSeek-V2's "absorb W_UK into W_UQ and W_UV into W_O", done per step 
 
 so the step is MQA with one key head of width kv_rank + rope_dim (the cache itself), whose value
 is the key's first kv_rank dims, at the scale 1/sqrt(head_dim + rope_dim); its cost does not
-grow with head_dim x kv_rank per cached position. The plain path (`decode_mode(model, "plain")`)
-up-projects every cached latent at each step, as HF's DeepseekV3 does; a prefill of several
-tokens always takes it (its keys, built once, serve all its queries: cheaper than T latent scores).
+grow with head_dim x kv_rank per cached position. The plain path (attn.decode=plain) up-projects
+every cached latent at each step, as HF's DeepseekV3 does; a prefill of several tokens always
+takes it (its keys, built once, serve all its queries: cheaper than T latent scores).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
-from torch import nn
+import torch.nn.functional as F
 
-from ablate.model.attention import Attention
-from ablate.model.latent import LATENT_NORM_EPS, LatentShape
+from ablate.model import options
+from ablate.model.attention import Attention, future_mask
+from ablate.model.latent import LATENT_NORM_EPS, shape_and_scales
 from ablate.model.norms import RMSNorm
-from ablate.model.parametrization import Parametrization
 from ablate.model.positions import AttnContext, apply_rope
 from ablate.model.roles import Role, linear
 from ablate.model.spec import ModelSpec
 
-DECODE_MODES = ("absorbed", "plain")
-
-
-def latent_shape(spec: ModelSpec, kv_rank: Optional[int] = None, q_rank: Optional[int] = None,
-                 rope_dim: Optional[int] = None) -> tuple[LatentShape, tuple[float, float]]:
-    """The layer's widths and its logit scales, (content, rope) (LatentShape.logit_scales; muP:
-    against the base model's widths)."""
-    shape = LatentShape.of(spec, kv_rank, q_rank, rope_dim)
-    base = None
-    if Parametrization.of(spec).attn_scale is not None:  # muP, away from the base width
-        base = LatentShape.of(spec, kv_rank, q_rank, rope_dim, head_dim=spec.base_width // spec.n_heads)
-    return shape, shape.logit_scales(base)
-
 
 class MultiHeadLatentAttention(Attention):
     def __init__(self, spec: ModelSpec, layer: int = 0, kv_rank: Optional[int] = None,
-                 q_rank: Optional[int] = None, rope_dim: Optional[int] = None):
-        shape, (scale, rope_scale) = latent_shape(spec, kv_rank, q_rank, rope_dim)
+                 q_rank: Optional[int] = None, rope_dim: Optional[int] = None, decode: str = "absorbed"):
+        width_rules = options.get("param", spec.param).width  # muP: each part's own width
+        shape, (scale, rope_scale) = shape_and_scales(spec, width_rules, kv_rank, q_rank, rope_dim)
         super().__init__(spec, scale)
         # q_R . k_R's scale relative to q_C . k_C's: 1 but under muP with a fixed rope_dim
         self.rope_gain = rope_scale / scale
@@ -75,7 +62,7 @@ class MultiHeadLatentAttention(Attention):
         self.kv_norm = RMSNorm(c, eps=LATENT_NORM_EPS)
         self.kv_b = linear(c, 2 * H * hd, False, Role.INPUT, fused=s.kv_b_parts)  # [W_UK; W_UV]
         self.proj = linear(H * hd, d, spec.bias, Role.OUTPUT)  # W_O
-        self.decode_mode = DECODE_MODES[0]  # how a cached one-token step attends (decode_mode())
+        self.decode = decode  # how a cached one-token step attends: absorbed | plain (attn.decode)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         s = self.shape
@@ -95,7 +82,7 @@ class MultiHeadLatentAttention(Attention):
             q_r = q_r * self.rope_gain
         if self.kv_cache is not None:  # decoding: every position's latent so far
             held = self.kv_cache.append(latent=torch.cat([latent, k_r], dim=-1))["latent"]  # (B, 1, S, c+r)
-            if T == 1 and self.decode_mode == "absorbed":
+            if T == 1 and self.decode == "absorbed":
                 y = self._absorbed(q_c, q_r, held, ctx)
             else:
                 y = self._plain(q_c, q_r, held[..., :c], held[..., c:], ctx)
@@ -112,29 +99,26 @@ class MultiHeadLatentAttention(Attention):
         k_c, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, S, hd) each
         k = torch.cat([k_c, k_r.expand(-1, s.n_heads, -1, -1)], dim=-1)  # (B, H, S, hd + r)
         q = torch.cat([q_c, q_r], dim=-1)  # (B, H, T, hd + r)
-        return self._attend(q, k, v, ctx)
+        if s.rope_dim:  # SDPA's fused kernels need values as wide as the keys (its fallback
+            v = F.pad(v, (0, s.rope_dim))  # builds the T x S scores: 6x slower at T 2048 on a CPU)
+        return self._attend(q, k, v, ctx)[..., :s.head_dim]
 
     def _absorbed(self, q_c, q_r, held, ctx: AttnContext) -> torch.Tensor:
-        """q_c (B, H, T, hd), q_r (B, H, T, r); held (B, 1, S, c + r): [latent | k_r] -> (B, H, T, hd)."""
+        """q_c (B, H, T, hd), q_r (B, H, T, r) at positions S - T .. S - 1; held (B, 1, S, c + r):
+        [latent | k_r] -> (B, H, T, hd). One key head for all: the heads are folded into the
+        queries, so the cache is read once, never repeated per head."""
         s = self.shape
-        w_uk, w_uv = self.kv_b.weight.view(2, s.n_heads, s.head_dim, s.kv_rank).unbind(0)  # (H, hd, c) each
+        B, H, T, _ = q_c.shape
+        S, c = held.shape[2], s.kv_rank
+        w_uk, w_uv = self.kv_b.weight.view(2, H, s.head_dim, c).unbind(0)  # (H, hd, c) each
         q = torch.cat([q_c @ w_uk, q_r], dim=-1)  # (B, H, T, c + r): W_UK^T q_C, then q_R
-        y = self._attend(q, held, held[..., :s.kv_rank], ctx)  # (B, H, T, c): weighted latents
+        scores = (q.reshape(B, 1, H * T, c + s.rope_dim) @ held.transpose(-2, -1)).view(B, H, T, S) * self.scale
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
+        if ctx.bias is not None:  # ALiBi's, causal -inf included
+            scores = scores + ctx.bias
+        else:
+            scores = scores.masked_fill(future_mask(T, S, q.device), float("-inf"))
+        probs = scores.softmax(dim=-1).reshape(B, 1, H * T, S)
+        y = (probs @ held[..., :c]).view(B, H, T, c)  # the weighted latents
         return y @ w_uv.transpose(1, 2)  # (B, H, T, hd)
-
-
-@contextmanager
-def decode_mode(model: nn.Module, mode: str) -> Iterator[None]:
-    """Decode `model`'s MLA layers by `mode` ("absorbed", the default, or "plain") inside; a
-    model without MLA layers is unchanged."""
-    if mode not in DECODE_MODES:
-        raise ValueError(f"decode mode must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
-    layers = [m for m in model.modules() if isinstance(m, MultiHeadLatentAttention)]
-    before = [m.decode_mode for m in layers]
-    for m in layers:
-        m.decode_mode = mode
-    try:
-        yield
-    finally:
-        for m, old in zip(layers, before):
-            m.decode_mode = old
