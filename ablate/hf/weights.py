@@ -106,6 +106,18 @@ ROPE = (  # Llama, Qwen 3, Gemma 2
     W("blocks.{i}.attn.k_norm.weight", (_L + "self_attn.k_norm.weight",), gain=True, when="qk_norm"),
 )
 
+_A = _L + "self_attn."
+DEEPSEEK_V3 = tuple(e for e in ROPE if ".attn." not in e.ours) + (  # dense MLPs, pre-norm, MLA
+    W("blocks.{i}.attn.q.weight", (_A + "q_proj.weight",), heads="q", when="q_plain"),
+    W("blocks.{i}.attn.q_a.{p}", (_A + "q_a_proj.{p}",), when="q_latent"),
+    W("blocks.{i}.attn.q_norm.weight", (_A + "q_a_layernorm.weight",), when="q_latent"),
+    W("blocks.{i}.attn.q_b.weight", (_A + "q_b_proj.weight",), heads="q", when="q_latent"),
+    W("blocks.{i}.attn.kv_a.{p}", (_A + "kv_a_proj_with_mqa.{p}",)),
+    W("blocks.{i}.attn.kv_norm.weight", (_A + "kv_a_layernorm.weight",)),
+    W("blocks.{i}.attn.kv_b.weight", (_A + "kv_b_proj.weight",), heads="kv_b"),
+    W("blocks.{i}.attn.proj.{p}", (_A + "o_proj.{p}",)),
+)
+
 
 def tensor_maps(entries: tuple[W, ...], spec: ModelSpec, gain_offset: float = 0.0) -> list[TensorMap]:
     """A family's entries for one model: every layer, the bias where it has biases, and only the
