@@ -58,6 +58,18 @@ def test_kv_bytes_measured_from_the_cache_equal_inspects_formula(attn, precision
     assert r["precision"] == precision
 
 
+def test_mla_decodes_absorbed_against_plain_from_a_cache_of_its_latent_and_rope_key():
+    """attn=mla (head_dim 8: kv_rank 32, rope_dim 4) with --vs attn.decode=plain: the same cache,
+    (kv_rank + rope_dim) x layers x 4 bytes per token, both ways (fp32)."""
+    mla = DIMS + ["attn=mla", "pos=rope"]
+    r = d.bench_decode_variants(mla, [("attn.decode=plain", ["attn.decode=plain"])], [2], context=5, new_tokens=2,
+                                rounds=1, warmup=1)
+    row = r["rows"][0]
+    assert row["kv_cache_bytes_per_token"] == row["baseline"]["kv_cache_bytes_per_token"] == (32 + 4) * 2 * 4
+    assert row["kv_cache_ratio"] == 1 and row["ratio"] > 0
+    assert inspect_config(compose(mla), dtype="fp32")["kv_cache_bytes_per_token"] == (32 + 4) * 2 * 4
+
+
 def test_generation_decodes_one_token_per_sequence_per_step_into_its_cache():
     dm = d.build_decode_model(compose(DIMS), 10)
     gen = d.Generation("x", dm, batch=3, context=7, new_tokens=3, clock=lambda: 0.0)
