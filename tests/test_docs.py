@@ -48,7 +48,7 @@ PLACEHOLDERS = {
     "runs/sweeps/2026-11-22_14-10-03": "sweep", "runs/sweeps/2026-11-23_10-57-04": "sweep",
     "runs/lr_qk": "sweep", "runs/ladder_pos": "sweep", "runs/ladder_2x": "sweep", "runs/ladder_pos_lr": "sweep",
     "runs/docs/glu": "sweep", "runs/docs/norm_dyt": "sweep", "runs/pos_lengths": "sweep",
-    "runs/docs/qk_norm_x_norm": "sweep", "runs/docs/act_x_pos": "sweep",
+    "runs/docs/qk_norm_x_norm": "sweep", "runs/docs/act_x_pos": "sweep", "runs/equal_kv_bytes": "sweep",
     "runs": "root",
     "OUT_DIR": "out", "hf/llama": "out",
 }
