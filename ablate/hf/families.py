@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ablate.errors import ConfigError
 from ablate.hf.weights import DEEPSEEK_V3, GPT2, ROPE, TensorMap, tensor_maps
+from ablate.model.latent import LatentShape
 from ablate.model.spec import ModelSpec
 from ablate.registry import Registry
 
@@ -246,8 +247,6 @@ def _deepseek_v3_spec(c: Any) -> ModelSpec:
 
 
 def _deepseek_v3_config(spec: ModelSpec) -> Any:
-    from ablate.model.latent import LatentShape
-
     s = LatentShape.for_spec(spec)
     kw = _rope_config_kwargs(spec)
     kw.pop("head_dim")  # DeepseekV3 sets head_dim to qk_rope_head_dim itself

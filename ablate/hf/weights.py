@@ -59,8 +59,8 @@ SPLITS: dict[str, Callable[[ModelSpec], tuple[int, ...]]] = {
     "qkv": lambda s: (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.n_kv_heads * s.head_dim),
     "gate_up": lambda s: (s.d_ff, s.d_ff)}
 HEADS: dict[str, Callable[[ModelSpec], tuple[int, tuple[int, ...]]]] = {  # (heads, each head's parts' widths)
-    "q": lambda s: (s.n_heads, (LatentShape.for_spec(s).head_dim, LatentShape.for_spec(s).rope_dim)),
-    "kv_b": lambda s: (s.n_heads, (s.head_dim, s.head_dim))}
+    "q": lambda s: (s.n_heads, (s.head_dim, LatentShape.for_spec(s).rope_dim)),  # q_C, q_R
+    "kv_b": lambda s: (s.n_heads, (s.head_dim, s.head_dim))}  # keys, values
 
 
 def per_head_rows(n_heads: int, widths: tuple[int, ...]) -> tuple[int, ...]:

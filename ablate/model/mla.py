@@ -2,13 +2,15 @@
 
 Shapes, symbols, counts and costs are in ablate/model/latent.py. The forward pass:
 
-    h ─┬─ q (or q_a ─ q_norm ─ q_b) ─> [q_C | q_R] per head ─ RoPE on q_R ────────────┐
-       └─ kv_a ─> [latent | k_R] ─ kv_norm on the latent, RoPE on k_R ─> cache ─┬─ plain: kv_b ─> k_C, v per head;
-                                                                               │  scores (q_C.k_C + q_R.k_R) / sqrt(hd + r)
-                                                                               └─ absorbed: scores against the latent
+    h -> q (or q_a -> q_norm -> q_b) -> per head [q_C | q_R], RoPE on q_R
+    h -> kv_a -> [latent | k_R] -> kv_norm on the latent, RoPE on k_R -> (the decode cache)
+         plain:    kv_b(latent) -> per head k_C, v; score (q_C.k_C + q_R.k_R) / sqrt(hd + r)
+         absorbed: score ((W_UK^T q_C).latent + q_R.k_R) / sqrt(hd + r), W_UV after the sum
+    -> the heads' weighted values -> proj
 
 Training (no cache) takes the plain path through SDPA: keys [k_C | k_R] (the one rope key
-broadcast to every head), values v, scale 1/sqrt(head_dim + rope_dim).
+broadcast to every head), values v zero-padded to the keys' width (SDPA's fused kernels need
+equal widths), scale 1/sqrt(head_dim + rope_dim).
 
 Decoding caches one tensor per layer, `latent` = [normed latent | rotated k_R], (B, 1, positions,
 kv_rank + rope_dim): never per-head keys or values. A decode step (one new token) is absorbed by

@@ -138,13 +138,9 @@ def check_mla(spec) -> None:
     LatentShape.for_spec(spec)  # the ranks and rope_dim
 
 
-def _latent(spec) -> LatentShape:
-    return LatentShape.for_spec(spec)
-
-
 def _mla_details(spec, layer: int, seq_len: int) -> dict:
     scales = shape_and_scales(spec, get("param", spec.param).width, **ranks_of(spec))[1]
-    return _latent(spec).details(scales, seq_len)
+    return LatentShape.for_spec(spec).details(scales, seq_len)
 
 
 register_option(
@@ -155,10 +151,11 @@ register_option(
     kv_heads=lambda n_heads, kv_group: n_heads,  # every head has its keys and values (from the latent)
     fits=lambda n_heads, n_kv: n_kv == n_heads, needs="model.n_kv_heads == model.n_heads={n_heads}",
     no_kv_heads="its keys and values are up-projected for every head from one latent per position (attn.kv_rank)",
-    params=lambda spec, layer: _latent(spec).params(),
-    flops=lambda spec, layer, seq_len: _latent(spec).train_flops(seq_len),
-    cache=lambda spec, layer: CacheLayout((CacheTensor("latent", (1, _latent(spec).cache_width), 1),)),
-    rope_width=lambda spec: _latent(spec).rope_dim,
+    params=lambda spec, layer: LatentShape.for_spec(spec).params(),
+    flops=lambda spec, layer, seq_len: LatentShape.for_spec(spec).train_flops(seq_len),
+    # one tensor (B, 1, positions, kv_rank + rope_dim): [normed latent | rotated rope key]
+    cache=lambda spec, layer: CacheLayout((CacheTensor("latent", (1, LatentShape.for_spec(spec).cache_width), 1),)),
+    rope_width=lambda spec: LatentShape.for_spec(spec).rope_dim,
     check=check_mla,
     details=_mla_details,
     flops_formula=("6*N + 6*L*n_heads*(2*head_dim + rope_dim)*T (PaLM appendix B's convention, training = "
