@@ -101,14 +101,17 @@ def test_only_attn_alternates_each_option_with_the_baseline(monkeypatch):
     res = cli("bench", "--decode", *DIMS, "--batch", "1,2", *SHORT, "--rounds", "4", "--axes", "--only", "attn", "--json")
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout[res.stdout.index("{"):])["rows"]
-    assert [(r["variant"], r["batch"]) for r in rows] == [("attn=gqa", 1), ("attn=gqa", 2), ("attn=mqa", 1), ("attn=mqa", 2)]
+    assert [(r["variant"], r["batch"]) for r in rows] == [("attn=gqa", 1), ("attn=gqa", 2), ("attn=mla", 1), ("attn=mla", 2),
+                                                          ("attn=mqa", 1), ("attn=mqa", 2)]
     base, timed = "baseline", 2 * 4  # a warm-up of each, then 4 rounds of both
     for i, (variant, batch) in enumerate((r["variant"], r["batch"]) for r in rows):
         pair = order[i * (2 + timed):(i + 1) * (2 + timed)]
         assert {b for _, b in pair} == {batch}
         assert [label for label, _ in pair] == [base, variant] + [base, variant, variant, base] * 2  # ABBA
+    # MHA's 2 x 4 x 8 numbers per layer and token against each one's (MLA without rope: its latent, 4 x 8)
+    cached = {**{attn: 2 * n * 8 for attn, n in KV_HEADS.items()}, "mla": 4 * 8}
     for r in rows:
-        assert r["kv_cache_ratio"] == 4 / KV_HEADS[r["variant"].split("=")[1]]
+        assert r["kv_cache_ratio"] == cached["mha"] / cached[r["variant"].split("=")[1]]
         assert r["baseline"]["kv_cache_bytes"] == r["kv_cache_ratio"] * r["kv_cache_bytes"]
         assert r["ratio"] > 0 and len(r["round_ratios"]) == 4 and r["prefill_ratio"] > 0
         assert r["ratio_spread"] == pytest.approx(spread(r["round_ratios"]).relative)

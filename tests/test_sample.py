@@ -165,6 +165,7 @@ FAMILY_RUNS = {  # a run each family exports (ablate/hf/families.py)
     "qwen3": ["arch=llama", "model.n_heads=4", "qk_norm=on"],
     "gemma2": ["arch=llama", "norm_pos=sandwich", "act=geglu", "tie=tied", "attn=mha", "model.emb_scale=true",
                "model.attn_softcap=5.0", "model.logit_softcap=3.0"],
+    "deepseek_v3": ["arch=deepseek_dense"],  # sampled by absorption from the latent cache
 }
 
 
