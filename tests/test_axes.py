@@ -14,7 +14,8 @@ from conftest import TINY, compose, find_run_dirs, invoke_ablate, run_ablate
 DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
     "norm": {"layernorm", "rmsnorm", "dyt"}, "norm_pos": {"pre", "post", "sandwich", "reordered"},
     "act": {"relu", "gelu", "silu", "swiglu", "geglu", "reglu"},
-    "pos": {"learned", "sinusoidal", "rope", "alibi", "nope"}, "attn": {"mha", "gqa", "mqa"}, "ffn": {"dense", "moe"},
+    "pos": {"learned", "sinusoidal", "rope", "alibi", "nope"}, "attn": {"mha", "gqa", "mqa", "mla"},
+    "ffn": {"dense", "moe"},
     "tie": {"tied", "untied"}, "bias": {"on", "off"}, "dropout": {"off", "on"}, "qk_norm": {"off", "on"},
     "param": {"sp", "mup", "completep"},
 }

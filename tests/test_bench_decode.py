@@ -58,6 +58,18 @@ def test_kv_bytes_measured_from_the_cache_equal_inspects_formula(attn, precision
     assert r["precision"] == precision
 
 
+def test_mla_decodes_absorbed_against_plain_from_a_cache_of_its_latent_and_rope_key():
+    """attn=mla (head_dim 8: kv_rank 32, rope_dim 4) with --vs attn.decode=plain: the same cache,
+    (kv_rank + rope_dim) x layers x 4 bytes per token, both ways (fp32)."""
+    mla = DIMS + ["attn=mla", "pos=rope"]
+    r = d.bench_decode_variants(mla, [("attn.decode=plain", ["attn.decode=plain"])], [2], context=5, new_tokens=2,
+                                rounds=1, warmup=1)
+    row = r["rows"][0]
+    assert row["kv_cache_bytes_per_token"] == row["baseline"]["kv_cache_bytes_per_token"] == (32 + 4) * 2 * 4
+    assert row["kv_cache_ratio"] == 1 and row["ratio"] > 0
+    assert inspect_config(compose(mla), dtype="fp32")["kv_cache_bytes_per_token"] == (32 + 4) * 2 * 4
+
+
 def test_generation_decodes_one_token_per_sequence_per_step_into_its_cache():
     dm = d.build_decode_model(compose(DIMS), 10)
     gen = d.Generation("x", dm, batch=3, context=7, new_tokens=3, clock=lambda: 0.0)
@@ -89,14 +101,17 @@ def test_only_attn_alternates_each_option_with_the_baseline(monkeypatch):
     res = cli("bench", "--decode", *DIMS, "--batch", "1,2", *SHORT, "--rounds", "4", "--axes", "--only", "attn", "--json")
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout[res.stdout.index("{"):])["rows"]
-    assert [(r["variant"], r["batch"]) for r in rows] == [("attn=gqa", 1), ("attn=gqa", 2), ("attn=mqa", 1), ("attn=mqa", 2)]
+    assert [(r["variant"], r["batch"]) for r in rows] == [("attn=gqa", 1), ("attn=gqa", 2), ("attn=mla", 1), ("attn=mla", 2),
+                                                          ("attn=mqa", 1), ("attn=mqa", 2)]
     base, timed = "baseline", 2 * 4  # a warm-up of each, then 4 rounds of both
     for i, (variant, batch) in enumerate((r["variant"], r["batch"]) for r in rows):
         pair = order[i * (2 + timed):(i + 1) * (2 + timed)]
         assert {b for _, b in pair} == {batch}
         assert [label for label, _ in pair] == [base, variant] + [base, variant, variant, base] * 2  # ABBA
+    # MHA's 2 x 4 x 8 numbers per layer and token against each one's (MLA without rope: its latent, 4 x 8)
+    cached = {**{attn: 2 * n * 8 for attn, n in KV_HEADS.items()}, "mla": 4 * 8}
     for r in rows:
-        assert r["kv_cache_ratio"] == 4 / KV_HEADS[r["variant"].split("=")[1]]
+        assert r["kv_cache_ratio"] == cached["mha"] / cached[r["variant"].split("=")[1]]
         assert r["baseline"]["kv_cache_bytes"] == r["kv_cache_ratio"] * r["kv_cache_bytes"]
         assert r["ratio"] > 0 and len(r["round_ratios"]) == 4 and r["prefill_ratio"] > 0
         assert r["ratio_spread"] == pytest.approx(spread(r["round_ratios"]).relative)

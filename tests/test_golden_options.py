@@ -25,20 +25,21 @@ CASES = [
     "norm_pos=pre", "norm_pos=post", "norm_pos=sandwich", "norm_pos=reordered",
     "act=relu", "act=gelu", "act=silu", "act=swiglu", "act=geglu", "act=reglu",
     "pos=learned", "pos=sinusoidal", "pos=rope", "pos=alibi", "pos=nope",
-    "attn=mha", "attn=gqa", "attn=mqa",
+    "attn=mha", "attn=gqa", "attn=mqa", "attn=mla",
     "ffn=dense", "ffn=moe",
     "tie=tied", "tie=untied",
     "bias=on", "bias=off",
     "dropout=off", "dropout=on",
     "qk_norm=off", "qk_norm=on",
     "param=sp", "param=mup", "param=completep",
-    "arch=gpt2", "arch=llama", "arch=vaswani",
+    "arch=gpt2", "arch=llama", "arch=vaswani", "arch=deepseek_dense",
     # options interact in the counts: a few mixed variants (space-separated overrides)
     "model.parallel_block=true act=geglu", "model.mtp_heads=2 norm=rmsnorm", "norm_pos=post tie=untied",
     "norm_pos=sandwich bias=off qk_norm=on attn=mqa", "arch=llama model.d_model=256 model.n_heads=8",
     "param=mup model.d_model=256 model.base_width=64 arch=llama",
     "param=completep model.n_layers=8 model.base_depth=2 model.base_width=64",
     "arch=llama ffn=moe ffn.experts=4 ffn.top_k=1 ffn.dense_first=1 param=mup model.base_width=64",
+    "attn=mla pos=rope attn.q_rank=32 attn.kv_rank=48 attn.rope_dim=8", "arch=deepseek_dense param=mup model.d_model=256 model.base_width=128",
 ]
 
 

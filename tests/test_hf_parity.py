@@ -37,6 +37,11 @@ CASES = {  # name -> (HF family, ModelSpec fields)
     "gemma2": ("gemma2", dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
                               norm_pos="sandwich", emb_scale=True, attn_softcap=5.0, logit_softcap=3.0,
                               norm_eps=1e-6)),
+    # Multi-head Latent Attention, dense MLPs: plain query, and compressed query (q_rank)
+    "deepseek-mla": ("deepseek_v3", dict(LLAMA, n_kv_heads=4, attn="mla",
+                                          settings={"attn": {"kv_rank": 24, "rope_dim": 4}})),
+    "deepseek-mla-q-latent": ("deepseek_v3", dict(LLAMA, n_kv_heads=4, attn="mla", tied=True,
+                                                   settings={"attn": {"kv_rank": 10, "q_rank": 12, "rope_dim": 6}})),
 }
 
 
@@ -112,13 +117,14 @@ ALTERNATIVES = {
     "act": ["relu", "gelu", "silu", "swiglu", "geglu", "reglu"],
     "pos": ["learned", "sinusoidal", "rope", "alibi", "nope"], "rope_base": [100.0],
     # attn: by default the option n_kv_heads names (the n_kv_heads alternatives); another is refused
-    "attn": ["mha", "gqa", "mqa"], "ffn": ["dense", "moe"], "ffn_multiple_of": [8],
+    "attn": ["mha", "gqa", "mqa", "mla"], "ffn": ["dense", "moe"], "ffn_multiple_of": [8],
     "tied": [True, False], "bias": [True, False], "dropout": [0.1], "attn_dropout": [0.0, 0.2],
     "qk_norm": [True, False], "init": ["xavier"],
     "init_std": [0.05], "depth_scaled_init": [False], "emb_scale": [True, False],
     "parallel_block": [True], "z_loss": [1e-3], "attn_softcap": [0.5], "logit_softcap": [0.5],
     "act_clamp": [1e-3], "mtp_heads": [1], "mtp_weight": [0.5], "tokenizer_vocab": [90],
-    "settings": [{"norm": {"alpha0": 1.0}}],  # with the families' norms: refused by the spec
+    # with the families' norms: refused by the spec; attn's: MLA's own ranks (refused by the others)
+    "settings": [{"norm": {"alpha0": 1.0}}, {"attn": {"kv_rank": 7, "decode": "plain"}}],
     # sp ignores the base shape (exports exactly); mup and completep are refused by every family
     "param": ["mup", "completep"], "base_width": [16], "base_depth": [1], "base_d_ff": [20],
 }
@@ -217,3 +223,11 @@ def test_transformers_older_than_v5_is_refused_in_one_line(monkeypatch):
     spec = ModelSpec(**{**BASE, **CASES["llama-gqa"][1]})
     with pytest.raises(ConfigError, match=r"needs transformers>=5 .*found 4\.46\.3"):
         hf.to_hf_model(Transformer(spec))
+
+
+def test_mla_with_what_deepseek_v3_cannot_hold_is_refused_by_its_keys():
+    spec = ModelSpec(**{**BASE, **CASES["deepseek-mla"][1], "norm": "layernorm"})
+    with pytest.raises(ConfigError) as e:
+        hf.to_hf(Transformer(spec))
+    assert str(e.value) == ("no Hugging Face family matches this architecture: the closest, deepseek_v3, "
+                            "differs in norm='layernorm' (needs 'rmsnorm')")

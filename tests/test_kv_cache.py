@@ -111,7 +111,7 @@ def test_plugin_options_decode_with_the_cache(own_registry):
 
 def test_the_cache_holds_kv_heads_only_and_its_bytes_are_its_tensors():
     sizes = {}
-    for attn in options.names("attn"):
+    for attn in ("mha", "gqa", "mqa"):  # MLA's cache of latents: tests/test_mla.py
         spec = ModelSpec.from_config(compose([*SIZE, f"attn={attn}"]))
         model = model_of(spec)
         cache = KVCache.for_model(model, batch=3, capacity=10)

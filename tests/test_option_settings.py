@@ -64,7 +64,9 @@ def test_dyt_replaces_the_norm_of_every_preset(arch):
     cfg = compose(SMALL + [f"arch={arch}", "norm=dyt", "model.n_heads=4"])  # gqa: 2 KV heads
     spec = ModelSpec.from_config(cfg)
     model = build_model(spec)
-    layer_norms = [m for m in model.modules() if m.__class__.__name__ in ("LayerNorm", "RMSNorm")]
+    # (MLA's latent norms are RMSNorms whatever the norm axis: DeepSeek's, part of its attention)
+    layer_norms = [m for name, m in model.named_modules() if m.__class__.__name__ in ("LayerNorm", "RMSNorm")
+                   and not name.endswith(("attn.kv_norm", "attn.q_norm"))]
     assert cfg.norm.name == "dyt" and dyts(model) and not layer_norms
     assert all((n.bias is not None) == spec.bias for n in dyts(model))
 

@@ -174,6 +174,7 @@ FAMILY_RUNS = {  # a run each family exports (ablate/hf/families.py)
     "mixtral": ["arch=llama", "model.n_heads=4", "ffn=moe", "ffn.renorm=true"],
     "gemma2": ["arch=llama", "norm_pos=sandwich", "act=geglu", "tie=tied", "attn=mha", "model.emb_scale=true",
                "model.attn_softcap=5.0", "model.logit_softcap=3.0"],
+    "deepseek_v3": ["arch=deepseek_dense"],  # sampled by absorption from the latent cache
 }
 
 

@@ -20,6 +20,8 @@ def to_hf(model, family: Optional[str] = None):
     maps = fam.tensor_maps(spec)
     for m in maps:
         t = ours[m.ours].detach() - m.offset
+        if m.rows is not None:
+            t = t[list(m.rows)]
         parts = t.split(list(m.sizes), dim=0) if m.sizes else (t,)
         for key, p in zip(m.theirs, parts):
             out[key] = (p.t() if m.transpose and p.ndim == 2 else p).contiguous().clone()
@@ -68,7 +70,10 @@ def from_hf(hf_model, **spec_changes):
     for m in fam.tensor_maps(spec):
         parts = [theirs[k].detach() for k in m.theirs]
         parts = [p.t() if m.transpose and p.ndim == 2 else p for p in parts]
-        state[m.ours] = torch.cat(parts, dim=0) + m.offset
+        t = torch.cat(parts, dim=0) + m.offset
+        if m.rows is not None:  # back to our row order
+            t = t[torch.tensor(m.rows).argsort()]
+        state[m.ours] = t
     model = Transformer(spec)
     _load_strict(model, state)
     return model.eval()

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from ablate.errors import ConfigError
-from ablate.hf.weights import GPT2, ROPE, TensorMap, tensor_maps
+from ablate.hf.weights import DEEPSEEK_V3, GPT2, ROPE, TensorMap, tensor_maps
+from ablate.model.latent import LatentShape
 from ablate.model.moe_spec import MoESettings, expert_width
 from ablate.model.spec import ModelSpec
 from ablate.registry import Registry
@@ -88,8 +89,8 @@ def _rope_theta(c: Any) -> float:
     return float(params.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
 
 
-def _check_head_dim(c: Any) -> None:
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+def _check_head_dim(c: Any, head_dim: Optional[int] = None) -> None:
+    head_dim = head_dim or getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     if head_dim * c.num_attention_heads != c.hidden_size:
         raise ConfigError(
             f"HF model has head_dim={head_dim} with {c.num_attention_heads} heads != hidden_size="
@@ -105,8 +106,8 @@ def _rope_config_kwargs(spec: ModelSpec) -> dict:
                 rope_parameters={"rope_type": "default", "rope_theta": spec.rope_base})
 
 
-def _rope_spec_kwargs(c: Any) -> dict:
-    _check_head_dim(c)
+def _rope_spec_kwargs(c: Any, head_dim: Optional[int] = None) -> dict:
+    _check_head_dim(c, head_dim)
     return dict(vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
                 n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
                 d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
@@ -314,12 +315,54 @@ FAMILIES.add("gemma2", Family(
     _gemma2_spec, _gemma2_config, ROPE, gain_offset=1.0))
 
 
+# ---- DeepSeek-V3 with dense MLPs (attn=mla) ----------------------------------------------------
+def _deepseek_v3_spec(c: Any) -> ModelSpec:
+    hd = c.hidden_size // c.num_attention_heads
+    moe = c.first_k_dense_replace is None or c.first_k_dense_replace < c.num_hidden_layers
+    why = ("MoE layers (first_k_dense_replace < num_hidden_layers)" if moe else
+           f"hidden_act={c.hidden_act!r}" if c.hidden_act != "silu" else
+           "attention_bias (DeepseekV3's MLPs have none)" if c.attention_bias else
+           "rope_interleave=True (ablate's RoPE is the half-split layout)" if c.rope_interleave else
+           f"num_key_value_heads={c.num_key_value_heads} != num_attention_heads" if
+           c.num_key_value_heads not in (None, c.num_attention_heads) else
+           f"qk_nope_head_dim={c.qk_nope_head_dim} / v_head_dim={c.v_head_dim} != hidden_size / heads = {hd}"
+           if not c.qk_nope_head_dim == c.v_head_dim == hd else "")
+    if why:
+        raise ConfigError(f"HF DeepseekV3 with {why} is not supported")
+    kw = _rope_spec_kwargs(c, head_dim=hd)  # its config's head_dim is the rope dim
+    return ModelSpec(**kw, norm_pos="pre", act="swiglu", bias=False, attn="mla",
+                     settings={"attn": {"kv_rank": c.kv_lora_rank, "q_rank": c.q_lora_rank,
+                                        "rope_dim": c.qk_rope_head_dim}},
+                     dropout=float(c.attention_dropout or 0.0))
+
+
+def _deepseek_v3_config(spec: ModelSpec) -> Any:
+    s = LatentShape.for_spec(spec)
+    kw = _rope_config_kwargs(spec)
+    kw.pop("head_dim")  # DeepseekV3 sets head_dim to qk_rope_head_dim itself
+    return transformers_module().DeepseekV3Config(
+        **kw, hidden_act="silu", attention_bias=False, initializer_range=spec.init_std,
+        kv_lora_rank=s.kv_rank, q_lora_rank=s.q_rank, qk_rope_head_dim=s.rope_dim,
+        qk_nope_head_dim=s.head_dim, v_head_dim=s.head_dim, rope_interleave=False,
+        first_k_dense_replace=spec.n_layers)  # every layer's MLP dense
+
+
+FAMILIES.add("deepseek_v3", Family(
+    "deepseek_v3", "DeepseekV3ForCausalLM",
+    # bias: DeepseekV3's MLPs have none (its attention_bias covers q_a, kv_a and o_proj only)
+    dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=False, emb_scale=False,
+         parallel_block=False, attn_softcap=None, logit_softcap=None,
+         **{k: v for k, v in NOT_IN_HF.items() if k != "settings"}),
+    _deepseek_v3_spec, _deepseek_v3_config, DEEPSEEK_V3,
+    # attn=mla's own settings (its ranks) are its config's; any other option's has no place
+    rules=(("settings", "no option settings but attn=mla's", lambda s: set(s.settings) <= {"attn"}),),
+    components={"attn": ("mla",), "ffn": ("dense",)}))
+
+
 # HF families asked for by name that no ablate model maps to, and why.
 UNMAPPED = {
     "olmoe": "OLMoE norms q and k over the whole projection width, always (ablate's qk_norm=on norms each "
              "head, as Qwen3-MoE does: export an MoE with qk_norm=on as qwen3_moe)",
-    "deepseek_v3": "DeepSeek-V3's router scores with a sigmoid and a selection bias, with shared experts "
-                   "(ffn=moe here: a softmax router without bias)",
 }
 
 

@@ -13,6 +13,9 @@ Layout differences the entries carry:
     (E, 2h, d) with rows [gate; up], down_proj (E, d, h)), the router is their `gate`; a layer
     holds its entries by kind (`layers`: "dense" FFN layers, "moe" layers; the dense_first ones
     are Qwen3-MoE's mlp_only_layers).
+  - MLA's query and kv_b projections hold each part for all heads in turn ([q_C of every head;
+    q_R of every head], [keys of every head; values of every head]: kv_b's two matrices stay
+    whole), DeepseekV3 each head's parts in turn: their rows are reordered (`heads`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ablate.model.latent import LatentShape
 from ablate.model.moe_spec import is_moe_layer
 from ablate.model.spec import ModelSpec
 
@@ -35,6 +39,7 @@ class TensorMap:
     sizes: Optional[tuple[int, ...]] = None  # row counts of the parts when theirs has several
     transpose: bool = False  # HF Conv1D: (in, out)
     offset: float = 0.0  # HF value = ours - offset (Gemma's 1 + w gains)
+    rows: Optional[tuple[int, ...]] = None  # HF row i is our row rows[i] (per-head layouts)
 
 
 @dataclass(frozen=True)
@@ -46,18 +51,32 @@ class W:
     split: str = ""  # "qkv" | "gate_up": the HF tensors are row blocks of ours
     transpose: bool = False
     gain: bool = False  # a norm gain: the family's gain offset applies
-    when: str = ""  # "untied" | "qk_norm" | "pre" | "sandwich": only in such models
+    when: str = ""  # "untied" | "qk_norm" | "pre" | "sandwich" | "q_plain" | "q_latent": only in such models
     layers: str = ""  # "dense" | "moe": only in the layers whose FFN is of that kind
+    heads: str = ""  # "q" | "kv_b": our rows are parts x heads, HF's heads x parts (per_head_rows)
 
 
 WHEN: dict[str, Callable[[ModelSpec], bool]] = {
     "": lambda s: True, "untied": lambda s: not s.tied, "qk_norm": lambda s: s.qk_norm,
-    "pre": lambda s: s.norm_pos == "pre", "sandwich": lambda s: s.norm_pos == "sandwich"}
+    "pre": lambda s: s.norm_pos == "pre", "sandwich": lambda s: s.norm_pos == "sandwich",
+    "q_plain": lambda s: LatentShape.for_spec(s).q_rank is None,
+    "q_latent": lambda s: LatentShape.for_spec(s).q_rank is not None}
 LAYERS: dict[str, Callable[[ModelSpec, int], bool]] = {
     "": lambda s, i: True, "dense": lambda s, i: not is_moe_layer(s, i), "moe": is_moe_layer}
 SPLITS: dict[str, Callable[[ModelSpec], tuple[int, ...]]] = {
     "qkv": lambda s: (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.n_kv_heads * s.head_dim),
     "gate_up": lambda s: (s.d_ff, s.d_ff)}
+HEADS: dict[str, Callable[[ModelSpec], tuple[int, tuple[int, ...]]]] = {  # (heads, each head's parts' widths)
+    "q": lambda s: (s.n_heads, (s.head_dim, LatentShape.for_spec(s).rope_dim)),  # q_C, q_R
+    "kv_b": lambda s: (s.n_heads, (s.head_dim, s.head_dim))}  # keys, values
+
+
+def per_head_rows(n_heads: int, widths: tuple[int, ...]) -> tuple[int, ...]:
+    """The row order taking our layout, part by part ([part 0 of every head; part 1 of every
+    head; ...], each part n_heads x width rows), to one head after another ([head 0's parts;
+    head 1's parts; ...]): row i of the latter is row rows[i] of ours."""
+    starts = [n_heads * sum(widths[:p]) for p in range(len(widths))]
+    return tuple(starts[p] + h * w + j for h in range(n_heads) for p, w in enumerate(widths) for j in range(w))
 
 _H = "transformer.h.{i}."
 GPT2 = (
@@ -99,6 +118,18 @@ ROPE = (  # Llama, Qwen 3, Gemma 2
     W("blocks.{i}.attn.k_norm.weight", (_L + "self_attn.k_norm.weight",), gain=True, when="qk_norm"),
 )
 
+_A = _L + "self_attn."
+DEEPSEEK_V3 = tuple(e for e in ROPE if ".attn." not in e.ours) + (  # dense MLPs, pre-norm, MLA
+    W("blocks.{i}.attn.q.weight", (_A + "q_proj.weight",), heads="q", when="q_plain"),
+    W("blocks.{i}.attn.q_a.{p}", (_A + "q_a_proj.{p}",), when="q_latent"),
+    W("blocks.{i}.attn.q_norm.weight", (_A + "q_a_layernorm.weight",), when="q_latent"),
+    W("blocks.{i}.attn.q_b.weight", (_A + "q_b_proj.weight",), heads="q", when="q_latent"),
+    W("blocks.{i}.attn.kv_a.{p}", (_A + "kv_a_proj_with_mqa.{p}",)),
+    W("blocks.{i}.attn.kv_norm.weight", (_A + "kv_a_layernorm.weight",)),
+    W("blocks.{i}.attn.kv_b.weight", (_A + "kv_b_proj.weight",), heads="kv_b"),
+    W("blocks.{i}.attn.proj.{p}", (_A + "o_proj.{p}",)),
+)
+
 
 def tensor_maps(entries: tuple[W, ...], spec: ModelSpec, gain_offset: float = 0.0) -> list[TensorMap]:
     """A family's entries for one model: every layer, the bias where it has biases, and only the
@@ -113,5 +144,6 @@ def tensor_maps(entries: tuple[W, ...], spec: ModelSpec, gain_offset: float = 0.
             for p in params if "{p}" in e.ours else ["weight"]:
                 out.append(TensorMap(e.ours.format(i=i, p=p), tuple(t.format(i=i, p=p) for t in e.theirs),
                                      SPLITS[e.split](spec) if e.split else None, e.transpose,
-                                     gain_offset if e.gain else 0.0))
+                                     gain_offset if e.gain else 0.0,
+                                     per_head_rows(*HEADS[e.heads](spec)) if e.heads else None))
     return out

@@ -125,15 +125,17 @@ def param_delta(cfg: Any, spec: ModelSpec) -> dict:
             "active_delta_pct": 100.0 * active / active_params(base_spec)}
 
 
-def parametrization_report(spec: ModelSpec) -> dict:
+def parametrization_report(spec: ModelSpec, attn: Optional[dict] = None) -> dict:
     """The parametrization (axis `param`): its multipliers, and under mup / completep each rule
-    row's init std and LR multiplier (ablate/model/parametrization.py; built on the meta device)."""
+    row's init std and LR multiplier (ablate/model/parametrization.py; built on the meta device).
+    attn: the attention's own details, when it scales its logits itself (MLA's `logit_scale`)."""
     from ablate.model.parametrization import ADAM_EPS, Parametrization, rule_rows
 
     p = Parametrization.of(spec)
+    scale = spec.head_dim ** -0.5 if p.attn_scale is None else p.attn_scale
     return {"param": spec.param, "base_width": spec.base_width, "base_depth": spec.base_depth,
             "width_mult": p.width_mult, "depth_mult": p.depth_mult, "logit_mult": p.logit_mult,
-            "attn_scale": spec.head_dim ** -0.5 if p.attn_scale is None else p.attn_scale,
+            "attn_scale": (attn or {}).get("logit_scale", scale),
             "branch_mult": p.branch_mult, "adam_eps": ADAM_EPS * p.eps_mult,
             "depth_scaled_init": p.depth_scaled_init,
             "rules": [] if spec.param == options.AXES["param"].default else rule_rows(_meta_model(spec))}
@@ -189,6 +191,8 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
                       f"has {spec.tokenizer_vocab:,} ids; no padding applied)")
     from ablate.config.schema import axis_values
 
+    details = attn_details(spec, seq_len)
+
     return {
         "params": {k: params[k] for k in ("total", "embedding", "attention", "ffn", "norm", "head")},
         "active_params": active_params(spec),
@@ -209,8 +213,17 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
         "axes": axis_values(cfg),
         "spec": spec.to_dict(),
         "head_dim": spec.head_dim,
-        "parametrization": parametrization_report(spec),
+        "parametrization": parametrization_report(spec, details.get("attn_details")),
+        **details,
     }
+
+
+def attn_details(spec: ModelSpec, seq_len: int) -> dict:
+    """{"attn_details": ...}: what the attention option says of its first layer's shape and costs
+    (its declaration's `details`: MLA's ranks, parameters by projection, decode FLOPs at seq_len);
+    {} for an option that declares none."""
+    option = options.get("attn", spec.attn)
+    return {} if option.details is None else {"attn_details": {"attn": option.name, **option.details(spec, 0, seq_len)}}
 
 
 def cross_check(report: dict) -> dict:

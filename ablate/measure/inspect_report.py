@@ -91,11 +91,38 @@ def inspect_tables(r: dict) -> list[Table]:
              f"({human_bytes(r['kv_cache_bytes'])})",
              _parametrization(r["parametrization"])]
     tables = [Table("parameters", PARAM_COLUMNS, rows, head=head, foot=foot)]
+    if "attn_details" in r:
+        tables.append(_attn_details(r["attn_details"]))
     rules = r["parametrization"]["rules"]
     if rules:
         tables.append(Table(f"param={r['parametrization']['param']}: init and LR by parameter role", RULE_COLUMNS,
                             [RuleRow.of(x) for x in rules]))
     return tables
+
+
+@dataclass
+class ProjectionRow(JsonRow):
+    projection: str
+    params: int
+
+
+PROJECTION_COLUMNS: list[Column] = [
+    Column("projection", lambda x: x.projection, ("projection",), align=Align.LEFT),
+    Column("params", lambda x: f"{x.params:,}", ("params",)),
+]
+
+
+def _attn_details(d: dict) -> Table:
+    """The attention option's own view of one layer (its declaration's `details`; MLA: the
+    ranks, the logit scale, parameters by projection, one decode step's FLOPs)."""
+    rows = [ProjectionRow(k, n) for k, n in d.get("params_by_projection", {}).items()]
+
+    def show(v) -> str:
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    scalars = ", ".join(f"{k} {show(v)}" for k, v in d.items() if k not in ("attn", "params_by_projection"))
+    return Table(f"attn={d['attn']}: parameters by projection, per layer", PROJECTION_COLUMNS, rows,
+                 foot=[f"attn={d['attn']} per layer: {scalars}"])
 
 
 def _parametrization(p: dict) -> str:

@@ -32,9 +32,90 @@ from ablate.model.roles import Role, linear
 from ablate.model.spec import ModelSpec
 
 
-class CausalSelfAttention(Sublayer, nn.Module):
-    def __init__(self, spec: ModelSpec, layer: int = 0):
+class Attention(Sublayer, nn.Module):
+    """What every attention shares once its queries, keys and values are made: causal scores at
+    `scale` (None: 1/sqrt(the query width)), soft-capping, ALiBi's bias, dropout on the
+    probabilities, the max-logit record, and the decode cache slot. Keys and values may have
+    fewer heads than the queries (each then serves n_heads / KV of them) and values another
+    width than the keys (MLA's absorbed decode, ablate/model/mla.py)."""
+
+    def __init__(self, spec: ModelSpec, scale: Optional[float]):
         super().__init__()
+        self.dropout = spec.attn_dropout_rate  # on the probabilities (dropout.attn)
+        self.resid_drop = nn.Dropout(spec.dropout)  # on the output, before the residual add
+        self.softcap = spec.attn_softcap
+        self.scale = scale
+        self.record_max_logit = False  # recording (record()); forces the explicit path
+        self.max_logit: Optional[torch.Tensor] = None
+        self.mean_abs_logit: Optional[torch.Tensor] = None  # recorded with max_logit (coord-check)
+        self.kv_cache: Optional[LayerCache] = None  # set while decoding (KVCache.attached)
+
+    def _attend(self, q, k, v, ctx: AttnContext) -> torch.Tensor:
+        """q: (B, H, T, hd) at positions S - T .. S - 1; k: (B, KV, S, hd), v: (B, KV, S, hd_v)
+        at 0 .. S - 1 (S == T without a cache). Returns (B, H, T, hd_v)."""
+        T, S = q.shape[2], k.shape[2]
+        p_drop = self.dropout if self.training else 0.0
+        gqa = k.shape[1] != q.shape[1]  # each KV head serves H / KV queries
+        if (self.softcap is not None or ctx.alibi_slopes is not None) and not self.record_max_logit \
+                and S == T and flex_supported(q, p_drop):  # CUDA: one fused kernel, causal blocks skipped
+            return flex_attend(q, k, v, self.softcap, ctx.alibi_slopes, scale=self.scale)  # GQA inside
+        if self.softcap is not None or self.record_max_logit:
+            return self._explicit(q, *self._repeat_kv(k, v, q.shape[1]), ctx.bias, p_drop)
+        # SDPA broadcasts KV heads itself (enable_gqa: no copies; on CPU 0-3% faster than
+        # repeat_interleave, measured with `ablate bench`), except CUDA fp32, whose kernels
+        # lack GQA and would fall back to the math path.
+        native = gqa and not (q.is_cuda and q.dtype == torch.float32)
+        if gqa and not native:
+            k, v = self._repeat_kv(k, v, q.shape[1])
+        mask = ctx.bias  # ALiBi's, causal -inf included
+        if mask is None and S != T:  # cached keys: is_causal would align the queries at 0, not S - T
+            mask = ~future_mask(T, S, q.device)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p_drop, enable_gqa=native,
+            scale=self.scale)
+
+    @staticmethod
+    def _repeat_kv(k, v, n_heads: int):
+        rep = n_heads // k.shape[1]
+        if rep == 1:
+            return k, v
+        return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, T, hd)
+
+    def _explicit(self, q, k, v, bias, p_drop):
+        future = future_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
+        scores = scores / math.sqrt(q.shape[-1]) if self.scale is None else scores * self.scale
+        if self.record_max_logit:  # raw q.k logit (before capping, position bias), causal entries only
+            self._record_logits(scores.detach(), future)
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
+        if bias is not None:
+            scores = scores + bias
+        else:
+            scores = scores.masked_fill(future, float("-inf"))
+        probs = F.dropout(scores.softmax(dim=-1), p=p_drop, training=p_drop > 0)
+        return probs @ v  # (B, H, T, hd_v)
+
+    def _record_logits(self, scores: torch.Tensor, future: torch.Tensor) -> None:
+        """The largest scaled logit and the mean |scaled logit|, over the causal entries only."""
+        self.max_logit = scores.masked_fill(future, float("-inf")).amax()
+        causal = (~future).sum() * (scores.numel() // future.numel())  # entries per (T, S) x batch x heads
+        self.mean_abs_logit = scores.abs().masked_fill(future, 0.0).sum() / causal
+
+    def record(self, on: bool) -> None:
+        self.record_max_logit = on
+        self.max_logit = self.mean_abs_logit = None
+
+    def diag_stats(self) -> dict[str, torch.Tensor]:
+        if self.max_logit is None:
+            return {}
+        return {MAX_ATTN_LOGIT: self.max_logit, MEAN_ABS_ATTN_LOGIT: self.mean_abs_logit}
+
+
+class CausalSelfAttention(Attention):
+    def __init__(self, spec: ModelSpec, layer: int = 0):
+        # the logits' scale: None is 1/sqrt(head_dim); param=mup: sqrt(base_head_dim) / head_dim
+        super().__init__(spec, Parametrization.of(spec).attn_scale)
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         q_out, kv_out = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
         self.split = (q_out, kv_out, kv_out)
@@ -43,15 +124,6 @@ class CausalSelfAttention(Sublayer, nn.Module):
         # Per-head RMSNorm on q and k (Qwen 3 / OLMo 2 style), gains shared across heads.
         self.q_norm = RMSNorm(spec.head_dim, eps=spec.norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, eps=spec.norm_eps) if spec.qk_norm else None
-        self.dropout = spec.attn_dropout_rate  # on the probabilities (dropout.attn)
-        self.resid_drop = nn.Dropout(spec.dropout)  # on the output, before the residual add
-        self.softcap = spec.attn_softcap
-        # the logits' scale: None is 1/sqrt(head_dim); param=mup: sqrt(base_head_dim) / head_dim
-        self.scale = Parametrization.of(spec).attn_scale
-        self.record_max_logit = False  # recording (record()); forces the explicit path
-        self.max_logit: Optional[torch.Tensor] = None
-        self.mean_abs_logit: Optional[torch.Tensor] = None  # recorded with max_logit (coord-check)
-        self.kv_cache: Optional[LayerCache] = None  # set while decoding (KVCache.attached)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         B, T, _ = x.shape
@@ -70,66 +142,6 @@ class CausalSelfAttention(Sublayer, nn.Module):
         y = self._attend(q, k, v, ctx)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
         return self.resid_drop(self.proj(y))
-
-    def _attend(self, q, k, v, ctx: AttnContext) -> torch.Tensor:
-        """q: (B, H, T, hd) at positions S - T .. S - 1; k, v: (B, KV, S, hd) at 0 .. S - 1
-        (S == T without a cache)."""
-        T, S = q.shape[2], k.shape[2]
-        p_drop = self.dropout if self.training else 0.0
-        gqa = self.n_kv_heads != self.n_heads  # each KV head serves n_heads / n_kv_heads queries
-        if (self.softcap is not None or ctx.alibi_slopes is not None) and not self.record_max_logit \
-                and S == T and flex_supported(q, p_drop):  # CUDA: one fused kernel, causal blocks skipped
-            return flex_attend(q, k, v, self.softcap, ctx.alibi_slopes, scale=self.scale)  # GQA inside
-        if self.softcap is not None or self.record_max_logit:
-            return self._explicit(q, *self._repeat_kv(k, v), ctx.bias, p_drop)
-        # SDPA broadcasts KV heads itself (enable_gqa: no copies; on CPU 0-3% faster than
-        # repeat_interleave, measured with `ablate bench`), except CUDA fp32, whose kernels
-        # lack GQA and would fall back to the math path.
-        native = gqa and not (q.is_cuda and q.dtype == torch.float32)
-        if gqa and not native:
-            k, v = self._repeat_kv(k, v)
-        mask = ctx.bias  # ALiBi's, causal -inf included
-        if mask is None and S != T:  # cached keys: is_causal would align the queries at 0, not S - T
-            mask = ~future_mask(T, S, q.device)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p_drop, enable_gqa=native,
-            scale=self.scale)
-
-    def _repeat_kv(self, k, v):
-        rep = self.n_heads // self.n_kv_heads
-        if rep == 1:
-            return k, v
-        return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, T, hd)
-
-    def _explicit(self, q, k, v, bias, p_drop):
-        future = future_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
-        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
-        scores = scores / math.sqrt(self.head_dim) if self.scale is None else scores * self.scale
-        if self.record_max_logit:  # raw q.k logit (before capping, position bias), causal entries only
-            self._record_logits(scores.detach(), future)
-        if self.softcap is not None:
-            scores = self.softcap * torch.tanh(scores / self.softcap)
-        if bias is not None:
-            scores = scores + bias
-        else:
-            scores = scores.masked_fill(future, float("-inf"))
-        probs = F.dropout(scores.softmax(dim=-1), p=p_drop, training=p_drop > 0)
-        return probs @ v  # (B, H, T, hd)
-
-    def _record_logits(self, scores: torch.Tensor, future: torch.Tensor) -> None:
-        """The largest scaled logit and the mean |scaled logit|, over the causal entries only."""
-        self.max_logit = scores.masked_fill(future, float("-inf")).amax()
-        causal = (~future).sum() * (scores.numel() // future.numel())  # entries per (T, S) x batch x heads
-        self.mean_abs_logit = scores.abs().masked_fill(future, 0.0).sum() / causal
-
-    def record(self, on: bool) -> None:
-        self.record_max_logit = on
-        self.max_logit = self.mean_abs_logit = None
-
-    def diag_stats(self) -> dict[str, torch.Tensor]:
-        if self.max_logit is None:
-            return {}
-        return {MAX_ATTN_LOGIT: self.max_logit, MEAN_ABS_ATTN_LOGIT: self.mean_abs_logit}
 
 
 def future_mask(T: int, S: int, device) -> torch.Tensor:

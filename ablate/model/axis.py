@@ -30,10 +30,14 @@ What each axis's implementation is (`impl`), and what else its declaration says:
             factory `impl(spec, layer, **settings)` whose modules are Sublayers; params(spec,
             layer), active(spec, layer) (None: = params), flops(spec, layer, seq_len) (None:
             6 x active params), cache(spec, layer) -> CacheLayout (attn; None: keys and values of
-            n_kv_heads x head_dim), losses=(names of its auxiliary terms), stats={name: Reduce}.
+            n_kv_heads x head_dim), losses=(names of its auxiliary terms), stats={name: Reduce},
+            check(spec): refuses what it cannot build (one line).
             attn also: kv_heads(n_heads, kv_group) -> n_kv_heads; fits(n_heads, n_kv): what an
-            explicit model.n_kv_heads must satisfy, `needs` says it in words; flops_formula and
-            cache_formula: inspect's formulas in words
+            explicit model.n_kv_heads must satisfy, `needs` says it in words (no_kv_heads: why
+            any explicit value is refused); flops_formula and cache_formula: inspect's formulas
+            in words; rope_width(spec): the dims RoPE rotates (None: head_dim); details(spec,
+            layer, seq_len): inspect's view of its shape and costs (MLA: ranks, parameters by
+            projection, decode FLOPs)
   tie, bias, dropout, qk_norm: the bool the option sets
   param     the parametrization (ablate/model/parametrization.py): width: muP's width rules
             (hidden-matrix init and LR by fan-in, readout and attention multipliers);
@@ -321,7 +325,8 @@ class ComponentOption(Option):
     cache: Optional[Callable[[Spec, int], Optional[CacheLayout]]] = None
     losses: tuple[str, ...] = ()
     stats: Mapping[str, Reduce] = field(default_factory=dict)
-    check: Optional[Callable[[Spec], None]] = None  # ModelSpec.check calls it: ConfigError, one line
+    # refuses a spec it cannot build, in one line (ConfigError): a combination or a setting's value
+    check: Optional[Callable[[Spec], None]] = None
     takes_settings: ClassVar[bool] = True
 
     def build(self, spec: Spec, layer: int) -> Any:
@@ -355,6 +360,13 @@ class AttnOption(ComponentOption):
     needs: str = ""  # what fits() demands, with {n_heads}: "model.n_kv_heads=1"
     flops_formula: str = ""  # inspect's FLOPs/token formula in words (empty: a generic sentence)
     cache_formula: str = ""  # inspect's KV bytes/token formula in words
+    # why an explicit model.n_kv_heads means nothing to it (empty: fits() judges the value)
+    no_kv_heads: str = ""
+    rope_width: Optional[Callable[[Spec], int]] = None  # the dims RoPE rotates per head; None: head_dim
+    details: Optional[Callable[[Spec, int, int], Mapping[str, Any]]] = None  # inspect's view of a layer at a seq_len
+
+    def rotary_dim(self, spec: Spec) -> int:
+        return spec.head_dim if self.rope_width is None else self.rope_width(spec)
 
     def n_kv_heads(self, n_heads: int, kv_group: int) -> int:
         return n_heads if self.kv_heads is None else self.kv_heads(n_heads, kv_group)

@@ -13,6 +13,8 @@ from ablate.model import moe_spec
 from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FfnOption, FlagOption, NormOption,
                                ParamOption, PosOption, component_axes, declare_axis, declared, default, get,
                                names, norm_factory, register_option, setting, store_in_hydra)
+from ablate.model.component import CacheLayout, CacheTensor
+from ablate.model.latent import DECODE_MODES, LatentShape, ranks_of, shape_and_scales
 from ablate.names import BALANCE_TERM, ROUTER_Z_TERM
 
 __all__ = ["AXES", "component_axes", "declared", "default", "get", "names", "norm_factory", "register_option",
@@ -37,9 +39,13 @@ def gqa_kv_heads(n_heads: int, kv_group: int) -> int:
     return max(below) if below else min(proper)
 
 
-def check_kv_heads(attn: str, n_heads: int, n_kv_heads: int) -> None:
-    """An explicit model.n_kv_heads must be what the attn option means, or it says another."""
+def check_kv_heads(attn: str, n_heads: int, n_kv_heads: int, explicit: bool = False) -> None:
+    """An explicit model.n_kv_heads must be what the attn option means, or it says another; an
+    option whose keys and values are not per-head (no_kv_heads) refuses any explicit value."""
     option = get("attn", attn)
+    if explicit and option.no_kv_heads:
+        raise ConfigError(f"model.n_kv_heads={n_kv_heads} has no meaning with attn={attn}: {option.no_kv_heads}; "
+                          f"leave model.n_kv_heads null")
     if option.fits is None or option.fits(n_heads, n_kv_heads):
         return
     fits = next((o.name for o in declared("attn") if o.fits and o.fits(n_heads, n_kv_heads)), None)
@@ -117,6 +123,47 @@ register_option("attn", "gqa", "ablate.model.attention:CausalSelfAttention", kv_
                 **DENSE_ATTN)
 register_option("attn", "mqa", "ablate.model.attention:CausalSelfAttention", kv_heads=lambda n_heads, kv_group: 1,
                 fits=lambda n_heads, n_kv: n_kv == 1, needs="model.n_kv_heads=1", **DENSE_ATTN)
+
+
+# ---- attn=mla (ablate/model/mla.py; its shapes, counts and costs: ablate/model/latent.py) -------
+def check_mla(spec) -> None:
+    """What MLA cannot combine with, and its settings' values (ranks, rope_dim, decode)."""
+    settings = spec.settings.of("attn")
+    if spec.qk_norm:
+        raise ConfigError("qk_norm=on norms each head's full key, which attn=mla never builds when it decodes "
+                          "(it scores against the cached latent); use qk_norm=off with attn=mla")
+    if settings.get("window") is not None:
+        raise ConfigError(f"attn.window={settings['window']} slides over per-head keys; attn=mla caches one latent "
+                          "per position and has no sliding-window form here: leave attn.window null with attn=mla")
+    if settings["decode"] not in DECODE_MODES:
+        raise ConfigError(f"attn.decode={settings['decode']!r} must be one of {', '.join(DECODE_MODES)}")
+    LatentShape.for_spec(spec)  # the ranks and rope_dim
+
+
+def _mla_details(spec, layer: int, seq_len: int) -> dict:
+    scales = shape_and_scales(spec, get("param", spec.param).width, **ranks_of(spec))[1]
+    return LatentShape.for_spec(spec).details(scales, seq_len)
+
+
+register_option(
+    "attn", "mla", "ablate.model.mla:MultiHeadLatentAttention",
+    # ranks null: derived from head_dim (ablate/model/latent.py); decode: how a decode step attends
+    settings={"kv_rank": setting(None, int), "q_rank": setting(None, int), "rope_dim": setting(None, int),
+              "decode": DECODE_MODES[0]},
+    kv_heads=lambda n_heads, kv_group: n_heads,  # every head has its keys and values (from the latent)
+    fits=lambda n_heads, n_kv: n_kv == n_heads, needs="model.n_kv_heads == model.n_heads={n_heads}",
+    no_kv_heads="its keys and values are up-projected for every head from one latent per position (attn.kv_rank)",
+    params=lambda spec, layer: LatentShape.for_spec(spec).params(),
+    flops=lambda spec, layer, seq_len: LatentShape.for_spec(spec).train_flops(seq_len),
+    # one tensor (B, 1, positions, kv_rank + rope_dim): [normed latent | rotated rope key]
+    cache=lambda spec, layer: CacheLayout((CacheTensor("latent", (1, LatentShape.for_spec(spec).cache_width), 1),)),
+    rope_width=lambda spec: LatentShape.for_spec(spec).rope_dim,
+    check=check_mla,
+    details=_mla_details,
+    flops_formula=("6*N + 6*L*n_heads*(2*head_dim + rope_dim)*T (PaLM appendix B's convention, training = "
+                   "forward + backward): N = attention + FFN weights + the d x V output head, L = layers, scores "
+                   "over head_dim + rope_dim and values of head_dim per head, T = seq_len"),
+    cache_formula="(kv_rank + rope_dim) (the normed latent and the shared rope key) * L * bytes per element")
 
 
 # ---- ffn (ablate/model/ffn.py): the feed-forward sublayer; its GLU structure follows `act` -----

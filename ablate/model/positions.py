@@ -21,13 +21,14 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ablate.model import options
 from ablate.model.roles import Role, tag
 from ablate.model.spec import ModelSpec
 
 
 @dataclass
 class AttnContext:
-    rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (cos, sin), each (T, head_dim)
+    rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (cos, sin), each (T, the rotated width)
     bias: Optional[torch.Tensor] = None  # (n_heads, T, offset + T) additive, causal mask included
     alibi_slopes: Optional[torch.Tensor] = None  # (n_heads,): the same bias, for FlexAttention
 
@@ -164,11 +165,14 @@ class RopeScaling:
 
 
 class RoPE(Positional):
-    """Rotary embeddings on queries and keys: q.k depends only on the offset between positions."""
+    """Rotary embeddings on queries and keys: q.k depends only on the offset between positions.
+    They rotate each head's whole query and key, or the part the attention declares (MLA's
+    decoupled rope_dim: its rope_width)."""
 
     def __init__(self, spec):
         super().__init__(spec)
         self._cache: dict = {}
+        self.dim = options.get("attn", spec.attn).rotary_dim(spec)
         self.scaling: Optional[RopeScaling] = None  # set by evaluation only (ablate/evaluation/lengths.py)
 
     def context(self, T, device, dtype, offset=0):
@@ -176,9 +180,9 @@ class RoPE(Positional):
         if key not in self._cache:
             base, divisor = self.spec.rope_base, 1.0
             if self.scaling is not None:
-                base, divisor = self.scaling.base_and_divisor(base, self.spec.head_dim)
-            self._cache = {key: rope_tables(offset + T, self.spec.head_dim, base, device, divisor)}
-        cos, sin = (t[offset:] for t in self._cache[key])  # (T, hd) each
+                base, divisor = self.scaling.base_and_divisor(base, self.dim)
+            self._cache = {key: rope_tables(offset + T, self.dim, base, device, divisor)}
+        cos, sin = (t[offset:] for t in self._cache[key])  # (T, dim) each
         return AttnContext(rope=(cos.to(dtype), sin.to(dtype)))
 
 

@@ -172,7 +172,11 @@ class ModelSpec:
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
-        if self.pos == "rope" and self.head_dim % 2:
+        for axis in ("attn", "ffn"):  # what a component cannot build (MLA: its ranks, qk_norm)
+            option = options.get(axis, getattr(self, axis))
+            if option.check is not None:
+                option.check(self)
+        if self.pos == "rope" and options.get("attn", self.attn).rotary_dim(self) % 2:
             raise ConfigError(
                 f"pos=rope needs an even head dim, but model.d_model/model.n_heads = "
                 f"{self.d_model}/{self.n_heads} = {self.head_dim}")
@@ -249,7 +253,7 @@ class ModelSpec:
                     f"{tokenizer_vocab} ids; raise it or leave it null")
         if m.n_kv_heads is not None:
             n_kv = int(m.n_kv_heads)
-            options.check_kv_heads(cfg.attn.name, m.n_heads, n_kv)
+            options.check_kv_heads(cfg.attn.name, m.n_heads, n_kv, explicit=True)
         else:
             n_kv = options.get("attn", cfg.attn.name).n_kv_heads(m.n_heads, cfg.attn.kv_group)
         act = cfg.act.name
