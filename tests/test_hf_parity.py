@@ -205,7 +205,7 @@ def test_act_clamp_blocks_every_family():
     ("mixtral", dict(renorm=True, dense_first=1), "ffn.dense_first=0"),
     ("llama", dict(), "ffn='moe' (needs one of dense)"),
     ("olmoe", dict(), "OLMoE norms q and k over the whole projection width"),
-    ("deepseek_v3", dict(), "sigmoid and a selection bias"),
+    ("deepseek_v3", dict(), "ffn='moe' (needs one of dense)"),
 ])
 def test_an_moe_export_that_does_not_map_is_refused_in_one_line(family, settings, words):
     spec = ModelSpec(**{**BASE, **CASES["mixtral"][1], "settings": {"ffn": dict(experts=4, **settings)}})
