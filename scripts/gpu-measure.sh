@@ -12,12 +12,13 @@
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh transfer "$OUT" # LR grid, gpu ladder plan (23)
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh twice "$OUT"    # the twice-the-tokens check (23)
 #   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh decode "$OUT"   # MHA vs GQA vs MQA decode cost (32)
+#   . .gpu-wheels/activate.sh; bash scripts/gpu-measure.sh blocks "$OUT"   # window, MLA, MoE, Muon (44-47, 49)
 #
 # Each part writes its log (and JSON where there is one) to the folder given, so that what came
 # back survives a part cut off at its limit. Every figure goes into README with the device and
 # the date, next to the command that produced it (the commands are echoed into the log).
 set -uo pipefail
-part=${1:?tier, bench, noise, pack, transfer, twice or decode}
+part=${1:?tier, bench, noise, pack, transfer, twice, decode or blocks}
 out=${2:-gpu-out}
 mkdir -p "$out"
 : "${ABLATE:=python3 -m cli.main}"
@@ -97,5 +98,25 @@ decode)
   run "$ABLATE bench --decode --axes --only attn $SMALL --batch 1,8,32,64 --new-tokens 128 --rounds 4 --warmup 1 --json > $out/decode_attn.json; tail -c 3000 $out/decode_attn.json"
   run "$ABLATE bench --decode $SMALL --batch 1,8,32,64 --new-tokens 128 --rounds 4 --warmup 1"
   ;;
-*) echo "unknown part '$part': tier, bench, noise, pack, transfer, twice or decode"; exit 2 ;;
+blocks)
+  # The blocks measured on CPU only (docs/sliding-window.md, mla.md, moe.md, optimizers.md). The
+  # cuda tier (part tier) holds their correctness on the GPU: the flex band of a compiled
+  # local:global window, MoE's grouped matmul, Muon in bf16. Here: what they cost and buy there.
+  # Training step: a window of 256 at T=1024 (compiled flex band) and local:global, against full.
+  run "$ABLATE bench $SMALL4 pos=rope --vs attn.window=256 --vs 'attn.window=256 attn.global_every=2' --steps 20 --rounds 4 --warmup 3"
+  # MoE against dense, bf16 and compiled (torch._grouped_mm on CUDA), and the expert loop.
+  run "$ABLATE bench $SMALL4 arch=llama --moe --steps 20 --rounds 4 --warmup 3 --json > $out/moe.json; tail -c 3000 $out/moe.json"
+  # Muon's step against AdamW's (Newton-Schulz in bf16 per matrix, per expert for MoE banks).
+  run "$ABLATE bench $SMALL4 --vs optim=muon --steps 20 --rounds 4 --warmup 3"
+  run "$ABLATE bench $SMALL4 arch=llama ffn=moe --vs optim=muon --steps 20 --rounds 4 --warmup 3"
+  # Decode at long contexts: a window of 1024 against full attention, MLA (absorbed, plain)
+  # against MHA and GQA, each at the context where the KV cache dominates.
+  for ctx in 1024 4096 16384; do
+    run "$ABLATE bench --decode pos=rope model.d_model=768 model.n_layers=12 model.n_heads=12 model.max_seq_len=20000 train=gpu --vs attn.window=1024 --context $ctx --new-tokens 64 --batch 1,8 --rounds 3 --warmup 1"
+    run "$ABLATE bench --decode arch=llama attn=mla model.d_model=768 model.n_layers=12 model.n_heads=12 model.max_seq_len=20000 train=gpu --vs attn=mha --vs attn=gqa --vs attn.decode=plain --context $ctx --new-tokens 64 --batch 1,8 --rounds 3 --warmup 1"
+  done
+  # The DeepSeek block trains compiled in bf16 (MLA + MoE with bias balancing), 200 steps.
+  run "$ABLATE run arch=deepseek $ABL train.steps=200 logger=none train.progress=false hydra.run.dir=$out/deepseek"
+  ;;
+*) echo "unknown part '$part': tier, bench, noise, pack, transfer, twice, decode or blocks"; exit 2 ;;
 esac
