@@ -54,8 +54,9 @@ def coord_table(c: dict) -> Table:
         vals = [v["mean"] for v in c["values"] if (v["module"], v["size"], v["step"]) == (module, size, steps)]
         return None if None in vals or not vals else math.fsum(vals) / len(vals)
 
+    # a record written before a module was added (ffn_hidden) shows the modules it holds
     rows = [SlopeRow(m.label, [slopes[m.value, t] for t in shown], mean_at(m.value, sizes[0]),
-                     mean_at(m.value, sizes[-1])) for m in Module]
+                     mean_at(m.value, sizes[-1])) for m in Module if (m.value, shown[0]) in slopes]
     last = f"mean |x| at t={steps}: {sizes[0]} -> {sizes[-1]}"
     columns = [Column("module", lambda r: r.module, ("module",), align=Align.LEFT)]
     columns += [Column(f"t={t}", (lambda r, i=i: _slope(r.slopes[i])),
