@@ -9,11 +9,19 @@ Decoding (Transformer.decode) gives each layer its slice of a KV cache (ablate/m
 as `kv_cache` for one pass: the new keys and values join the cached ones there, and the new
 queries, at positions offset .. offset + T - 1, attend to all of them. A plain forward pass has
 no cache and takes exactly the paths above.
+
+A sliding-window layer (`window` = W, ablate/model/sliding.py) lets query i see keys j with
+i - W < j <= i. Where the window hides no key (W >= the keys so far) every path above runs
+unchanged, so W >= T is full causal attention bit for bit; otherwise each path takes the band:
+SDPA a boolean (or ALiBi's float) mask, the explicit path the same mask, FlexAttention on CUDA a
+block mask that skips the blocks outside the band. Its cache is a ring buffer of W positions,
+whose keys come with their positions: the mask and ALiBi's bias are built from those.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -24,7 +32,7 @@ from ablate.model.flex import flex_attend, flex_supported
 from ablate.model.kv_cache import LayerKV
 from ablate.model.norms import RMSNorm
 from ablate.model.parametrization import Parametrization
-from ablate.model.positions import AttnContext, apply_rope
+from ablate.model.positions import AttnContext, alibi_bias_at, apply_rope
 from ablate.model.roles import Role, linear
 from ablate.model.spec import ModelSpec
 
@@ -49,6 +57,7 @@ class CausalSelfAttention(nn.Module):
         self.max_logit: Optional[torch.Tensor] = None
         self.mean_abs_logit: Optional[torch.Tensor] = None  # recorded with max_logit (coord-check)
         self.kv_cache: Optional[LayerKV] = None  # set while decoding (KVCache.attached)
+        self.window: Optional[int] = None  # keys a query sees, counting itself (None: full)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         B, T, _ = x.shape
@@ -58,14 +67,28 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if ctx.rope is not None:
-            cos, sin = ctx.rope
+        rope = ctx.local_rope if self.window is not None and ctx.local_rope is not None else ctx.rope
+        if rope is not None:
+            cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        start, positions = 0, None
         if self.kv_cache is not None:  # decoding: the cached positions' keys, then these
-            k, v = self.kv_cache.update(k, v)  # (B, KV, offset + T, hd)
-        y = self._attend(q, k, v, ctx)  # (B, H, T, hd)
+            held = self.kv_cache.update(k, v)
+            k, v, start, positions = held.k, held.v, held.start, held.positions  # (B, KV, S, hd)
+        band = self._band(T, k.shape[2], start, positions, q.device)
+        y = self._attend(q, k, v, ctx) if band is None else self._attend_band(q, k, v, ctx, band)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
         return self.resid_drop(self.proj(y))
+
+    def _band(self, T: int, S: int, start: int, positions: Optional[torch.Tensor], device) -> Optional["Band"]:
+        """The window's mask for T queries at start .. start + T - 1 over S keys (at 0 .. S - 1, or
+        at `positions`); None where it hides no key: the causal paths then run unchanged."""
+        if self.window is None or (positions is None and S <= self.window):
+            return None
+        k_pos = torch.arange(S, device=device) if positions is None else positions  # (S,)
+        q_pos = torch.arange(start, start + T, device=device)  # (T,)
+        behind = q_pos[:, None] - k_pos[None, :]  # (T, S): how far each key is behind each query
+        return Band(q_pos, k_pos, (behind < 0) | (behind >= self.window))
 
     def _attend(self, q, k, v, ctx: AttnContext) -> torch.Tensor:
         """q: (B, H, T, hd) at positions S - T .. S - 1; k, v: (B, KV, S, hd) at 0 .. S - 1
@@ -91,33 +114,64 @@ class CausalSelfAttention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p_drop, enable_gqa=native,
             scale=self.scale)
 
+    def _attend_band(self, q, k, v, ctx: AttnContext, band: "Band") -> torch.Tensor:
+        """Attention within the window: q (B, H, T, hd), k, v (B, KV, S, hd) at band's positions."""
+        T, S = q.shape[2], k.shape[2]
+        p_drop = self.dropout if self.training else 0.0
+        if not self.record_max_logit and S == T and flex_supported(q, p_drop):  # CUDA: the band's blocks only
+            return flex_attend(q, k, v, self.softcap, ctx.alibi_slopes, scale=self.scale, window=self.window)
+        bias = None
+        if ctx.alibi_slopes is not None:  # from the keys' positions (a ring buffer's are not 0 .. S - 1)
+            bias = alibi_bias_at(ctx.alibi_slopes, band.q_pos, band.k_pos).masked_fill(band.hidden, float("-inf"))
+            bias = bias.to(q.dtype)  # (H, T, S)
+        if self.softcap is not None or self.record_max_logit:
+            return self._explicit(q, *self._repeat_kv(k, v), bias, p_drop, band.hidden)
+        native = self.n_kv_heads != self.n_heads and not (q.is_cuda and q.dtype == torch.float32)
+        if self.n_kv_heads != self.n_heads and not native:
+            k, v = self._repeat_kv(k, v)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=~band.hidden if bias is None else bias, dropout_p=p_drop, enable_gqa=native,
+            scale=self.scale)
+
     def _repeat_kv(self, k, v):
         rep = self.n_heads // self.n_kv_heads
         if rep == 1:
             return k, v
         return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, T, hd)
 
-    def _explicit(self, q, k, v, bias, p_drop):
-        future = future_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
+    def _explicit(self, q, k, v, bias, p_drop, hidden: Optional[torch.Tensor] = None):
+        """hidden: (T, S) True where a query may not see a key (None: the future ones)."""
+        if hidden is None:
+            hidden = future_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
         scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
         scores = scores / math.sqrt(self.head_dim) if self.scale is None else scores * self.scale
-        if self.record_max_logit:  # raw q.k logit (before capping, position bias), causal entries only
-            self._record_logits(scores.detach(), future)
+        if self.record_max_logit:  # raw q.k logit (before capping, position bias), seen entries only
+            self._record_logits(scores.detach(), hidden)
         if self.softcap is not None:
             scores = self.softcap * torch.tanh(scores / self.softcap)
         if bias is not None:
             scores = scores + bias
         else:
-            scores = scores.masked_fill(future, float("-inf"))
+            scores = scores.masked_fill(hidden, float("-inf"))
         probs = F.dropout(scores.softmax(dim=-1), p=p_drop, training=p_drop > 0)
         return probs @ v  # (B, H, T, hd)
 
+    def _record_logits(self, scores: torch.Tensor, hidden: torch.Tensor) -> None:
+        """The largest scaled logit and the mean |scaled logit|, over the entries attended to (the
+        causal ones, within the window)."""
+        self.max_logit = scores.masked_fill(hidden, float("-inf")).amax()
+        seen = (~hidden).sum() * (scores.numel() // hidden.numel())  # entries per (T, S) x batch x heads
+        self.mean_abs_logit = scores.abs().masked_fill(hidden, 0.0).sum() / seen
 
-    def _record_logits(self, scores: torch.Tensor, future: torch.Tensor) -> None:
-        """The largest scaled logit and the mean |scaled logit|, over the causal entries only."""
-        self.max_logit = scores.masked_fill(future, float("-inf")).amax()
-        causal = (~future).sum() * (scores.numel() // future.numel())  # entries per (T, S) x batch x heads
-        self.mean_abs_logit = scores.abs().masked_fill(future, 0.0).sum() / causal
+
+@dataclass(frozen=True)
+class Band:
+    """A sliding window's mask for one pass: the queries' positions (T,), the keys' (S,), and
+    hidden (T, S), True where a key is in the query's future or W or more positions behind it."""
+
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    hidden: torch.Tensor
 
 
 def future_mask(T: int, S: int, device) -> torch.Tensor:

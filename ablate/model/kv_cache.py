@@ -17,6 +17,14 @@ holds from the first step on. Writing past the capacity raises ValueError.
 Keys are cached after QK-norm and RoPE (each key's rotation is fixed by its own position), so a
 decode step only rotates the new token's query and key. The model passes each layer its slice
 while model.decode runs (`attached`); a plain forward pass never sees a cache.
+
+A sliding-window layer (attn.window = W, ablate/model/sliding.py) keeps min(capacity, W) positions
+in a ring buffer: position p in slot p % W, so its memory stops growing at W while the model's
+full layers keep every position. Its keys then come back in slot order with their positions
+(`KeysSoFar.positions`), from which the attention builds its mask (and ALiBi its bias). A chunk
+of several tokens attends over the kept keys and its own, concatenated, before its last W
+overwrite the oldest; one token is written first and attends over the buffer itself, which then
+holds exactly the W positions its window covers (nothing is copied).
 """
 
 from __future__ import annotations
@@ -29,23 +37,72 @@ import torch
 
 
 @dataclass
-class LayerKV:
-    """One layer's cache: k and v of shape (B, n_kv_heads, capacity, head_dim), filled up to `length`."""
+class KeysSoFar:
+    """What a layer attends over in one decode pass: k, v (B, n_kv_heads, S, head_dim) and, when
+    they are not at positions 0 .. S - 1 in order (a ring buffer's), each key's position (S,).
+    The pass's queries are at positions start .. start + T - 1."""
 
     k: torch.Tensor
     v: torch.Tensor
+    start: int
+    positions: Optional[torch.Tensor] = None
+
+
+@dataclass
+class LayerKV:
+    """One layer's cache: k and v of shape (B, n_kv_heads, slots, head_dim), filled up to `length`
+    positions; slots = capacity, or min(capacity, window) for a sliding layer (a ring buffer)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    capacity: int  # positions the cache may reach
+    window: Optional[int] = None
     length: int = 0
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k, v (B, n_kv_heads, T, head_dim); return every position's keys and values so
-        far, (B, n_kv_heads, length + T, head_dim), in k's dtype."""
-        start, end = self.length, self.length + k.shape[2]
-        if end > self.k.shape[2]:
-            raise ValueError(f"KV cache full: {end} positions do not fit its capacity of {self.k.shape[2]}")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
+    @classmethod
+    def empty(cls, batch: int, n_kv_heads: int, head_dim: int, capacity: int, window: Optional[int] = None,
+              **kw) -> "LayerKV":
+        slots = capacity if window is None else min(capacity, window)
+        shape = (batch, n_kv_heads, slots, head_dim)  # (B, KV, slots, hd)
+        return cls(torch.empty(shape, **kw), torch.empty(shape, **kw), capacity, window)
+
+    @property
+    def slots(self) -> int:
+        return self.k.shape[2]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> KeysSoFar:
+        """Add k, v (B, n_kv_heads, T, head_dim) at positions length .. length + T - 1; return the
+        keys and values the new queries attend over, in k's dtype: every position so far, or for
+        a sliding layer past its window, the kept ones and the new."""
+        start, T = self.length, k.shape[2]
+        end = start + T
+        if end > self.capacity:
+            raise ValueError(f"KV cache full: {end} positions do not fit its capacity of {self.capacity}")
         self.length = end
-        return self.k[:, :, :end].to(k.dtype), self.v[:, :, :end].to(v.dtype)
+        if end <= self.slots:  # every position has its own slot: in order
+            self.k[:, :, start:end] = k
+            self.v[:, :, start:end] = v
+            return KeysSoFar(self.k[:, :, :end].to(k.dtype), self.v[:, :, :end].to(v.dtype), start)
+        W = self.slots  # a ring of the window's size from here on
+        if T == 1:  # write first: the ring then holds exactly positions end - W .. end - 1
+            self.k[:, :, start % W] = k[:, :, 0]
+            self.v[:, :, start % W] = v[:, :, 0]
+            return KeysSoFar(self.k.to(k.dtype), self.v.to(v.dtype), start, self.positions(end, k.device))
+        kept = min(start, W)  # slots 0 .. kept - 1 are filled
+        held = self.positions(start, k.device)[:kept]
+        out = KeysSoFar(torch.cat([self.k[:, :, :kept].to(k.dtype), k], dim=2),
+                        torch.cat([self.v[:, :, :kept].to(v.dtype), v], dim=2), start,
+                        torch.cat([held, torch.arange(start, end, device=k.device)]))
+        newest = torch.arange(max(start, end - W), end, device=k.device)  # they overwrite the oldest
+        self.k[:, :, newest % W] = k[:, :, newest - start].to(self.k.dtype)
+        self.v[:, :, newest % W] = v[:, :, newest - start].to(self.v.dtype)
+        return out
+
+    def positions(self, length: int, device) -> torch.Tensor:
+        """(slots,) the position each slot holds after `length` positions: the latest p < length
+        with p % slots == slot (negative for a slot not yet written)."""
+        slot = torch.arange(self.slots, device=device)
+        return slot + self.slots * torch.div(length - 1 - slot, self.slots, rounding_mode="floor")
 
 
 class KVCache:
@@ -58,11 +115,12 @@ class KVCache:
     def for_model(cls, model, batch: int, capacity: int, dtype: Optional[torch.dtype] = None,
                   device: Optional[torch.device] = None) -> "KVCache":
         """An empty cache for `model` (an ablate Transformer) with room for `capacity` positions
-        of `batch` sequences; dtype and device default to the model's parameters'."""
+        of `batch` sequences (a sliding layer's: its window's); dtype and device default to the
+        model's parameters'."""
         spec, param = model.spec, next(model.parameters())
-        shape = (batch, spec.n_kv_heads, capacity, spec.head_dim)  # (B, KV, capacity, hd)
         kw = dict(dtype=dtype or param.dtype, device=device or param.device)
-        return cls([LayerKV(torch.empty(shape, **kw), torch.empty(shape, **kw)) for _ in range(spec.n_layers)])
+        return cls([LayerKV.empty(batch, spec.n_kv_heads, spec.head_dim, capacity, block.attn.window, **kw)
+                    for block in model.blocks])
 
     @property
     def length(self) -> int:
@@ -71,10 +129,11 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.layers[0].k.shape[2]
+        return self.layers[0].capacity
 
     def bytes(self) -> int:
-        """Bytes of the cache's tensors (all layers, k and v, at full capacity)."""
+        """Bytes of the cache's tensors (all layers, k and v, at full capacity; a sliding layer's
+        at min(capacity, window) positions)."""
         return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.k, layer.v))
 
     @contextmanager

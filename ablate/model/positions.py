@@ -10,6 +10,10 @@ offset is the position of the first of the T tokens (0 in training; a KV cache's
 decoding): x's tokens sit at positions offset .. offset + T - 1, and the keys they attend to at
 0 .. offset + T - 1. `max_positions` is how far an option reaches (None: any length; a learned
 table: its rows). Declared (name, parameter count) in ablate/model/options.py.
+
+Sliding-window layers (ablate/model/sliding.py) read the same context: RoPE's tables at a second
+base for them (`local_rope`, attn.local_rope_base), and ALiBi's slopes, from which a layer whose
+cached keys are not at 0 .. offset + T - 1 (a ring buffer) builds its bias (`alibi_bias_at`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ablate.model.spec import ModelSpec
 @dataclass
 class AttnContext:
     rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (cos, sin), each (T, head_dim)
+    local_rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # sliding layers' (attn.local_rope_base)
     bias: Optional[torch.Tensor] = None  # (n_heads, T, offset + T) additive, causal mask included
     alibi_slopes: Optional[torch.Tensor] = None  # (n_heads,): the same bias, for FlexAttention
 
@@ -164,22 +169,33 @@ class RopeScaling:
 
 
 class RoPE(Positional):
-    """Rotary embeddings on queries and keys: q.k depends only on the offset between positions."""
+    """Rotary embeddings on queries and keys: q.k depends only on the offset between positions.
 
-    def __init__(self, spec):
+    With `local_base` (attn.local_rope_base) the sliding layers rotate at that base and the full
+    ones at pos.base (Gemma 3: 10,000 and 1,000,000). A scaling (eval --rope-scaling) stretches
+    the full layers' base only, as Gemma 3 does: a sliding layer never sees a key farther than
+    its window, a distance it was trained at, at any context length."""
+
+    def __init__(self, spec, local_base: Optional[float] = None):
         super().__init__(spec)
         self._cache: dict = {}
         self.scaling: Optional[RopeScaling] = None  # set by evaluation only (ablate/evaluation/lengths.py)
+        self.local_base = local_base
 
     def context(self, T, device, dtype, offset=0):
-        key = (offset + T, device, self.scaling)
+        key = (offset + T, device, self.scaling, self.local_base)
         if key not in self._cache:
             base, divisor = self.spec.rope_base, 1.0
             if self.scaling is not None:
                 base, divisor = self.scaling.base_and_divisor(base, self.spec.head_dim)
-            self._cache = {key: rope_tables(offset + T, self.spec.head_dim, base, device, divisor)}
-        cos, sin = (t[offset:] for t in self._cache[key])  # (T, hd) each
-        return AttnContext(rope=(cos.to(dtype), sin.to(dtype)))
+            tables = rope_tables(offset + T, self.spec.head_dim, base, device, divisor)
+            local = None if self.local_base is None else rope_tables(offset + T, self.spec.head_dim,
+                                                                     self.local_base, device)
+            self._cache = {key: (tables, local)}
+        tables, local = self._cache[key]
+        cos, sin = (t[offset:].to(dtype) for t in tables)  # (T, hd) each
+        return AttnContext(rope=(cos, sin),
+                           local_rope=None if local is None else tuple(t[offset:].to(dtype) for t in local))
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -201,11 +217,17 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 def alibi_bias(n_heads: int, T: int, device=None, offset: int = 0) -> torch.Tensor:
     """(n_heads, T, offset + T): -slope * (i - j) for keys j <= query i, -inf for future keys;
     queries at positions offset .. offset + T - 1, keys at 0 .. offset + T - 1."""
-    i = torch.arange(offset, offset + T, device=device)[:, None]
-    j = torch.arange(offset + T, device=device)[None, :]
-    dist = (j - i).float()  # <= 0 on and below the diagonal
-    bias = alibi_slopes(n_heads).to(device)[:, None, None] * dist  # (H, T, T)
-    return bias.masked_fill(j > i, float("-inf"))
+    i = torch.arange(offset, offset + T, device=device)
+    j = torch.arange(offset + T, device=device)
+    bias = alibi_bias_at(alibi_slopes(n_heads).to(device), i, j)  # (H, T, offset + T)
+    return bias.masked_fill(j[None, :] > i[:, None], float("-inf"))
+
+
+def alibi_bias_at(slopes: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """(H, T, S): slope_h * (j - i) for queries at positions q_pos (T,) and keys at k_pos (S,), in
+    any order (a ring buffer's); masking is the caller's."""
+    dist = (k_pos[None, :] - q_pos[:, None]).float()  # <= 0 for keys at or before the query
+    return slopes[:, None, None] * dist
 
 
 class ALiBi(Positional):
