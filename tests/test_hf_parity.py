@@ -31,6 +31,10 @@ CASES = {  # name -> (HF family, ModelSpec fields)
     "gemma2": ("gemma2", dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
                               norm_pos="sandwich", emb_scale=True, attn_softcap=5.0, logit_softcap=3.0,
                               norm_eps=1e-6)),
+    # Gemma 2's block with QK-norm ((1 + w) gains on q and k too), a logit soft-cap only
+    "gemma3": ("gemma3_text", dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
+                                   norm_pos="sandwich", emb_scale=True, qk_norm=True, logit_softcap=3.0,
+                                   norm_eps=1e-6)),
 }
 
 
@@ -61,7 +65,7 @@ def test_import_matches_hf_reference(case):
     family, fields = CASES[case]
     torch.manual_seed(1)
     config = hf.FAMILIES.get(family).config_from_spec(ModelSpec(**{**BASE, **fields}))
-    config._attn_implementation = "eager" if family == "gemma2" else "sdpa"  # soft-caps: eager only
+    config._attn_implementation = "eager" if family.startswith("gemma") else "sdpa"  # soft-caps: eager only
     ref = getattr(transformers, hf.FAMILIES.get(family).model_class)(config).eval()
     perturb_(ref)
     ours = hf.from_hf(ref)

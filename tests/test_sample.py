@@ -165,6 +165,9 @@ FAMILY_RUNS = {  # a run each family exports (ablate/hf/families.py)
     "qwen3": ["arch=llama", "model.n_heads=4", "qk_norm=on"],
     "gemma2": ["arch=llama", "norm_pos=sandwich", "act=geglu", "tie=tied", "attn=mha", "model.emb_scale=true",
                "model.attn_softcap=5.0", "model.logit_softcap=3.0"],
+    # one head of 64: QK-norm keeps q.k near its RMS, so a narrow head attends too evenly to write text
+    "gemma3_text": ["arch=llama", "norm_pos=sandwich", "act=geglu", "tie=tied", "attn=mha", "model.emb_scale=true",
+                    "qk_norm=on", "model.d_model=64", "model.n_heads=1"],
 }
 
 

@@ -3,8 +3,9 @@
 and its weight map (weights.py).
 
 `gpt2` (GPT2LMHeadModel: arch=gpt2, MHA only), `llama` (LlamaForCausalLM: arch=llama, any
-n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama qk_norm=on) and `gemma2` (Gemma2ForCausalLM:
-rmsnorm, sandwich norm, geglu, rope, tied, emb_scale, soft-caps). A spec field a family cannot
+n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama qk_norm=on), `gemma2` (Gemma2ForCausalLM:
+rmsnorm, sandwich norm, geglu, rope, tied, emb_scale, soft-caps) and `gemma3_text`
+(Gemma3ForCausalLM: Gemma 2's block with QK-norm, whose (1 + w) gains it shares). A spec field a family cannot
 represent (model.act_clamp, MTP heads: none can) blocks that family, so an export is exact or
 refused. Our `gelu` is the tanh approximation, HF's "gelu_new" / "gelu_pytorch_tanh". Dropout is
 a training-time setting: Llama-style configs only have attention dropout, so a model trained
@@ -214,6 +215,56 @@ FAMILIES.add("gemma2", Family(
     dict(norm="rmsnorm", norm_pos="sandwich", act="geglu", pos="rope", bias=False, tied=True,
          qk_norm=False, emb_scale=True, parallel_block=False, **NOT_IN_HF),
     _gemma2_spec, _gemma2_config, ROPE, gain_offset=1.0))
+
+
+# ---- Gemma 3 (Gemma 2's block with QK-norm; local and global RoPE bases) ------------------------
+GEMMA3_LAYERS = ("sliding_attention", "full_attention")
+
+
+def _gemma3_spec(c: Any) -> ModelSpec:
+    if c.hidden_activation not in GELU_TANH or c.attention_bias or c.use_bidirectional_attention:
+        raise ConfigError("HF Gemma3 with attention_bias, bidirectional attention or a non-tanh GELU "
+                          "is not supported")
+    _check_head_dim(c)
+    head_dim = c.hidden_size // c.num_attention_heads
+    if c.query_pre_attn_scalar != head_dim:
+        raise ConfigError(f"HF Gemma3 query_pre_attn_scalar={c.query_pre_attn_scalar} != head_dim "
+                          f"{head_dim}: ablate scales attention by 1/sqrt(head_dim)")
+    if any(t != "full_attention" for t in c.layer_types):
+        raise ConfigError("HF Gemma3 with sliding-window layers needs attn.window, which this version "
+                          "of ablate cannot import")
+    kw = _rope_spec_kwargs(_one_rope(c, "full_attention"))
+    # attn_logit_softcapping: Gemma3Attention stores it and never applies it (transformers 5.24)
+    return ModelSpec(**kw, norm_pos="sandwich", act="geglu", bias=False, emb_scale=True, qk_norm=True,
+                     logit_softcap=c.final_logit_softcapping, dropout=float(c.attention_dropout or 0.0))
+
+
+class _one_rope:
+    """A Gemma 3 config seen with one layer type's RoPE parameters (for _rope_spec_kwargs)."""
+
+    def __init__(self, c: Any, layer_type: str):
+        self._c, self.rope_parameters = c, c.rope_parameters[layer_type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._c, name)
+
+
+def _gemma3_config(spec: ModelSpec) -> Any:
+    Gemma3TextConfig = transformers_module().Gemma3TextConfig
+    kw = _rope_config_kwargs(spec)
+    rope = kw.pop("rope_parameters")
+    return Gemma3TextConfig(**kw, hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                            query_pre_attn_scalar=spec.head_dim, sliding_window=spec.max_seq_len,
+                            layer_types=["full_attention"] * spec.n_layers,
+                            rope_parameters={t: dict(rope) for t in GEMMA3_LAYERS},
+                            final_logit_softcapping=spec.logit_softcap, initializer_range=spec.init_std)
+
+
+FAMILIES.add("gemma3_text", Family(
+    "gemma3_text", "Gemma3ForCausalLM",  # no attention soft-cap: HF's Gemma 3 would drop it
+    dict(norm="rmsnorm", norm_pos="sandwich", act="geglu", pos="rope", bias=False, tied=True,
+         qk_norm=True, emb_scale=True, parallel_block=False, attn_softcap=None, **NOT_IN_HF),
+    _gemma3_spec, _gemma3_config, ROPE, gain_offset=1.0))
 
 
 def family_for(spec: ModelSpec, name: Optional[str] = None) -> Family:
