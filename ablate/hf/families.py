@@ -5,9 +5,9 @@ and its weight map (weights.py).
 `gpt2` (GPT2LMHeadModel: arch=gpt2, MHA only), `llama` (LlamaForCausalLM: arch=llama, any
 n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama qk_norm=on), `gemma2` (Gemma2ForCausalLM:
 rmsnorm, sandwich norm, geglu, rope, tied, emb_scale, soft-caps) and `gemma3_text`
-(Gemma3ForCausalLM: Gemma 2's block with QK-norm, whose (1 + w) gains it shares). A spec field a family cannot
-represent (model.act_clamp, MTP heads: none can) blocks that family, so an export is exact or
-refused. Our `gelu` is the tanh approximation, HF's "gelu_new" / "gelu_pytorch_tanh". Dropout is
+(Gemma3ForCausalLM: Gemma 2's block with QK-norm, whose (1 + w) gains it shares). A spec field a
+family cannot represent (model.act_clamp, MTP heads: none can) blocks that family, so an export is
+exact or refused. Our `gelu` is the tanh approximation, HF's "gelu_new" / "gelu_pytorch_tanh". Dropout is
 a training-time setting: Llama-style configs only have attention dropout, so a model trained
 with dropout=on exports exactly for inference, and an imported one gets dropout.rate everywhere.
 """
