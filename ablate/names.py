@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Optional
 
 # ---- variant keys ------------------------------------------------------------------------------
 # Keys (prefixes) that do not change what is trained: where the outputs go, what is shown, how
@@ -80,6 +81,33 @@ class Metric:
 TRAIN_LOSS, VAL_LOSS, VAL_BPB, GRAD_NORM = "train_loss", "val_loss", "val_bpb", "grad_norm"
 LR, TOKENS_PER_S, MFU, TOKENS = "lr", "tokens_per_s", "mfu", "tokens"
 
+# The objective's auxiliary terms (ablate/model/transformer.py: LMOutput.terms), each logged as
+# the weighted value it adds, averaged over micro-steps and ranks as train_loss is: metrics.jsonl
+# key loss/<name>, W&B train/loss_<name>. train_loss stays the next-token loss alone. A component's
+# every-row statistic: stat/<name>, W&B train/stat_<name>. Any other term or statistic a
+# component declares (a plugin's) gets its row by the same rule (term_metric).
+LOSS_PREFIX, STAT_PREFIX = "loss/", "stat/"
+Z_TERM, MTP_TERM = "z", "mtp"  # the logit z-loss (model.z_loss), the MTP heads' loss (model.mtp_weight)
+BALANCE_TERM, ROUTER_Z_TERM = "balance", "router_z"  # a router's load-balancing and z-loss
+
+
+def loss_key(term: str) -> str:
+    return LOSS_PREFIX + term
+
+
+def stat_key(name: str) -> str:
+    return STAT_PREFIX + name
+
+
+def term_metric(key: str) -> Optional[Metric]:
+    """The row of a loss/<name> or stat/<name> key (None for any other key)."""
+    for prefix, title in ((LOSS_PREFIX, "loss term"), (STAT_PREFIX, "statistic")):
+        if key.startswith(prefix) and len(key) > len(prefix):
+            name = key[len(prefix):]
+            return Metric(key, f"train/{prefix[:-1]}_{name}", f"{name} ({title})")
+    return None
+
+
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric(TRAIN_LOSS, "train/loss", "train loss"),
     Metric(VAL_LOSS, "val/loss", "validation loss"),
@@ -89,17 +117,32 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric(TOKENS_PER_S, "train/tokens_per_s", "tokens/s", higher_is_better=True),
     Metric(MFU, "train/mfu", "MFU", higher_is_better=True),
     Metric(TOKENS, "tokens", "tokens"),
+    Metric(loss_key(Z_TERM), "train/loss_z", "z-loss term (model.z_loss x mean log Z^2)"),
+    Metric(loss_key(MTP_TERM), "train/loss_mtp", "MTP term (model.mtp_weight x mean MTP loss)"),
+    Metric(loss_key(BALANCE_TERM), "train/loss_balance", "load-balancing term"),
+    Metric(loss_key(ROUTER_Z_TERM), "train/loss_router_z", "router z-loss term"),
 )}
 BY_WANDB_NAME: dict[str, str] = {m.wandb: m.name for m in METRICS.values()}
 
 
+def metric(name: str) -> Optional[Metric]:
+    """The row of a metrics.jsonl key: the table's, or a term's or statistic's by its rule."""
+    return METRICS.get(name) or term_metric(name)
+
+
 def metric_name(name: str) -> str:
-    """A metric as metrics.jsonl names it; W&B's name (`val/loss`) is accepted too."""
-    return BY_WANDB_NAME.get(name, name)
+    """A metric as metrics.jsonl names it; W&B's name (`val/loss`, `train/loss_z`) is accepted too."""
+    if name in BY_WANDB_NAME:
+        return BY_WANDB_NAME[name]
+    for prefix in (LOSS_PREFIX, STAT_PREFIX):
+        head = f"train/{prefix[:-1]}_"
+        if name.startswith(head) and len(name) > len(head):
+            return prefix + name[len(head):]
+    return name
 
 
 def wandb_name(name: str) -> str:
-    m = METRICS.get(name)
+    m = metric(name)
     return m.wandb if m else name
 
 

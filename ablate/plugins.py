@@ -7,8 +7,10 @@ A plugin is an importable module (on PYTHONPATH or installed) that declares each
     my_pkg/my_norm.py     register_option("norm", "crmsnorm", CRMSNorm, params=lambda spec, d: d)
 
 The option is then an option of its config group (`norm=crmsnorm`), with the config values its
-registration gives (config={...}) and its own settings (settings={"g0_scale": 1.0}: typed keys of
-its node, `norm.g0_scale=2`, passed to its class as keyword arguments). Its module may set its own
+registration gives (config={...}) and its own settings (settings={"g0_scale": 1.0}, or
+{"width": setting(None, int)} for an optional integer: typed keys of its node, `norm.g0_scale=2`,
+passed to its class as keyword arguments). An attention or FFN option is a component
+(ablate/model/component.py): it also declares its decode cache, auxiliary losses and statistics. Its module may set its own
 parameters (`init_parameters(init)`, after the role defaults). Without `params=` its parameters
 are counted on its class, built on the meta device. A `conf/` directory beside the module may add config files of its own
 (e.g. `conf/arch/<preset>.yaml`), put on Hydra's search path; a file for an option it registers
@@ -30,7 +32,7 @@ from typing import Iterable, Optional, Sequence
 
 from ablate.errors import ConfigError
 from ablate.model.axis import conf_dir_of, registering_for
-from ablate.model.options import register_option  # noqa: F401  (the plugin API, re-exported)
+from ablate.model.options import register_option, setting  # noqa: F401  (the plugin API, re-exported)
 
 ENTRY_POINT_GROUP = "ablate.plugins"
 KEY = "plugins"  # the config key (top level) that lists plugin modules

@@ -3,7 +3,6 @@ Below every command module (they import it; it imports none of them)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
@@ -158,7 +157,6 @@ Config groups and their options: `ablate run --help`. Shell completion is not pr
 
 
 def call_hydra(args: list[str], multirun: bool = False) -> None:
-    from ablate.config.compose import derived_compositions
     from ablate.run.entry import hydra_entry
 
     if "--hydra-help" in args:
@@ -166,27 +164,4 @@ def call_hydra(args: list[str], multirun: bool = False) -> None:
         raise typer.Exit(0)
 
     sys.argv = ["ablate"] + (["-m"] if multirun else []) + overrides_first(args)
-    with _mode_from_the_command(args), derived_compositions():
-        hydra_entry()
-
-
-# what can set hydra.mode, which Hydra otherwise reads from a composed config
-_SETS_MODE = ("hydra.mode", "--config-dir", "-cd", "--config-name", "-cn")
-
-
-@contextlib.contextmanager
-def _mode_from_the_command(args: list[str]):
-    """Before a run or sweep, Hydra composes the whole config once more only to read hydra.mode
-    (Hydra.get_mode: ~0.3 s of CPU). ablate's config leaves it unset, and then the mode is the
-    command's (run, or sweep's -m): unless the command line sets it, skip that composition."""
-    from hydra._internal.hydra import Hydra
-
-    if any(a.lstrip("+~").startswith(_SETS_MODE) for a in args):
-        yield
-        return
-    get_mode = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: None
-    try:
-        yield
-    finally:
-        Hydra.get_mode = get_mode
+    hydra_entry()

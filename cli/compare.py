@@ -38,10 +38,15 @@ def register(app: typer.Typer) -> None:
         plot: Optional[Path] = typer.Option(
             None, "--plot", help="Write curves vs tokens and each variant's difference from the "
             "baseline to this .png file (and FILE_diag.png with the diagnostics, when runs logged them; "
-            "FILE_lengths.png: loss vs evaluation length, when runs have length_eval.json)."),
+            "FILE_lengths.png: loss vs evaluation length, when runs have length_eval.json; "
+            "FILE_interaction.png: two crossed axes, the Δ of A across the levels of B)."),
         plot_keys: Optional[List[str]] = typer.Option(
             None, "--plot-key", help="Plot this metrics.jsonl key instead (repeatable; a grid), "
             "e.g. --plot-key train_loss --plot-key diag/max_attn_logit/block0."),
+        cross: Optional[str] = typer.Option(
+            None, "--cross", help="A,B: the Δ of axis A under each level of axis B and how it differs "
+            "(their interaction, paired over seeds); B stratifies: A is compared within each of its "
+            "levels. A --mode grid sweep of two axes is crossed without it."),
         json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
         alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the seed-noise test."),
     ) -> None:
@@ -53,14 +58,17 @@ def register(app: typer.Typer) -> None:
         else Welch; each Δ has a 95% CI, a Holm-corrected p over the variants,
         an effect size in seed-noise units and the seeds 80% power would need.
         A study sweep (ablate sweep study=...) is shown in ladder order, each
-        rung also against the previous rung."""
+        rung also against the previous rung. Two crossed axes (a --mode grid
+        sweep, or --cross A,B) add their interaction: does A's gain hold
+        under every level of B?"""
         from cli.common import fail
         from ablate.analysis.report import CompareOptions
         from ablate.errors import AblateError
 
         options = CompareOptions(metric=metric, baseline=baseline, where=tuple(where or ()),
                                  allow_mixed=allow_mixed, fmt=fmt, per_seed=per_seed, wide=wide,
-                                 json=json_out, plot=plot, plot_keys=tuple(plot_keys or ()), alpha=alpha)
+                                 json=json_out, plot=plot, plot_keys=tuple(plot_keys or ()), alpha=alpha,
+                                 cross=cross)
         try:
             _compare(paths or [], options)
         except AblateError as e:
@@ -105,7 +113,7 @@ def _print(report: Report, options: CompareOptions) -> None:
 
 def _plot(report: Report, options: CompareOptions) -> None:
     """The report's figure: an LR grid's or a ladder's, or curves vs tokens (and the
-    diagnostics, when runs logged them)."""
+    diagnostics, when runs logged them); two crossed axes add the interaction's."""
     from ablate.analysis.report import ReportKind
 
     quiet = options.machine_readable  # machine-readable stdout: messages to stderr
@@ -113,17 +121,20 @@ def _plot(report: Report, options: CompareOptions) -> None:
         from ablate.tracking.transfer_plots import plot_transfer
 
         typer.echo(f"plot: {plot_transfer(report, options.plot)}", err=quiet)
-        return
-    from ablate.tracking.plots import DEFAULT_KEYS, plot_comparison
+    else:
+        from ablate.tracking.diagnostics_plots import plot_comparison_diagnostics
+        from ablate.tracking.plots import DEFAULT_KEYS, plot_comparison
 
-    plot_comparison(report.comparison, options.plot, keys=options.plot_keys or DEFAULT_KEYS)
-    typer.echo(f"plot: {options.plot}", err=quiet)
-    from ablate.tracking.diagnostics_plots import plot_comparison_diagnostics
+        plot_comparison(report.comparison, options.plot, keys=options.plot_keys or DEFAULT_KEYS)
+        typer.echo(f"plot: {options.plot}", err=quiet)
+        diag_plot = plot_comparison_diagnostics(report.comparison, options.plot)  # runs with train.diagnostics_every
+        if diag_plot:
+            typer.echo(f"plot: {diag_plot}", err=quiet)
+        if report.lengths is not None:
+            from ablate.tracking.length_plots import plot_lengths
 
-    diag_plot = plot_comparison_diagnostics(report.comparison, options.plot)  # runs with train.diagnostics_every
-    if diag_plot:
-        typer.echo(f"plot: {diag_plot}", err=quiet)
-    if report.lengths is not None:
-        from ablate.tracking.length_plots import plot_lengths
+            typer.echo(f"plot: {plot_lengths(report.lengths, options.plot)}", err=quiet)
+    if report.interaction is not None:
+        from ablate.tracking.plots import plot_interaction
 
-        typer.echo(f"plot: {plot_lengths(report.lengths, options.plot)}", err=quiet)
+        typer.echo(f"plot: {plot_interaction(report.interaction, options.plot)}", err=quiet)

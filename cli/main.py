@@ -89,15 +89,20 @@ def axes(overrides: list[str] = typer.Argument(  # "\\[": rich would read [..] a
         typer.echo(json.dumps(rows, indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title="ablate axes (config groups)")
     t.add_column("group", style="bold")
     t.add_column("options")
     t.add_column("default", style="green")
+    t.add_column("settings (defaults)")
     for r in rows:
+        show = lambda k, v: f"{k}={'null' if v is None else v}"  # noqa: E731 (as the config writes it)
+        settings = [show(k, v) for k, v in r["settings"].items()]
+        settings += [f"{o}: " + " ".join(show(k, v) for k, v in own.items()) for o, own in r["option_settings"].items()]
         t.add_row(r["group"], ", ".join(o + ("*" if o in r["plugins"] else "") for o in r["options"]),
-                  r["default"])
+                  r["default"], escape("; ".join(settings)))
     console = Console()
     console.print(t)
     modules = sorted({m for r in rows for m in r["plugins"].values()})

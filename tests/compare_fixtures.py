@@ -1,6 +1,7 @@
 """Run directories with known numbers, as `ablate run` and `ablate sweep` leave them (the
 fields compare reads), for the tests of `ablate compare`: single runs, a study sweep, the
-golden outputs' tree, and LR-grid and ladder sweeps (transfer.json beside their jobs)."""
+golden outputs' tree, LR-grid and ladder sweeps (transfer.json beside their jobs), and grid
+sweeps of two crossed axes with known Δs and a known interaction."""
 
 from __future__ import annotations
 
@@ -244,3 +245,75 @@ def write_length_runs(root: Path, table: dict = LENGTH_LOSS) -> Path:
             for stride, by_length in protocols.items():
                 write_lengths(d, {n: v[seed] for n, v in by_length.items() if v[seed] is not None}, stride=stride)
     return root
+
+
+# ---- two crossed axes (a --mode grid sweep) -------------------------------------------------------
+# (qk_norm, norm) -> per-seed change from X_BASE: qk_norm=on gains 0.040 under layernorm and 0.011
+# under rmsnorm, so the interaction is +0.0297 (per seed +0.029, +0.030, +0.030): beyond noise.
+X_BASE = {0: 3.00, 1: 3.10, 2: 3.05}
+X_CELLS = {("off", "layernorm"): [0.0, 0.0, 0.0], ("off", "rmsnorm"): [-0.020, -0.022, -0.018],
+           ("on", "layernorm"): [-0.040, -0.043, -0.038], ("on", "rmsnorm"): [-0.031, -0.035, -0.026]}
+X_DELTA = {"layernorm": -0.0403333, "rmsnorm": -0.0106667}
+X_INTERACTION = 0.0296667
+# the same gain under both norms (per-seed interaction -0.002, +0.003, -0.001: noise)
+X_HOLDS = {("off", "layernorm"): [0.0, 0.0, 0.0], ("off", "rmsnorm"): [-0.020, -0.022, -0.018],
+           ("on", "layernorm"): [-0.040, -0.043, -0.038], ("on", "rmsnorm"): [-0.062, -0.062, -0.057]}
+
+
+def write_grid(root: Path, cells: dict = X_CELLS, a: str = "qk_norm", b: str = "norm", base: dict = X_BASE,
+               name: str = "grid2", skip=(), more: tuple = ()) -> Path:
+    """A `--mode grid` sweep of a x b as the sweeper leaves it: multirun.yaml (its mode and the
+    overrides in the order given), jobs numbered in Hydra's order (a slowest), seed s of cell
+    (x, y) at base[s] + cells[x, y][s]. `skip`: cells left out; `more`: (key, value) overrides of
+    every job (a third axis held at one level)."""
+    sweep = root / name
+    sweep.mkdir(parents=True)
+    a_levels = list(dict.fromkeys(x for x, _ in cells))
+    b_levels = list(dict.fromkeys(y for _, y in cells))
+    seeds = len(base)
+    task = [f"{a}={','.join(a_levels)}", f"{b}={','.join(b_levels)}", *(f"{k}={v}" for k, v in more), *COMMON]
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(
+        {"hydra": {"sweeper": {"mode": "grid", "seeds": seeds, "jobs": None, "lr_grid": None, "ladder": None},
+                   "overrides": {"task": task}}, "seed": 0}))
+    job = 0
+    for x in a_levels:
+        for y in b_levels:
+            for s, v in base.items():
+                variant = ",".join([f"{a}={x}", f"{b}={y}", *(f"{k}={w}" for k, w in more)])
+                if (x, y) not in skip:
+                    write_run(sweep, f"{job}_{variant}_seed{s}", {a: x, b: y, **dict(more)}, s,
+                              round(v + cells[x, y][s], 6), sweep=sweep.name, variant=variant)
+                job += 1
+    return sweep
+
+
+# an --lr-grid sweep of two crossed axes: each cell's loss is X_BASE[s] + X_CELLS[cell][s] at its own
+# best LR (qk_norm=on's is 0.1, the others' 0.01) and LR_PENALTY more at every other grid LR
+LR_BEST = {"off": 1e-2, "on": 1e-1}
+LR_PENALTY = 0.05
+
+
+def write_lr_grid_crossed(root: Path, cells: dict = X_CELLS, base: dict = X_BASE) -> Path:
+    """A `--mode grid --lr-grid` sweep of qk_norm x norm: phase 1 every cell at every GRID LR
+    (seed 0), phase 2 seeds 1.. at each cell's best LR, as the sweeper runs it."""
+    from ablate.sweep.transfer_record import TransferRecord
+
+    sweep = root / "lr_grid2"
+    sweep.mkdir(parents=True)
+    TransferRecord.lr_grid(GRID, len(base), 1e-2).write(sweep)
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(
+        {"hydra": {"sweeper": {"mode": "grid", "seeds": len(base), "jobs": None, "lr_grid": "1e-3:1e-1:3",
+                               "ladder": None},
+                   "overrides": {"task": ["qk_norm=off,on", "norm=layernorm,rmsnorm", *COMMON]}}}))
+    job = 0
+    for (qk, norm), change in cells.items():
+        variant = f"qk_norm={qk},norm={norm}"
+        for s in base:
+            for lr in GRID if s == 0 else [LR_BEST[qk]]:
+                loss = base[s] + change[s] + (0.0 if lr == LR_BEST[qk] else LR_PENALTY)
+                d = write_run(sweep, f"{job}_{variant}_lr{lr:g}_seed{s}", {"qk_norm": qk, "norm": norm}, s,
+                              round(loss, 6), sweep=sweep.name, variant=variant,
+                              rows=[{"step": 0, "val_loss": 5.0}, {"step": 6, "val_loss": loss}])
+                set_config(d, "train.lr", lr)
+                job += 1
+    return sweep

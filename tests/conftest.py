@@ -1,4 +1,17 @@
-"""Shared test helpers. Tests never touch the network, the user's cache or ./runs."""
+"""Shared test helpers. Tests never touch the network, the user's cache or ./runs.
+
+How the suite runs (`make test`: two xdist workers), and the switches that turn each shortcut off
+(set in the environment of pytest, e.g. `ABLATE_TEST_MEMO=0 make test`):
+- run_ablate runs a command in the test's process where the test cannot tell the difference
+  (in_process); `ABLATE_TEST_IN_PROCESS=0` gives every run_ablate command a process of its own
+  (tests that call in_process themselves, to observe the process, still run there).
+- A command in a process of its own is forked from a warm interpreter, the zygote
+  (tests/forkserver.py); `ABLATE_TEST_ZYGOTE=0` starts a fresh interpreter for each instead.
+- Hydra's compositions are derived from earlier ones by the test-side composition memo
+  (tests/composition_memo.py), installed for the session here and in the zygote (not in fresh
+  interpreters); `ABLATE_TEST_MEMO=0` leaves every composition Hydra's own, as in the product
+  (the tests of the memo itself are then skipped).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import composition_memo
 import forkserver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,15 +116,39 @@ def run_ablate(*args: str, cwd: Path | None = None, env: dict | None = None,
     process sees no GPU outside the cuda tier: no CUDA context per test process (12 xdist
     workers each opening one ended in CUBLAS_STATUS_INTERNAL_ERROR), and CPU semantics
     whatever the machine."""
-    if not (process or needs_process(args)):
+    if not (process or needs_process(args) or _switched_off("ABLATE_TEST_IN_PROCESS")):
         return in_process(*args, cwd=cwd, env=env)
     full_env = {**os.environ, **({} if _cuda_test else {"CUDA_VISIBLE_DEVICES": ""}), **(env or {})}
     cmd = [sys.executable, "-m", "cli.main", *args]
-    if not (fresh or _cuda_test or _gpu_present()):
+    if not (fresh or _cuda_test or _gpu_present() or _switched_off("ABLATE_TEST_ZYGOTE")):
         forked = forkserver.run(cmd, args, cwd=cwd or ROOT, env=full_env, timeout=timeout)
         if forked is not None:
             return forked
     return subprocess.run(cmd, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def _switched_off(name: str) -> bool:
+    """A shortcut of the suite's turned off in the environment (the module's docstring)."""
+    return os.environ.get(name, "1") == "0"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _composition_memo():
+    """The test-side composition memo for every command run in this process (not where
+    ABLATE_TEST_MEMO=0)."""
+    composition_memo.install()
+    yield
+    composition_memo.uninstall()
+
+
+@pytest.fixture
+def fresh_memo():
+    """The composition memo empty for this test, as in a new process: what it composes and
+    derives is recorded (a Record); skipped where ABLATE_TEST_MEMO=0 installed none."""
+    if not composition_memo.installed():
+        pytest.skip("the composition memo is off (ABLATE_TEST_MEMO=0)")
+    with composition_memo.fresh() as record:
+        yield record
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,6 +1,8 @@
 """A warm interpreter for run_ablate's subprocesses (tests/conftest.py): a "zygote" process that
-has imported torch, torch._dynamo, Hydra, OmegaConf, Typer and cli.main once, and forks each
-`python -m cli.main ...` from there, so a command pays a fork instead of ~5 CPU-s of imports.
+has imported torch, torch._dynamo, Hydra, OmegaConf, Typer and cli.main once, and installed the
+test-side composition memo (tests/composition_memo.py, as conftest.py does in the worker), and
+forks each `python -m cli.main ...` from there, so a command pays a fork instead of ~5 CPU-s of
+imports, and derives its compositions as a command run in the worker's process does.
 
 Not a test file. The worker side (run, stop) talks to the zygote over a Unix socket: each request
 is one connection carrying the command's stdout/stderr pipes (SCM_RIGHTS) and {args, cwd, env};
@@ -65,6 +67,9 @@ def _imported() -> dict:
         import typer  # noqa: F401
 
         import cli.main  # noqa: F401 - imports nothing of ablate that reads the environment at import
+        import composition_memo  # this file's folder, tests/, is sys.path[0]
+
+        composition_memo.install()  # reads ABLATE_TEST_MEMO: a command that sets it otherwise is not forked
     finally:
         environ.__getitem__ = getitem
     return {"read": sorted(read - IMPORT_READS_IGNORED),

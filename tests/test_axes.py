@@ -14,7 +14,7 @@ from conftest import TINY, compose, find_run_dirs, invoke_ablate, run_ablate
 DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
     "norm": {"layernorm", "rmsnorm", "dyt"}, "norm_pos": {"pre", "post", "sandwich", "reordered"},
     "act": {"relu", "gelu", "silu", "swiglu", "geglu", "reglu"},
-    "pos": {"learned", "sinusoidal", "rope", "alibi", "nope"}, "attn": {"mha", "gqa", "mqa"},
+    "pos": {"learned", "sinusoidal", "rope", "alibi", "nope"}, "attn": {"mha", "gqa", "mqa"}, "ffn": {"dense"},
     "tie": {"tied", "untied"}, "bias": {"on", "off"}, "dropout": {"off", "on"}, "qk_norm": {"off", "on"},
     "param": {"sp", "mup", "completep"},
 }
@@ -48,7 +48,7 @@ def test_declarations_config_groups_and_axes_listing_agree():
             == DESIGN[axis], axis
         assert listing[axis]["axis"] is True
     defaults = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
-                "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off", "param": "sp", "arch": "gpt2"}
+                "ffn": "dense", "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off", "param": "sp", "arch": "gpt2"}
     assert {g: listing[g]["default"] for g in defaults} == defaults
     assert set(listing["arch"]["options"]) >= {"gpt2", "llama", "vaswani"}
 
@@ -58,9 +58,12 @@ def test_every_declared_implementation_loads_as_its_axis_expects():
     from torch import nn
 
     from ablate.model.blocks import Block
+    from ablate.model.component import Sublayer
     from ablate.model.positions import Positional
+    from ablate.model.spec import ModelSpec
 
     expected = {"norm": nn.Module, "norm_pos": Block, "pos": Positional}
+    spec = ModelSpec(vocab_size=64, d_model=32, n_layers=2, n_heads=8, n_kv_heads=8, d_ff=64, max_seq_len=16)
     for axis in AXES:
         for option in options.declared(axis):
             impl = option.load()
@@ -68,8 +71,11 @@ def test_every_declared_implementation_loads_as_its_axis_expects():
                 assert issubclass(impl, expected[axis]), option
             elif axis == "act":
                 assert callable(impl), option
-            elif axis == "attn":
-                assert impl(8, 4) in (1, 2, 8), option
+            elif axis in ("attn", "ffn"):  # components: a module class or factory of Sublayers
+                module = impl(spec, 1)
+                assert isinstance(module, nn.Module) and isinstance(module, Sublayer), option
+                if axis == "attn":
+                    assert option.n_kv_heads(8, 4) in (1, 2, 8), option
             elif axis == "param":
                 assert isinstance(impl, type), option
             else:
@@ -87,11 +93,11 @@ def test_every_option_composes_and_builds_a_spec():
 
 
 PRESETS = {
-    "gpt2": dict(norm="layernorm", norm_pos="pre", act="gelu", pos="learned", attn="mha", tie="tied",
+    "gpt2": dict(norm="layernorm", norm_pos="pre", act="gelu", pos="learned", attn="mha", ffn="dense", tie="tied",
                  bias="on", dropout="off", qk_norm="off", param="sp"),
-    "llama": dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", attn="gqa", tie="untied",
+    "llama": dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", attn="gqa", ffn="dense", tie="untied",
                   bias="off", dropout="off", qk_norm="off", param="sp"),
-    "vaswani": dict(norm="layernorm", norm_pos="post", act="relu", pos="sinusoidal", attn="mha",
+    "vaswani": dict(norm="layernorm", norm_pos="post", act="relu", pos="sinusoidal", attn="mha", ffn="dense",
                     tie="tied", bias="on", dropout="on", qk_norm="off", param="sp"),
 }
 

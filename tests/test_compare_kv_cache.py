@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from ablate.analysis import compare_dirs
-from ablate.analysis.columns import comparison_table
+from ablate.analysis.columns import COMPARE_HINT, comparison_table
 from ablate.tables.render import print_table
 from ablate.measure.inspect import inspect_config
 from compare_fixtures import by_name, cli, make_fixture, write_run
@@ -97,7 +97,7 @@ def test_a_narrow_terminal_leaves_the_kv_column_out_first(tmp_path):
 
     def shown(width: int) -> str:
         console = Console(width=width, force_terminal=True, color_system=None, record=True)
-        print_table(comparison_table(cmp), console, False)
+        print_table(comparison_table(cmp), console, False, COMPARE_HINT)
         return " ".join(console.export_text().split())
 
     assert "hidden to fit 120 columns: KV cache bytes/token (" in shown(120)

@@ -1,9 +1,9 @@
 """`ablate compare` on a terminal of 80, 100 and 120 columns: every report (the comparison, one
-row per run, a study, an LR grid, a ladder) fits the width, no line ends in spaces, no name,
-label or number is broken across lines, the CI sits on its own line, and what a narrow terminal
-leaves out is named (--wide keeps it). Piped, the full table whatever COLUMNS says. Also: the
-report is chosen from the runs and one options object, and the transfer reports keep their
-public keys in csv, markdown and --json."""
+row per run, a study, an LR grid, a ladder, two crossed axes and their interaction) fits the
+width, no line ends in spaces, no name, label or number is broken across lines, the CI sits on
+its own line, and what a narrow terminal leaves out is named (--wide keeps it). Piped, the full
+table whatever COLUMNS says. Also: the report is chosen from the runs and one options object,
+and the transfer reports keep their public keys in csv, markdown and --json."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ablate.analysis.columns import COMPARE_HINT, comparison_table
 from ablate.tables.render import to_csv, to_markdown
 from ablate.analysis.report import CompareOptions, ReportKind, build_report
 from ablate.tables.table import Table
-from compare_fixtures import cli, make_fixture, write_grid_sweep, write_ladder_sweep
+from compare_fixtures import cli, make_fixture, write_grid, write_grid_sweep, write_ladder_sweep, write_lr_grid_crossed
 from conftest import assert_fits, run_ablate, run_on_terminal, table_on_terminal
 
 WIDTHS = (80, 100, 120)
@@ -30,6 +30,8 @@ def root(tmp_path_factory):
     root = make_fixture(tmp_path_factory.mktemp("layout"))
     write_grid_sweep(root)
     write_ladder_sweep(root)
+    write_grid(root)
+    write_lr_grid_crossed(root)
     return root
 
 
@@ -39,6 +41,8 @@ def reports(root) -> dict[str, Table]:
             "study": comparison_table(compare_dirs([root / "study"])),
             "LR grid": build_report([root / "grid"], CompareOptions()).table,
             "ladder": build_report([root / "ladder"], CompareOptions()).table,
+            **{f"crossed {i}": t for i, t in enumerate(build_report([root / "grid2"], CompareOptions()).tables)},
+            "crossed LR grid": build_report([root / "lr_grid2"], CompareOptions()).interaction.table,
             **{f"lengths {i}": t for i, t in enumerate(build_report([root / "lengths"], CompareOptions()).lengths.tables)}}
 
 
@@ -46,12 +50,17 @@ def on_terminal(table: Table, width: int, wide: bool = False) -> str:
     return table_on_terminal(table, width, wide, COMPARE_HINT)
 
 
+def row_name(table: Table, row) -> str:
+    """What names a row: its variant, else its first cell (the interaction's level of A)."""
+    return getattr(row, "variant", None) or table.columns[0].cell(row)
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_report_fits_the_terminal_with_nothing_broken(root, width):
     for name, table in reports(root).items():
         text = on_terminal(table, width)
         assert_fits(text, width, table)
-        assert all(r.variant in text for r in table.rows), (name, text)
+        assert all(row_name(table, r) in text for r in table.rows), (name, text)
         assert on_terminal(table, width, wide=True)  # every column: a table or one field a line
         assert_fits(on_terminal(table, width, wide=True), width, table)
 
@@ -92,13 +101,13 @@ def test_piped_output_is_the_full_table_whatever_columns_says(root):
 
 
 @pytest.mark.parametrize("path, width", [("ab", 80), ("ab", 100), ("ab", 120), ("grid", 80), ("ladder", 100),
-                                         ("lengths", 80)])
+                                         ("lengths", 80), ("grid2", 80)])
 def test_a_real_terminal_shows_every_line_whole(root, path, width):
     code, text = run_on_terminal("compare", str(root / path), columns=width)
     assert code == 0, text
     for table in build_report([root / path], CompareOptions()).tables:  # the loss at other lengths too
         assert_fits(text.replace(str(root), "<root>"), width, table)
-        assert table.title in " ".join(text.split()) and table.rows[-1].variant in text
+        assert table.title in " ".join(text.split()) and row_name(table, table.rows[-1]) in text
 
 
 def test_the_report_is_chosen_from_the_runs_and_the_options(root):

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from ablate.train.diagnostics import (activation_stats, dead_fraction, grad_norms, grad_profile, role_groups,
+from ablate.model.ffn import dead_fraction
+from ablate.train.diagnostics import (activation_stats, grad_norms, grad_profile, role_groups,
                                 update_ratios)
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import build_model

@@ -48,6 +48,7 @@ PLACEHOLDERS = {
     "runs/sweeps/2026-11-22_14-10-03": "sweep", "runs/sweeps/2026-11-23_10-57-04": "sweep",
     "runs/lr_qk": "sweep", "runs/ladder_pos": "sweep", "runs/ladder_2x": "sweep", "runs/ladder_pos_lr": "sweep",
     "runs/docs/glu": "sweep", "runs/docs/norm_dyt": "sweep", "runs/pos_lengths": "sweep",
+    "runs/docs/qk_norm_x_norm": "sweep", "runs/docs/act_x_pos": "sweep",
     "runs": "root",
     "OUT_DIR": "out", "hf/llama": "out",
 }
@@ -229,7 +230,10 @@ def _checker_main(plan_path: str, results_path: str) -> None:
     from hydra.core.global_hydra import GlobalHydra
     from typer.testing import CliRunner
 
+    import composition_memo  # this file's folder, tests/, is sys.path[0]
     from cli.main import app
+
+    composition_memo.install()  # the suite's memo, as in its other processes (tests/conftest.py)
 
     checks = json.loads(Path(plan_path).read_text())
     runner, cwd, env = CliRunner(), os.getcwd(), dict(os.environ)

@@ -109,6 +109,8 @@ ALTERNATIVES = {
     "norm_pos": ["pre", "post", "sandwich", "reordered"],
     "act": ["relu", "gelu", "silu", "swiglu", "geglu", "reglu"],
     "pos": ["learned", "sinusoidal", "rope", "alibi", "nope"], "rope_base": [100.0],
+    # attn: by default the option n_kv_heads names (the n_kv_heads alternatives); another is refused
+    "attn": ["mha", "gqa", "mqa"], "ffn": ["dense"],
     "tied": [True, False], "bias": [True, False], "dropout": [0.1], "attn_dropout": [0.0, 0.2],
     "qk_norm": [True, False], "init": ["xavier"],
     "init_std": [0.05], "depth_scaled_init": [False], "emb_scale": [True, False],

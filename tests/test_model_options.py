@@ -20,7 +20,8 @@ SETS = {
     "norm_pos": lambda o: dict(norm_pos=o.name),
     "act": lambda o: dict(act=o.name, d_ff=48 if o.gated else 64),
     "pos": lambda o: dict(pos=o.name),
-    "attn": lambda o: dict(n_kv_heads=o.kv_heads(4, 2)),
+    "attn": lambda o: dict(attn=o.name, n_kv_heads=o.n_kv_heads(4, 2)),
+    "ffn": lambda o: dict(ffn=o.name),
     "tie": lambda o: dict(tied=o.value),
     "bias": lambda o: dict(bias=o.value),
     "dropout": lambda o: dict(dropout=0.1 if o.value else 0.0),
@@ -29,7 +30,8 @@ SETS = {
 }
 VARIANTS = {(axis, o.name): SETS[axis](o) for axis in options.AXES for o in options.declared(axis)}
 COMBOS = {  # options interact in the counts: a few mixed variants
-    "llama-like": dict(norm="rmsnorm", act="swiglu", d_ff=48, pos="rope", n_kv_heads=1, tied=False, bias=False),
+    "llama-like": dict(norm="rmsnorm", act="swiglu", d_ff=48, pos="rope", attn="mqa", n_kv_heads=1, tied=False,
+                       bias=False),
     "sandwich-layernorm-nobias": dict(norm_pos="sandwich", bias=False, qk_norm=True),
     "parallel": dict(parallel_block=True, act="geglu", d_ff=48),
     "post-untied-sinusoidal": dict(norm_pos="post", tied=False, pos="sinusoidal", emb_scale=True),
@@ -43,7 +45,7 @@ def spec_of(kw) -> ModelSpec:
 
 def test_every_registered_option_is_covered():
     axes = {a for a, _ in VARIANTS}
-    assert axes == {"norm", "norm_pos", "act", "pos", "attn", "tie", "bias", "dropout", "qk_norm", "param"}
+    assert axes == {"norm", "norm_pos", "act", "pos", "attn", "ffn", "tie", "bias", "dropout", "qk_norm", "param"}
 
 
 @pytest.mark.parametrize("variant", list(ALL))

@@ -50,7 +50,7 @@ def test_xavier_draws_q_k_v_as_separate_d_by_d_matrices():
 
 
 def test_xavier_splits_grouped_kv_and_gated_ffn_by_their_own_shapes():
-    spec = dataclasses.replace(BASE, n_kv_heads=2, act="swiglu", d_ff=160)
+    spec = dataclasses.replace(BASE, attn="gqa", n_kv_heads=2, act="swiglu", d_ff=160)
     torch.manual_seed(0)
     block = Transformer(spec).blocks[0]
     d, kv = spec.d_model, 2 * spec.head_dim

@@ -133,7 +133,7 @@ def test_an_activation_gets_its_settings_as_keyword_arguments(own_registry):
 
 
 @pytest.mark.parametrize("axis, settings, message", [
-    ("tie", {"x": 1}, "tie option 'o' got settings; only the options of norm, norm_pos, act, pos take"),
+    ("tie", {"x": 1}, "tie option 'o' got settings; only the options of norm, norm_pos, act, pos, attn, ffn take"),
     ("norm", {"eps": 1e-6}, "setting 'eps' must be a new identifier"),
     ("norm", {"name": "x"}, "setting 'name' must be a new identifier"),
     ("norm", {"alpha0": None}, "setting 'alpha0' needs a bool, int, float or str default"),
@@ -180,3 +180,56 @@ def test_an_own_init_draws_by_seed_and_name_like_the_roles(own_registry):
     torch.testing.assert_close(a.get_parameter(name), expected, rtol=0, atol=0)
     assert torch.equal(a.get_parameter(name), b.get_parameter(name))
     assert not torch.equal(a.get_parameter(name), c.get_parameter(name))
+
+
+def test_settings_of_any_type_are_typed_by_their_declaration(own_registry):
+    """int, float, bool, str and optional settings: a given value is typed as declared (an int for
+    a float setting becomes a float), anything else is one line naming the key."""
+    from typing import Optional, get_type_hints
+
+    from ablate.model.norms import LayerNorm
+
+    class Knobs(LayerNorm):
+        def __init__(self, d, eps=1e-5, bias=True, window=None, scale=1.0, mode="a", on=False):
+            super().__init__(d, eps, bias)
+
+    options.register_option("norm", "knobs", Knobs, params=options.get("norm", "layernorm").params,
+                            settings={"window": options.setting(None, int), "scale": 1.0, "mode": "a",
+                                      "on": False})
+    hints = get_type_hints(options.get("norm", "knobs").schema)
+    assert hints["window"] == Optional[int] and hints["scale"] is float and hints["mode"] is str
+    base = dict(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=64, max_seq_len=16,
+                norm="knobs")
+    spec = ModelSpec(**base, settings={"norm": {"window": 1024, "scale": 2}})
+    assert spec.norm.window == 1024 and type(spec.norm.window) is int
+    assert spec.norm.scale == 2.0 and type(spec.norm.scale) is float and spec.norm.mode == "a"
+    assert spec.norm == "knobs" and f"norm={spec.norm}" == "norm=knobs"  # it reads as its name
+    assert ModelSpec(**base).norm.window is None  # null by default
+    for key, value, words in (("window", 1.5, "an integer or null"), ("window", True, "an integer or null"),
+                              ("scale", "x", "a number"), ("on", 1, "true or false"), ("mode", None, "a string")):
+        with pytest.raises(ConfigError, match=f"^norm.{key}={value!r} must be {words}$"):
+            ModelSpec(**base, settings={"norm": {key: value}})
+    build_model(spec)  # the settings reach the class as keyword arguments
+
+
+def test_an_axis_setting_is_every_options_and_reaches_the_typed_config(own_registry, monkeypatch):
+    """declare_axis(..., settings=...): a key every option of the axis has, typed as an option's own."""
+    import dataclasses
+    from typing import Optional, get_type_hints
+
+    from ablate.model.attention import CausalSelfAttention
+
+    class Windowed(CausalSelfAttention):
+        def __init__(self, spec, layer, window=None):
+            super().__init__(spec, layer)
+            self.window = window
+
+    monkeypatch.setitem(options.AXES, "attn", dataclasses.replace(
+        options.AXES["attn"], settings={"window": options.setting(None, int)}))
+    options.register_option("attn", "windowed", Windowed, params=options.get("attn", "mha").params)
+    option = options.get("attn", "windowed")
+    assert get_type_hints(option.schema)["window"] == Optional[int] and option.all_settings["window"].optional
+    spec = ModelSpec(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64, max_seq_len=16,
+                     attn="windowed", settings={"attn": {"window": 8}})
+    assert spec.attn.window == 8 and spec.settings.of("attn") == {"window": 8}
+    assert [b.attn.window for b in build_model(spec).blocks] == [8, 8]

@@ -16,9 +16,10 @@ import torch
 from ablate.errors import ConfigError
 from ablate.model import flex, options
 from ablate.model.attention import CausalSelfAttention
-from ablate.model.kv_cache import KVCache, LayerKV
+from ablate.model.component import kv_layout
+from ablate.model.kv_cache import KVCache, LayerCache
 from ablate.model.positions import RopeScaling, alibi_slopes, rope_tables
-from ablate.model.sliding import attended_keys, check_window, layer_window, layer_windows
+from ablate.model.sliding import attended_keys, check_window, layer_windows
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import Transformer
 
@@ -34,15 +35,6 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def slide(model: Transformer, window, global_every=None, local_rope_base=None) -> Transformer:
-    """The window on each layer of `model` as attn.window / attn.global_every / attn.local_rope_base
-    give it."""
-    for i, block in enumerate(model.blocks):
-        block.attn.window = layer_window(window, global_every, i)
-    model.pos.local_base = local_rope_base
-    return model
-
-
 def sharp(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Weights large enough that attention is far from uniform (init's 0.02 is not), so a key
     let in or left out moves the output."""
@@ -56,8 +48,22 @@ def sharp(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return module.eval()
 
 
+def spec_of(n_layers=2, window=None, global_every=None, local_rope_base=None, **fields) -> ModelSpec:
+    """A spec with the sliding settings as the config gives them (attn.window, ...)."""
+    slide = dict(window=window, global_every=global_every, local_rope_base=local_rope_base)
+    return ModelSpec(**{**BASE, "n_layers": n_layers, **fields}, settings={"attn": slide})
+
+
 def model_of(n_layers=2, **fields) -> Transformer:
-    return sharp(Transformer(ModelSpec(**{**BASE, "n_layers": n_layers, **fields})))
+    """Built from spec_of(...); `sharp` gives every model of one shape the same weights."""
+    return sharp(Transformer(spec_of(n_layers, **fields)))
+
+
+def layer_of(window, **fields) -> CausalSelfAttention:
+    """One attention layer built as the attn option builds it, with `window`."""
+    spec = spec_of(1, window, **fields)
+    torch.manual_seed(0)  # nn.Linear's own bias init: the same for every window
+    return sharp(options.get("attn", spec.attn).build(spec, 0))
 
 
 def reference_attention(q, k, v, window, q_pos, k_pos, scale, slopes=None, softcap=None):
@@ -101,20 +107,18 @@ def test_each_path_attends_to_the_window_as_a_masked_softmax(pos, sharing, path)
     """1 < W < T: the training forward (SDPA), the explicit path diagnostics and coord-check take,
     soft-capping's, and decoding through the ring buffer in chunks, against the reference."""
     W, T = 3, 11
-    spec = ModelSpec(**{**BASE, "n_layers": 1, "n_kv_heads": HEAD_SHARING[sharing], "pos": pos,
-                        "attn_softcap": 2.0 if path == "softcap" else None})
-    attn = sharp(CausalSelfAttention(spec))
-    attn.window = W
+    attn = layer_of(W, n_kv_heads=HEAD_SHARING[sharing], pos=pos, attn_softcap=2.0 if path == "softcap" else None)
+    spec = spec_of(1, W, n_kv_heads=HEAD_SHARING[sharing], pos=pos)
     pos_module = options.get("pos", pos).build(spec)
     x = torch.randn(2, T, spec.d_model)
     ctx = pos_module.context(T, x.device, x.dtype)
     with torch.no_grad():
         q, k, v = projections(attn, ctx, x)
         want = reference_attention(q, k, v, W, list(range(T)), list(range(T)), spec.head_dim ** -0.5,
-                                   alibi_slopes(4) if pos == "alibi" else None, spec.attn_softcap)
+                                   alibi_slopes(4) if pos == "alibi" else None, attn.softcap)
         want = attn.proj(want.transpose(1, 2).reshape(2, T, -1))
         if path == "decode":
-            attn.kv_cache = LayerKV.empty(2, spec.n_kv_heads, spec.head_dim, T, W)
+            attn.kv_cache = LayerCache(kv_layout(spec.n_kv_heads, spec.head_dim, W), 2, T, torch.float32, "cpu")
             got, start = [], 0
             for n in (5, 1, 1, 3, 1):  # a prompt past W, steps, a chunk that wraps the ring
                 got.append(attn(x[:, start:start + n], pos_module.context(n, x.device, x.dtype, offset=start)))
@@ -137,15 +141,15 @@ def test_the_window_counts_the_query_itself():
     """W keys, no more, no fewer (HF's kv_idx > q_idx - W): the key W - 1 behind a query moves its
     output, the key W behind does not; W = 1 attends to itself only (its own value)."""
     W, T, t = 4, 12, 9
-    spec = ModelSpec(**{**BASE, "n_layers": 1, "n_kv_heads": 4, "pos": "rope"})
-    attn = sharp(CausalSelfAttention(spec))
+    spec = spec_of(1, n_kv_heads=4, pos="rope")
     ctx = options.get("pos", "rope").build(spec).context(T, "cpu", torch.float32)
     x = torch.randn(1, T, spec.d_model)
+    layers = {w: layer_of(w, n_kv_heads=4, pos="rope") for w in (1, W)}  # the same weights
+    attn = layers[W]
 
     def out_at_t(x, window):
-        attn.window = window
         with torch.no_grad():
-            return attn(x, ctx)[0, t]
+            return layers[window](x, ctx)[0, t]
 
     for behind, moves in ((W - 1, True), (W, False)):
         x2 = x.clone()
@@ -164,15 +168,14 @@ def test_training_logits_differ_past_the_window_and_a_window_of_T_is_full_attent
     kernel); W >= T: full causal attention, bit for bit (soft-capping and ALiBi's mask included)."""
     W, T = 5, 16
     fields = dict(pos=pos, n_kv_heads=2, attn_softcap=4.0 if pos == "alibi" else None)
-    full, windowed = model_of(**fields), model_of(**fields)
     idx = torch.randint(0, 64, (2, T))
     with torch.no_grad():
-        want = full(idx).logits
-        got = slide(windowed, W)(idx).logits
+        want = model_of(**fields)(idx).logits
+        got = model_of(window=W, **fields)(idx).logits
         torch.testing.assert_close(got[:, :W], want[:, :W], rtol=1e-5, atol=1e-5)
         assert ((got[:, W:] - want[:, W:]).abs().amax(dim=-1) > 1e-4).all()
         for wide in (T, T + 7):
-            assert torch.equal(slide(windowed, wide)(idx).logits, want)
+            assert torch.equal(model_of(window=wide, **fields)(idx).logits, want)
 
 
 def band_forward(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
@@ -188,7 +191,7 @@ def test_cached_decoding_far_past_the_window_equals_the_band_masked_forward(pos,
     equal the forward's. Sliding layers keep W positions, the full layer (global_every=3) all."""
     W, chunks = 6, [9, 1, 1, 4, 1, 7, 1, 1, 11] + [1] * 12
     T = sum(chunks)
-    model = slide(model_of(n_layers=3, pos=pos, n_kv_heads=HEAD_SHARING[sharing]), W, global_every=3)
+    model = model_of(n_layers=3, pos=pos, n_kv_heads=HEAD_SHARING[sharing], window=W, global_every=3)
     idx = torch.randint(0, 64, (2, T))
     with torch.no_grad():
         want = band_forward(model, idx)
@@ -202,28 +205,25 @@ def test_cached_decoding_far_past_the_window_equals_the_band_masked_forward(pos,
 
 
 def test_a_sliding_cache_stops_growing_at_its_window():
-    model = slide(model_of(n_layers=2, n_kv_heads=2), 8)
+    model = model_of(n_layers=2, n_kv_heads=2, window=8)
     sizes = {cap: KVCache.for_model(model, batch=1, capacity=cap).bytes() for cap in (5, 8, 100, 5000)}
     per_position = 2 * 2 * 2 * 8 * 4  # layers x (k, v) x n_kv_heads x head_dim x fp32 bytes
     assert sizes == {5: 5 * per_position, 8: 8 * per_position, 100: 8 * per_position, 5000: 8 * per_position}
-    mixed = slide(model_of(n_layers=2, n_kv_heads=2), 8, global_every=2)  # layer 1 full
+    mixed = model_of(n_layers=2, n_kv_heads=2, window=8, global_every=2)  # layer 1 full
     assert KVCache.for_model(mixed, batch=1, capacity=100).bytes() == (8 + 100) * per_position // 2
 
 
 def test_a_sliding_cache_refuses_positions_past_its_capacity():
-    layer = LayerKV.empty(1, 1, 2, capacity=5, window=3)
-    layer.update(torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 5, 2))
+    layer = LayerCache(kv_layout(1, 2, window=3), 1, 5, torch.float32, "cpu")
+    layer.append(k=torch.zeros(1, 1, 5, 2), v=torch.zeros(1, 1, 5, 2))
     with pytest.raises(ValueError, match="capacity of 5"):
-        layer.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+        layer.append(k=torch.zeros(1, 1, 1, 2), v=torch.zeros(1, 1, 1, 2))
 
 
 def test_flex_block_mask_of_the_window_matches_the_explicit_band():
     """The CUDA path's band (FlexAttention's eager forward runs on CPU; the compiled kernel is
     the cuda tier's) equals the explicit path's, with GQA, ALiBi and soft-capping."""
     W, T = 5, 16
-    spec = ModelSpec(**{**BASE, "n_layers": 1, "n_kv_heads": 2, "attn_softcap": 3.0})
-    attn = CausalSelfAttention(spec).eval()
-    attn.window = W
     q, k, v = torch.randn(2, 4, T, 8), torch.randn(2, 2, T, 8), torch.randn(2, 2, T, 8)
     slopes = alibi_slopes(4)
     with torch.no_grad(), warnings.catch_warnings():
@@ -236,8 +236,9 @@ def test_flex_block_mask_of_the_window_matches_the_explicit_band():
 def test_sliding_layers_rotate_at_the_local_base_and_scaling_stretches_the_global_one():
     """attn.local_rope_base: the sliding layers' RoPE base (Gemma 3); eval's --rope-scaling
     changes the full layers' tables only."""
-    spec = ModelSpec(**{**BASE, "n_layers": 2, "n_kv_heads": 4, "pos": "rope", "rope_base": 1e6})
-    model = slide(model_of(n_layers=2, n_kv_heads=4, pos="rope", rope_base=1e6), 4, 2, local_rope_base=100.0)
+    model = model_of(n_layers=2, n_kv_heads=4, pos="rope", rope_base=1e6, window=4, global_every=2,
+                     local_rope_base=100.0)
+    spec = model.spec
     ctx = model.pos.context(10, "cpu", torch.float32)
     for got, base in ((ctx.rope, 1e6), (ctx.local_rope, 100.0)):
         for a, b in zip(got, rope_tables(10, spec.head_dim, base)):
@@ -290,8 +291,7 @@ def test_bad_window_settings_are_refused_in_one_line(settings, message):
 
 def test_window_of_the_whole_context_needs_no_mask():
     """Where the window hides nothing the layer takes the causal path (nothing extra computed)."""
-    attn = CausalSelfAttention(ModelSpec(**{**BASE, "n_layers": 1, "n_kv_heads": 4}))
-    attn.window = 8
+    attn = layer_of(8, n_kv_heads=4)
     assert attn._band(8, 8, 0, None, "cpu") is None
     band = attn._band(1, 9, 8, None, "cpu")
     assert band.hidden.tolist() == [[True] + [False] * 8]

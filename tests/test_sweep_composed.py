@@ -1,11 +1,13 @@
-"""A sweep composes each job's config once, and derives a job that differs from a composed one
-only in values (LR, seed, a rung's sizes) instead of composing it: every derived config must be
-the one Hydra composes, hydra node included (it names the job's directory and overrides)."""
+"""A sweep composes each job's config once (ablate/sweep/composed.py), and the test suite's
+composition memo (tests/composition_memo.py) derives a job that differs from a composed one only
+in values (LR, seed, a rung's sizes) instead of composing it: every job's config must be the one
+Hydra composes, hydra node included (it names the job's directory and overrides)."""
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import TINY, in_process, record_calls
+import composition_memo
+from conftest import TINY, in_process
 
 STUDY = """\
 # @package _global_
@@ -22,43 +24,31 @@ def study(tmp_path, jobs: str) -> list[str]:
     return ["--config-dir", str(tmp_path / "conf"), "study=mine"]
 
 
-def as_hydra_composes(monkeypatch) -> tuple[list, list]:
+def as_hydra_composes(monkeypatch, memo) -> tuple[list, list]:
     """Every config the sweep loads, beside Hydra's own composition of the same job
-    (load_sweep_config with no memo, which the sweep itself runs once per variant); and the
-    compositions Hydra ran for the sweep's jobs."""
-    import ablate.config.compose
+    (load_sweep_config with the memo off); and the compositions Hydra ran for the sweep's jobs
+    with the memo on (the others were derived)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     from ablate.sweep.composed import ComposedJobs
 
-    monkeypatch.setattr(ablate.config.compose, "_BASES", None)  # as a new process starts
-    pairs, composed, inside = [], [], []
-    compose, sweep_config, load = (ConfigLoaderImpl.load_configuration, ConfigLoaderImpl.load_sweep_config,
-                                   ComposedJobs.load)
-
-    def counted(self, config_name, overrides, *args, **kwargs):  # derived_compositions wraps it
-        if inside:
-            composed.append(list(overrides))
-        return compose(self, config_name, overrides, *args, **kwargs)
+    pairs, composed = [], []
+    sweep_config, load = ConfigLoaderImpl.load_sweep_config, ComposedJobs.load
 
     def job_config(self, master, overrides):
-        inside.append(True)
+        before = len(memo.composed)
         try:
             return sweep_config(self, master, overrides)
         finally:
-            inside.pop()
+            composed.extend(memo.composed[before:])
 
     def checked(self, config_loader, master, overrides):
         config = load(self, config_loader, master, overrides)
-        memo, ConfigLoaderImpl.load_configuration = ConfigLoaderImpl.load_configuration, compose
-        try:  # Hydra alone: neither derived nor counted
+        with composition_memo.off():  # Hydra alone: neither derived nor counted
             hydra = sweep_config(config_loader, master, list(overrides))
-        finally:
-            ConfigLoaderImpl.load_configuration = memo
         pairs.append((OmegaConf.to_yaml(config), flags(config), overrides, hydra))
         return config
 
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
     monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", job_config)
     monkeypatch.setattr(ComposedJobs, "load", checked)
     return pairs, composed
@@ -81,8 +71,8 @@ def assert_all_as_hydra_composes(pairs) -> None:
       "--lr-grid", "1e-3:1e-2:3", "--seeds", "2"], 23),
     ([*TINY, "norm=layernorm,rmsnorm", "train.lr=0.003", "--seeds", "3", "train.batch_size=4"], 6),
 ])
-def test_every_job_of_a_sweep_is_the_config_hydra_composes(tmp_path, monkeypatch, sweep, loads):
-    pairs, composed = as_hydra_composes(monkeypatch)
+def test_every_job_of_a_sweep_is_the_config_hydra_composes(tmp_path, monkeypatch, fresh_memo, sweep, loads):
+    pairs, composed = as_hydra_composes(monkeypatch, fresh_memo)
     res = in_process("sweep", *sweep, "--dry-run", "logger=none",
                      f"hydra.sweep.dir={tmp_path / 's'}")
     assert res.returncode == 0, res.stderr
@@ -91,10 +81,11 @@ def test_every_job_of_a_sweep_is_the_config_hydra_composes(tmp_path, monkeypatch
     assert len(composed) == 2  # one per config-group choice; each one's other jobs derived from it
 
 
-def test_a_study_with_repeated_keys_and_dict_values_is_composed_as_hydra_composes(tmp_path, monkeypatch):
+def test_a_study_with_repeated_keys_and_dict_values_is_composed_as_hydra_composes(tmp_path, monkeypatch,
+                                                                                 fresh_memo):
     """A key set twice takes its last value, a dict merges: derived jobs apply every value in
     order, as Hydra does."""
-    pairs, composed = as_hydra_composes(monkeypatch)
+    pairs, composed = as_hydra_composes(monkeypatch, fresh_memo)
     jobs = study(tmp_path, """\
       - {name: small, overrides: [model.d_model=32, train.lr=0.002]}
       - {name: wide, overrides: [model.d_model=64, train.lr=0.002]}

@@ -43,6 +43,11 @@ def test_metric_names_round_trip_through_wandb():
     assert wandb_name("val_loss") == "val/loss" and metric_name("val/loss") == "val_loss"
     assert metric_name("train/mfu") == "mfu"  # was missing from compare's hand-written inverse
     assert wandb_name("my_metric") == "my_metric" == metric_name("my_metric")
+    # the objective's terms and components' statistics: a row each, a plugin's by the same rule
+    for key, logged in (("loss/z", "train/loss_z"), ("loss/router_z", "train/loss_router_z"),
+                        ("loss/act_l2", "train/loss_act_l2"), ("stat/imbalance", "train/stat_imbalance")):
+        assert wandb_name(key) == logged and metric_name(logged) == key
+    assert wandb_name("loss/") == "loss/" and metric_name("train/loss") == "train_loss"
 
 
 def test_status_is_its_string_everywhere():

@@ -5,6 +5,8 @@
 - groups.py: variants, their labels, the baseline and a study's ladder
 - stats.py: the seed-noise test, Holm's correction, verdicts, seeds needed (typed results)
 - compare.py: compare_dirs, one Row per variant (SeedRow per run)
+- crossing.py: two crossed axes (a --mode grid sweep, --cross A,B): each run's cell, what the grid
+  explains; interaction.py: the Δ of A at each level of B and their interaction, its table
 - transfer_stats.py, transfer_report.py: an --lr-grid or --ladder sweep's statistics and rows
 - length_eval.py: the loss at other context lengths (length_eval.json), tables under the comparison
 - columns.py: the comparison's columns on the one table model (ablate/tables/)

@@ -23,11 +23,11 @@ def is_variant_key(key: str) -> bool:
     return key.split(".", 1)[0] in AXES or key in VARIANT_MODEL_KEYS
 
 
-def _setting(config: dict, key: str) -> str:
+def setting(config: dict, key: str) -> str:
     return json.dumps(config[key], sort_keys=True) if key in config else ABSENT
 
 
-def _shown(value: str) -> str:
+def shown_setting(value: str) -> str:
     return value if value == ABSENT else str(json.loads(value))
 
 
@@ -35,7 +35,7 @@ def alike(runs: Sequence[Run]) -> set[str]:
     """The config keys set to one value in every run that has a config (absent counts as a value)."""
     configs = [r.config for r in runs if r.config]
     keys = set().union(*configs) if configs else set()
-    return {k for k in keys if len({_setting(c, k) for c in configs}) == 1}
+    return {k for k in keys if len({setting(c, k) for c in configs}) == 1}
 
 
 def mixed_settings(runs: Sequence[Run]) -> dict[str, dict[str, int]]:
@@ -56,7 +56,7 @@ def mixed_settings(runs: Sequence[Run]) -> dict[str, dict[str, int]]:
             continue
         counts: dict[str, int] = {}
         for c in configs:
-            v = _shown(_setting(c, key))
+            v = shown_setting(setting(c, key))
             counts[v] = counts.get(v, 0) + 1
         if len(counts) > 1:
             out[key] = counts

@@ -13,6 +13,9 @@ t-test; fewer than two seeds on either side gives no test (stats.seed_test). The
 variants are Holm-corrected, and the corrected p gives the verdict. A study sweep (`ablate sweep
 study=...`) is a cumulative ladder: its rungs are shown in ladder order, each also against the
 rung before it (Row.vs_prev; Holm over the rungs' steps), so each step's own gain is visible.
+Two crossed axes (a --mode grid sweep, or --cross; ablate/analysis/crossing.py) stratify: each
+cell is compared with A's baseline level at its own level of B, one baseline per level, and Holm
+runs over every cell compared; the interaction of the two is ablate/analysis/interaction.py's.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.comparable import describe_mixed, filter_runs, mixed_settings, resolve_metric
+from ablate.analysis.crossing import Crossing, crossed_mixed
 from ablate.analysis.groups import Group, label_groups, pick_baseline, study_ladder
 from ablate.analysis.load import CompareError, Run, find_runs, number, print_warning
 from ablate.analysis.stats import (ALPHA, MIN_SEEDS, NO_TEST, SeedTest, for_family, holm, mean_std, seed_test,
@@ -91,6 +95,8 @@ class Row(JsonRow):
     mixed: list = field(default_factory=list)  # --allow-mixed: the settings the rows do not share
     baseline_reason: Optional[str] = None
     length_eval: Optional[list] = None  # length_eval.LengthCell per protocol and length, when runs have them
+    crossed: bool = False  # two crossed axes: the row has the `interaction` key
+    interaction: Any = None  # interaction.InteractionCell of a cell of A's other levels; None: a baseline
 
     def as_dict(self) -> dict:
         """The row as `compare --json` writes it (the public keys)."""
@@ -106,6 +112,8 @@ class Row(JsonRow):
         d.update(mixed=self.mixed, baseline_reason=self.baseline_reason)
         if self.length_eval is not None:
             d["length_eval"] = [c.as_dict() for c in self.length_eval]
+        if self.crossed:
+            d["interaction"] = self.interaction.as_dict() if self.interaction is not None else None
         return d
 
 
@@ -135,6 +143,7 @@ class Comparison(list):
         self.metric, self.baseline, self.notes, self.groups, self.alpha = metric, baseline, notes, groups, alpha
         self.baseline_reason: Optional[str] = None  # why `baseline` was chosen
         self.mixed: dict[str, dict[str, int]] = {}  # settings the runs do not share (--allow-mixed)
+        self.crossing: Optional[Crossing] = None  # two crossed axes: one baseline per level of B
 
     @property
     def study(self) -> bool:
@@ -157,30 +166,68 @@ def compare_dirs(paths: Sequence[Path | str], metric: str = VAL_LOSS,
 
 
 def compare_runs(runs: list[Run], metric: str = VAL_LOSS, baseline: Optional[str] = None,
-                 alpha: float = ALPHA, allow_mixed: bool = False) -> Comparison:
+                 alpha: float = ALPHA, allow_mixed: bool = False,
+                 crossing: Optional[Crossing] = None) -> Comparison:
     """One Row per variant, the baseline first (a study's rungs in ladder order). Runs that
     differ in more than variant keys and seed are refused (CompareError naming the keys) unless
-    `allow_mixed`."""
-    mixed = mixed_settings(runs)
+    `allow_mixed`. With a `crossing`, one row per cell, A's baseline level first, each cell
+    compared with A's baseline at its level of B; the runs may differ only in what the two axes
+    set (crossing.crossed_mixed)."""
+    mixed = mixed_settings(runs) if crossing is None else crossed_mixed(runs, crossing)
     if mixed and not allow_mixed:
-        raise CompareError(
-            f"these runs differ in more than axis options and seed, so their deltas would mix "
-            f"effects: {describe_mixed(mixed)}; compare like with like (e.g. --where "
-            f"{next(iter(mixed))}=VALUE) or pass --allow-mixed")
+        raise mixed_error(mixed, crossing)
     metric = resolve_metric(metric, runs)
     notes: list[str] = []
-    groups, base, reason, rungs = _arrange(runs, baseline, notes)
+    if crossing is None:
+        groups, base, reason, rungs = _arrange(runs, baseline, notes)
+        for g in groups:
+            g.baseline, g.ref = g is base, base if g is not base else None
+    else:
+        groups, rungs = _arrange_crossed(runs, crossing, baseline), set()
+        base, reason = groups[0], "--baseline" if baseline else crossing.why
     _collect(groups, metric, notes)
-    rows = [_row(g, base, metric, alpha, notes, id(g) in rungs) for g in groups]
+    rows = [_row(g, metric, alpha, notes, id(g) in rungs) for g in groups]
     holm_correct([r.vs for r in rows], metric, alpha)
     holm_correct([r.vs_prev for r in rows if r.rung], metric, alpha)
     _summary_notes(rows, notes)
     for row in rows:
         row.mixed = sorted(mixed)
         row.baseline_reason = reason if row.baseline else None
-    cmp = Comparison(rows, metric, base.label if base else None, notes, groups, alpha)
-    cmp.baseline_reason, cmp.mixed = reason, mixed
+        row.crossed = crossing is not None
+    label = crossing.a.name(crossing.a.first) + f" at each level of {crossing.b.key}" if crossing else None
+    cmp = Comparison(rows, metric, label or (base.label if base else None), notes, groups, alpha)
+    cmp.baseline_reason, cmp.mixed, cmp.crossing = reason, mixed, crossing
     return cmp
+
+
+def mixed_error(mixed: dict[str, dict[str, int]], crossing: Optional[Crossing] = None,
+                allow: bool = True) -> CompareError:
+    """The refusal of runs whose deltas would mix effects (`allow`: it says --allow-mixed)."""
+    what = ("axis options and seed" if crossing is None
+            else f"the crossed axes ({crossing.a.key}, {crossing.b.key}) and seed")
+    return CompareError(f"these runs differ in more than {what}, so their deltas would mix effects: "
+                        f"{describe_mixed(mixed)}; compare like with like (e.g. --where {next(iter(mixed))}=VALUE)"
+                        + (" or pass --allow-mixed" if allow else ""))
+
+
+def _arrange_crossed(runs: list[Run], crossing: Crossing, baseline: Optional[str]) -> list[Group]:
+    """One group per cell of the grid, A's baseline level first, each of A's levels in B's order;
+    each cell's reference is A's baseline at its level of B."""
+    if baseline:
+        crossing.rebase_to(baseline, runs)
+    by_cell: dict[tuple, Group] = {}
+    for r in runs:
+        by_cell.setdefault(crossing.cell(r), Group([])).runs.append(r)
+    groups = []
+    for a in crossing.a.levels:
+        for b in crossing.b.levels:
+            g = by_cell[a, b]
+            g.label, g.baseline = crossing.label(a, b), a == crossing.a.first
+            groups.append(g)
+    first = {crossing.cell(g.runs[0])[1]: g for g in groups if g.baseline}
+    for g in groups:
+        g.ref = None if g.baseline else first[crossing.cell(g.runs[0])[1]]
+    return groups
 
 
 def _arrange(runs: list[Run], baseline: Optional[str], notes: list[str]):
@@ -240,7 +287,7 @@ def _status_counts(g: Group, metric: str) -> dict[str, int]:
     return counts
 
 
-def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list[str], rung: bool) -> Row:
+def _row(g: Group, metric: str, alpha: float, notes: list[str], rung: bool) -> Row:
     mean, std = mean_std(list(g.values.values()))
     counts = _status_counts(g, metric)
     coverage = None  # the mean reflects the survivors only: say so when some seeds did not enter it
@@ -248,14 +295,14 @@ def _row(g: Group, base: Optional[Group], metric: str, alpha: float, notes: list
         left = [f"{c} {st}" for st, c in counts.items() if st != Status.COMPLETED]
         coverage = f"{len(g.values)} of {len(g.runs)} seeds" + ("; " + ", ".join(left) if left else "")
         notes.append(f"{g.label}: {coverage}; its mean is over the completed seeds only")
-    params, base_params = g.first(_params), base.first(_params) if base else None
-    p_delta = (params - base_params) if (params is not None and base_params and g is not base) else None
+    params, base_params = g.first(_params), g.ref.first(_params) if g.ref else None
+    p_delta = (params - base_params) if (params is not None and base_params) else None
     p_pct = (100 * p_delta / base_params) if p_delta is not None else None
     tps, unsteady = _speed(g)
     order = sorted(g.values, key=str)
-    return Row(variant=g.label, baseline=g is base, metric=metric, n=len(g.values), runs=len(g.runs),
+    return Row(variant=g.label, baseline=g.baseline, metric=metric, n=len(g.values), runs=len(g.runs),
                coverage=coverage, seeds=[s[0] for s in order], mean=mean, std=std,
-               values=[g.values[s] for s in order], vs=paired_or_welch(base, g, alpha), status=counts,
+               values=[g.values[s] for s in order], vs=paired_or_welch(g.ref, g, alpha), status=counts,
                params=params, params_delta=p_delta, params_delta_pct=p_pct,
                size_differs=p_pct is not None and abs(p_pct) > SIZE_NOTE_PCT,
                flops_per_token=g.first(lambda r: r.record.info.flops_per_token),
@@ -340,13 +387,13 @@ def _summary_notes(rows: list[Row], notes: list[str]) -> None:
 
 
 def per_seed_rows(cmp: Comparison) -> list[SeedRow]:
-    """One row per run (--per-seed), each variant's runs in seed order."""
-    base = next((g for g, r in zip(cmp.groups, cmp) if r.baseline), None)
+    """One row per run (--per-seed), each variant's runs in seed order; each run's Δ is from its
+    baseline's run of the same seed (its level's, when crossed)."""
     out = []
     for g, row in zip(cmp.groups, cmp):
         for r in sorted(g.runs, key=lambda r: str(r.seed)):
             v = g.values.get(r.seed) if r.status == Status.COMPLETED else None
-            ref = base.values.get(r.seed) if base is not None and g is not base else None
+            ref = g.ref.values.get(r.seed) if g.ref is not None else None
             out.append(SeedRow(row.variant, row.baseline, r.seed[0],
                                str(r.status) if r.status != Status.COMPLETED or v is not None else f"no {cmp.metric}",
                                cmp.metric, v, (v - ref) if v is not None and ref is not None else None,

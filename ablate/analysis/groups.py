@@ -20,6 +20,8 @@ class Group:
     label: str = ""
     values: dict = field(default_factory=dict)  # seed -> metric value (completed runs only)
     prev: Optional["Group"] = None  # a study rung: the rung before it in the same sweep
+    ref: Optional["Group"] = None  # what it is compared with: the baseline (its level's, when crossed)
+    baseline: bool = False  # a baseline (one per level of a crossed axis)
 
     def first(self, read: Callable[[Run], Any]) -> Any:
         """The first of its runs' values that is known (`read`: a run's value from its record)."""

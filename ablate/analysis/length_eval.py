@@ -141,25 +141,25 @@ def _at(g: Group, key: EvalKey, records: dict) -> tuple[Group, set, list]:
     return Group(g.runs, g.label, values), reasons, sorted(missing, key=lambda r: str(r.seed))
 
 
-def _cells(groups: list[Group], base: Optional[Group], key: EvalKey, records: dict, alpha: float) -> list[LengthCell]:
-    """Every variant's cell at `key`: Δ vs the baseline with the main table's test, Holm over the
-    variants at this length."""
+def _cells(groups: list[Group], key: EvalKey, records: dict, alpha: float) -> list[LengthCell]:
+    """Every variant's cell at `key`: Δ vs its baseline (the main table's: Group.ref) with the main
+    table's test, Holm over the variants at this length."""
     from ablate.analysis.compare import Versus, holm_correct, paired_or_welch
     from ablate.analysis.stats import mean_std
     from ablate.analysis.transfer_stats import mean_ci
 
     at = {id(g): _at(g, key, records) for g in groups}
-    ref = at[id(base)][0] if base is not None else None
     cells = []
     for g in groups:
+        ref = at[id(g.ref)][0] if g.ref is not None else None
         mine, reasons, missing = at[id(g)]
         vals = list(mine.values.values())
         mean, std = mean_std(vals)
         low, high = mean_ci(vals, alpha)
         status = EvalStatus.OK.value if vals else EvalStatus.NOT_AVAILABLE.value if reasons else NOT_EVALUATED
         trains = [records[r.dir].train_seq_len for r in g.runs if r.dir in records]
-        vs = paired_or_welch(ref, mine, alpha) if ref is not None and g is not base and ref.values else Versus()
-        cells.append(LengthCell(key, g is base, bool(trains) and key.length > min(trains), status,
+        vs = paired_or_welch(ref, mine, alpha) if ref is not None and ref.values else Versus()
+        cells.append(LengthCell(key, g.baseline, bool(trains) and key.length > min(trains), status,
                                 "; ".join(sorted(reasons)) or None, len(vals),
                                 sum(r.status == Status.COMPLETED for r in g.runs), sorted((s[0] for s in mine.values), key=str),
                                 [r.seed[0] for r in missing], mean, std, None if low is None else [low, high], vs,
@@ -182,11 +182,10 @@ def length_eval(cmp: Any, warn: Callable[[str], None] = print_warning) -> Option
     records = read_records(cmp.groups, warn)
     if not records:
         return None
-    base = next((g for g, r in zip(cmp.groups, cmp) if r.baseline), None)
     protocols = []
     for keys in _protocols(records):
-        per_key = [_cells(cmp.groups, base, k, records, cmp.alpha) for k in keys]
-        rows = [LengthRow(g.label, g is base, [cells[i] for cells in per_key]) for i, g in enumerate(cmp.groups)]
+        per_key = [_cells(cmp.groups, k, records, cmp.alpha) for k in keys]
+        rows = [LengthRow(g.label, g.baseline, [cells[i] for cells in per_key]) for i, g in enumerate(cmp.groups)]
         trains = sorted({r.train_seq_len for r in records.values()})
         p = Protocol(keys[0].protocol, keys, trains, rows)
         p.notes = protocol_notes(p, records)

@@ -15,6 +15,8 @@ from ablate.analysis.report_types import Report, ReportKind  # noqa: F401 (the r
 from ablate.names import VAL_LOSS
 from ablate.tables.render import FORMATS
 
+LR_KEY = "train.lr"  # an LR grid's own axis (ablate/sweep/transfer_plan.py)
+
 
 @dataclass(frozen=True)
 class CompareOptions:
@@ -31,6 +33,7 @@ class CompareOptions:
     plot: Optional[Path] = None
     plot_keys: tuple[str, ...] = ()
     alpha: float = ALPHA
+    cross: Optional[str] = None  # A,B: the two axes whose interaction is reported (a grid sweep's own by default)
 
     def check(self) -> None:
         if not 0 < self.alpha < 1:
@@ -49,6 +52,8 @@ def build_report(paths: Sequence[Path | str], options: CompareOptions,
     """The report on the runs under `paths` that match options.where."""
     from ablate.analysis.columns import comparison_table
     from ablate.analysis.compare import compare_runs, load_runs
+    from ablate.analysis.crossing import find_crossing
+    from ablate.analysis.interaction import add_interaction
     from ablate.analysis.length_eval import add_lengths
 
     options.check()
@@ -56,29 +61,47 @@ def build_report(paths: Sequence[Path | str], options: CompareOptions,
     transfer = _transfer_report(paths, runs, options)
     if transfer is not None:
         return transfer
-    cmp = compare_runs(runs, options.metric, options.baseline, options.alpha, options.allow_mixed)
+    notes: list[str] = []
+    crossing = find_crossing(runs, options.cross, notes)
+    cmp = compare_runs(runs, options.metric, options.baseline, options.alpha, options.allow_mixed, crossing)
+    cmp.notes += notes
     if options.per_seed:
         return Report(ReportKind.PER_SEED, comparison_table(cmp, per_seed=True), comparison=cmp)
-    return add_lengths(Report(ReportKind.COMPARISON, comparison_table(cmp), comparison=cmp), warn)
+    report = add_lengths(Report(ReportKind.COMPARISON, comparison_table(cmp), comparison=cmp), warn)
+    return add_interaction(report) if crossing is not None else report
 
 
 def _transfer_report(paths: Sequence[Path | str], runs: list[Run], options: CompareOptions) -> Optional[Report]:
     """An --lr-grid or --ladder sweep's report; None for other runs, and for one LR and one
     model size of such a sweep (--where): an ordinary comparison."""
+    from ablate.analysis.compare import mixed_error
+    from ablate.analysis.crossing import crossed_mixed, find_crossing
     from ablate.analysis.transfer_report import find_transfer, transfer_compare, transfer_record
+    from ablate.sweep.transfer_record import TransferKind
 
     if not find_transfer(paths):
         return None
     record = transfer_record(runs)
     if record is None or (options.where and _one_point(runs)):
         return None
+    crossing, notes = None, []
+    if record.kind is TransferKind.LR_GRID:  # each cell at its own best LR
+        crossing = find_crossing(runs, options.cross, notes, exclude=(LR_KEY,))
+        mixed = crossed_mixed(runs, crossing) if crossing is not None else {}
+        if mixed:  # the grid's report has no mixed cells: one variant per cell
+            raise mixed_error(mixed, crossing, allow=False)
+    elif options.cross:
+        raise CompareError("--cross: not available for a --ladder sweep (cross two axes in an ordinary or "
+                           "an --lr-grid sweep, or compare one rung with --where model.d_model=X)")
     given = [flag for flag, on in (("--metric", options.metric != VAL_LOSS), ("--per-seed", options.per_seed),
                                    ("--plot-key", bool(options.plot_keys))) if on]
     if given:
         raise CompareError(f"{', '.join(given)}: not available for an --lr-grid or --ladder sweep, whose "
                            "report is on the final val_loss (compare one of its LRs or rungs with "
                            "--where train.lr=X or --where model.d_model=X instead)")
-    return transfer_compare(runs, record, options.baseline, options.alpha)
+    report = transfer_compare(runs, record, options.baseline, options.alpha, crossing)
+    report.table.notes += notes
+    return report
 
 
 def _one_point(runs: list[Run]) -> bool:

@@ -28,11 +28,14 @@ class Report:
     points: list = field(default_factory=list)  # transfer_report.Point: every run of a grid or ladder
     ladder: Any = None  # transfer_report.LadderFit: the ladder's fitted curves, for its figure
     lengths: Any = None  # length_eval.LengthEval: the loss at other context lengths, tables under the main one
+    interaction: Any = None  # interaction.Interaction: two crossed axes, its table under the main one
 
     @property
     def tables(self) -> list[Table]:
-        """The main table, then the tables printed under it (one per evaluation protocol)."""
-        return [self.table] + (list(self.lengths.tables) if self.lengths is not None else [])
+        """The main table, then the tables printed under it (the interaction of two crossed axes,
+        one per evaluation protocol)."""
+        return ([self.table] + (list(self.interaction.tables) if self.interaction is not None else [])
+                + (list(self.lengths.tables) if self.lengths is not None else []))
 
     @property
     def rows(self) -> list:

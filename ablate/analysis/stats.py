@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from ablate.names import higher_is_better
 
@@ -143,6 +143,28 @@ def seed_test(base: dict, other: dict, alpha: float = ALPHA) -> SeedTest:
     if len(common) >= 2:
         return _paired([other[s] for s in common], [base[s] for s in common], shown_seeds(common), alpha)
     return _welch(list(other.values()), list(base.values()), shown_seeds(sorted(other, key=str)), alpha)
+
+
+def contrast_test(per_seed: Mapping, alpha: float = ALPHA) -> SeedTest:
+    """Is the mean of per-seed contrasts (seed -> a difference or an interaction, each computed
+    within one seed) away from 0? A one-sample t-test, T = mean / (sd / sqrt(n)) on n - 1 degrees
+    of freedom, two-sided, with its (1 - alpha) interval (the paired t-test of the contrast's two
+    sides); no test with fewer than two seeds. No seeds_needed: the interaction reports none."""
+    from scipy import stats
+
+    if len(per_seed) < 2:
+        return NO_TEST
+    seeds = sorted(per_seed, key=str)
+    values = [per_seed[s] for s in seeds]
+    n, (mean, sd) = len(values), mean_std(values)
+    if sd == 0:  # identical on every seed: no noise to compare against
+        return SeedTest("paired t", math.copysign(math.inf, mean) if mean else 0.0, 0.0 if mean else 1.0, n - 1,
+                        shown_seeds(seeds), mean, mean, mean, math.copysign(math.inf, mean) if mean else 0.0)
+    se = sd / math.sqrt(n)
+    t = mean / se
+    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * se
+    return SeedTest("paired t", t, float(2 * stats.t.sf(abs(t), n - 1)), n - 1, shown_seeds(seeds), mean,
+                    mean - half, mean + half, mean / sd)
 
 
 def _paired(a: list, b: list, seeds: list, alpha: float) -> SeedTest:

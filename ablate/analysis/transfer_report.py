@@ -173,13 +173,42 @@ class GridRow(JsonRow):
     max_attn_logit: Optional[float]
     max_attn_logit_lr: float
     curve: dict  # "lr" -> the grid's final loss there (None: diverged)
+    crossed: bool = False  # two crossed axes: the row has the `interaction` key
+    interaction: Any = None  # interaction.InteractionCell of a cell of A's other levels; None: a baseline
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("crossed")
+        if self.crossed:
+            d["interaction"] = self.interaction.as_dict() if self.interaction is not None else None
+        else:
+            del d["interaction"]
+        return d
+
+
+def _crossed_variants(points: Sequence[Point], crossing: Any) -> tuple[list[str], dict, dict]:
+    """The variants of a crossed LR grid, one per cell, A's baseline level first (each of A's
+    levels in B's order), each one's reference (A's baseline at its level of B) and its cell."""
+    cell_of = {p.variant: crossing.cells[Path(p.dir)] for p in points}
+    by_cell = {cell: n for n, cell in cell_of.items()}
+    names = [by_cell[a, b] for a in crossing.a.levels for b in crossing.b.levels]
+    return names, {n: None if cell_of[n][0] == crossing.a.first else by_cell[crossing.a.first, cell_of[n][1]]
+                   for n in names}, cell_of
 
 
 def lr_grid_report(points: Sequence[Point], record: TransferRecord, baseline: Optional[str] = None,
-                   alpha: float = ALPHA) -> Report:
+                   alpha: float = ALPHA, crossing: Any = None) -> Report:
+    """The LR grid's report; with two crossed axes (crossing.Crossing, its baseline already set),
+    each cell against A's baseline at its level of B, both at their own best LR, and the
+    interaction table of those tuned values."""
     import ablate.analysis.transfer_stats as T
 
-    names, base = _by_variant(points, baseline)
+    reference: Optional[dict] = None
+    if crossing is not None:
+        names, reference, cell_of = _crossed_variants(points, crossing)
+        base = names[0]
+    else:
+        names, base = _by_variant(points, baseline)
     grid = list(record.grid)
     shared = _nearest(grid, record.shared_lr or grid[len(grid) // 2])
     runs: dict = {n: {lr: {} for lr in grid} for n in names}
@@ -189,23 +218,40 @@ def lr_grid_report(points: Sequence[Point], record: TransferRecord, baseline: Op
         if p.loss_init is not None:
             inits[p.variant].append(p.loss_init)
     loss_init = {n: _mean(v) for n, v in inits.items()}
-    tuned = T.tuned_comparison(runs, base, loss_init, shared, alpha)
+    tuned = T.tuned_comparison(runs, base, loss_init, shared, alpha, reference)
     rows = []
     for n in names:
         t, test = tuned[n], tuned[n].tuned_delta
         top = max((p for p in points if p.variant == n), key=lambda p: p.lr)
         rows.append(GridRow(
-            n, n == base, t.best_lr, t.on_edge, t.n, t.loss, list(t.loss_ci) if t.loss_ci[0] is not None else None,
+            n, n == base if reference is None else reference[n] is None, t.best_lr, t.on_edge, t.n, t.loss,
+            list(t.loss_ci) if t.loss_ci[0] is not None else None,
             test.test_delta if test else None,
             [test.ci_low, test.ci_high] if test and test.ci_low is not None else None,
             test.p_value if test else None, test.t if test else None, test.seeds_needed if test else None,
             test.seeds_needed_alpha if test else None, t.p_holm, t.verdict, shared, t.shared_delta,
             t.verdict_differs, t.lr_sensitivity, loss_init[n], top.max_attn_logit, top.lr,
-            {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()}))
+            {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()}, crossing is not None))
+    said = (f"baselines: {crossing.a.name(crossing.a.first)} at each level of {crossing.b.key}"
+            if crossing is not None else f"baseline: {base}")
     title = (f"ablate compare: LR grid {', '.join(f'{x:g}' for x in grid)}; each variant at its "
-             f"own best LR (baseline: {base})")
+             f"own best LR ({said})")
     table = Table(title, grid_columns(shared, alpha), rows, notes=_grid_notes(rows, shared))
-    return Report(ReportKind.LR_GRID, table, points=list(points))
+    report = Report(ReportKind.LR_GRID, table, points=list(points))
+    if crossing is not None:
+        from ablate.analysis.interaction import csv_column, interaction
+
+        values = {cell_of[n]: tuned[n].values for n in names}
+        report.interaction = interaction(values, crossing, VAL_LOSS, alpha, what=", each cell at its own best LR",
+                                         said=table.notes)
+        if report.interaction is not None:
+            for row in rows:
+                row.interaction = report.interaction.of(crossing.label(*cell_of[row.variant]))
+            table.columns.append(csv_column())
+        else:
+            for row in rows:
+                row.crossed = False
+    return report
 
 
 def _grid_notes(rows: list[GridRow], shared: float) -> list[str]:
@@ -218,7 +264,7 @@ def _grid_notes(rows: list[GridRow], shared: float) -> list[str]:
         if row.verdict_differs:
             notes.append(f"{row.variant}: the verdict at the shared LR {shared:g} differs from the "
                          "tuned one (each variant at its own best LR)")
-    untested = [r for r in rows[1:] if r.tuned_delta is None and r.best_lr is not None]
+    untested = [r for r in rows if not r.baseline and r.tuned_delta is None and r.best_lr is not None]
     if untested and rows[0].best_lr is not None:
         counts = ", ".join(f"{r.variant} {r.n}" for r in untested + rows[:1])
         notes.append(f"tuned Δ - for {', '.join(r.variant for r in untested)}: the tuned test pairs each "
@@ -608,8 +654,11 @@ def ladder_columns(rungs: list[str], scan: bool, alpha: float = ALPHA, moved: bo
 
 
 def transfer_compare(runs: Sequence[Run], record: TransferRecord, baseline: Optional[str] = None,
-                     alpha: float = ALPHA) -> Report:
+                     alpha: float = ALPHA, crossing: Any = None) -> Report:
+    """The report of an LR grid (two crossed axes: crossing.Crossing) or a ladder sweep."""
     points = to_points(runs, record)
     if record.kind is TransferKind.LR_GRID:
-        return lr_grid_report(points, record, baseline, alpha)
+        if crossing is not None and baseline:
+            crossing.rebase_to(baseline, runs)
+        return lr_grid_report(points, record, baseline, alpha, crossing)
     return ladder_report(points, record, baseline, alpha)

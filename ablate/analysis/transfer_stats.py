@@ -26,7 +26,7 @@ where used).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ablate.analysis.stats import ALPHA, SeedTest, for_family, holm, mean_std, seed_test, verdict
@@ -359,6 +359,7 @@ class Tuned:
     shared_delta: Optional[float]  # mean paired difference at shared_lr; None: no common seed
     lr_sensitivity: Optional[float]  # None without a loss at initialisation
     verdict_differs: bool
+    values: Mapping = field(default_factory=dict)  # seed -> loss at the best LR (what tuned_delta pairs)
 
 
 Runs = Mapping[float, Mapping[Any, Optional[float]]]  # lr -> {seed: final loss, None: diverged}
@@ -405,20 +406,24 @@ def _differs(test: Optional[SeedTest], word: Optional[str], shared: Optional[flo
 
 def tuned_comparison(runs: Mapping[str, Runs], baseline: str,
                      loss_init: Union[None, float, Mapping[str, Optional[float]]],
-                     shared_lr: Optional[float] = None, alpha: float = ALPHA) -> dict[str, Tuned]:
+                     shared_lr: Optional[float] = None, alpha: float = ALPHA,
+                     reference: Optional[Mapping[str, Optional[str]]] = None) -> dict[str, Tuned]:
     """runs[variant][lr][seed]: final loss (None/nan/inf: diverged). Each variant's best LR is
     the best of its grid_curve; tuned_delta is stats.seed_test of its seeds there against the
     baseline's at the baseline's best LR (paired by seed); p-values are Holm-adjusted over the
     variants. shared_delta: the mean paired difference at `shared_lr` (None: not given, not in
     the grid, or no common seed); seeds_needed at alpha / (variants tested), the bar of the Holm
     verdict (stats.for_family). loss_init: one value, or one per variant (None: no
-    lr_sensitivity). Returns {variant: Tuned}, the baseline first."""
+    lr_sensitivity). reference: variant -> the variant it is compared with (None: a baseline;
+    two crossed axes have one per level), by default `baseline` for all. Returns {variant: Tuned},
+    the baseline first."""
     if baseline not in runs:
         raise ValueError(f"baseline {baseline!r} is not among the variants: {', '.join(runs)}")
     names = [baseline] + [n for n in runs if n != baseline]
+    ref = dict(reference) if reference is not None else {n: None if n == baseline else baseline for n in names}
     best = {n: best_lr(grid_curve(runs[n])) for n in names}
     at = {n: _at(runs[n], best[n].lr) for n in names}
-    tests = {n: seed_test(at[baseline], at[n], alpha) if n != baseline else None for n in names}
+    tests = {n: seed_test(at[ref[n]], at[n], alpha) if ref[n] is not None else None for n in names}
     adjusted = dict(zip(names, holm([t.p_value if t else None for t in tests.values()])))
     tested = sum(t is not None and t.p_value is not None for t in tests.values())
     tests = {n: for_family(t, alpha, tested) if t else None for n, t in tests.items()}  # seeds for the Holm verdict
@@ -426,8 +431,8 @@ def tuned_comparison(runs: Mapping[str, Runs], baseline: str,
     for n in names:
         init = loss_init.get(n) if isinstance(loss_init, Mapping) else loss_init
         shared = None
-        if n != baseline:
-            b, v = _at(runs[baseline], shared_lr), _at(runs[n], shared_lr)
+        if ref[n] is not None:
+            b, v = _at(runs[ref[n]], shared_lr), _at(runs[n], shared_lr)
             common = set(b) & set(v)
             shared = sum(v[s] - b[s] for s in common) / len(common) if common else None
         t = tests[n]
@@ -436,5 +441,5 @@ def tuned_comparison(runs: Mapping[str, Runs], baseline: str,
         out[n] = Tuned(n, best[n].lr, best[n].on_edge, len(vals), mean_std(vals)[0],
                        mean_ci(vals, alpha), t, adjusted[n], word, shared_lr, shared,
                        lr_sensitivity(grid_curve(runs[n]), init) if init is not None else None,
-                       _differs(t, word, shared))
+                       _differs(t, word, shared), at[n])
     return out

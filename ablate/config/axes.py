@@ -72,7 +72,9 @@ def preset_axes(arch: str) -> dict[str, str]:
 
 def list_axes(plugin_confs: Optional[dict[str, Path]] = None) -> list[dict]:
     """plugin_confs: plugin module -> its conf dir (ablate.plugins.loaded_confs()). A group's
-    `plugins` maps each option a plugin adds to that module."""
+    `plugins` maps each option a plugin adds to that module; an axis's `settings` are its keys
+    with their defaults (`attn.kv_group`: 4), `option_settings` each option's own ({"dyt":
+    {"alpha0": 0.5}})."""
     d = defaults()
     groups = list(AXES) + [g for g in GROUPS if (conf_dir() / g).is_dir()]
     rows = []
@@ -83,6 +85,11 @@ def list_axes(plugin_confs: Optional[dict[str, Path]] = None) -> list[dict]:
         else:
             added = {o: module for module, root in (plugin_confs or {}).items()
                      for o in group_options(g, root) if o not in builtin}
+        settings, own = {}, {}
+        if g in AXES:
+            settings = options.AXES[g].defaults()
+            own = {o.name: {key: s.default for key, s in o.settings.items()}
+                   for o in sorted(options.declared(g), key=lambda o: o.name) if o.settings}
         rows.append({"group": g, "options": builtin + sorted(added), "default": d.get(g, "-"),
-                     "axis": g in AXES, "plugins": added})
+                     "axis": g in AXES, "plugins": added, "settings": settings, "option_settings": own})
     return rows

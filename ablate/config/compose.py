@@ -8,13 +8,11 @@ holds a batch. So bad input is refused with one line before Hydra makes a direct
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import functools
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from ablate.errors import ConfigError, DataError, RunDirError
 
@@ -174,6 +172,8 @@ def load_plugins(overrides: list[str]) -> None:
 
 
 def compose_config(overrides: list[str], validate: bool = True) -> Any:
+    """ablate's config with `overrides`, composed by Hydra's compose API (without the hydra
+    node) and checked: one ConfigError line for what a run would refuse."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -189,7 +189,7 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
     register_configs()
     GlobalHydra.instance().clear()
     try:
-        with derived_compositions(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(hydra_message(e)) from None
@@ -200,101 +200,6 @@ def compose_config(overrides: list[str], validate: bool = True) -> Any:
     if validate:
         check(cfg)
     return cfg
-
-
-_BASES: Any = None  # derived_compositions keeps Hydra's compositions here (ablate/config/derivation.py)
-_LOADING: Optional[dict] = None  # the config files read for the composition in progress
-
-
-@contextlib.contextmanager
-def derived_compositions() -> Iterator[None]:
-    """Within, each Hydra composition of a run's config (ConfigLoaderImpl.load_configuration in
-    run mode: the compose API, `ablate run`, a sweep's jobs) is derived from one this process
-    made with the same config groups and inputs where only values differ (ablate/config/derivation.py:
-    about 8x less CPU than composing): the check before a run and the run's own composition,
-    coord_check's widths, bench's variants, one sweep's checks after another's. A composition
-    that is not derived reads each config (a file, a ConfigStore entry) once for the command:
-    Hydra reads each one twice a composition, and again for the next (~25% of its CPU)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.config_repository import ConfigRepository
-
-    original, read = ConfigLoaderImpl.load_configuration, ConfigRepository.load_config
-    if getattr(original, "derived", False):  # already within
-        yield
-        return
-
-    def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
-        return _derived_or_loaded(original, self, config_name, list(overrides), run_mode, *args, **kwargs)
-
-    def load_config(self, config_path):
-        if _LOADING is None:
-            return read(self, config_path)
-        key = (tuple((s.provider, s.path) for s in self.sources), config_path)
-        if key not in _LOADING:
-            _LOADING[key] = read(self, config_path)
-        return copy.deepcopy(_LOADING[key])  # Hydra changes what it reads: the copy, never the read
-
-    load_configuration.derived = True
-    ConfigLoaderImpl.load_configuration, ConfigRepository.load_config = load_configuration, load_config
-    try:
-        yield
-    finally:
-        ConfigLoaderImpl.load_configuration, ConfigRepository.load_config = original, read
-
-
-def _derived_or_loaded(load, loader: Any, config_name: str, overrides: list[str], run_mode: Any, *args, **kwargs):
-    from hydra.core.utils import JobRuntime
-    from hydra.types import RunMode
-
-    from ablate.config.derivation import Bases, parse
-
-    global _BASES, _LOADING
-    _BASES = _BASES or Bases()
-    inputs = _inputs(loader)
-    job = parse(loader, overrides) if run_mode == RunMode.RUN else None  # a sweep's master: composed
-    context = (inputs, config_name, JobRuntime.instance().get("name"))  # the job's name: hydra.job.name
-    cfg = _BASES.derive(context, job)
-    if cfg is None:
-        _LOADING = _BASES.read(inputs)
-        try:
-            cfg = load(loader, config_name, overrides, run_mode, *args, **kwargs)
-        finally:
-            _LOADING = None
-        _BASES.add(context, job, cfg)
-    return cfg
-
-
-class _Same:
-    """An object compared by identity (and kept alive, so its id is not reused)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any):
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, _Same) and other.obj is self.obj
-
-
-def _inputs(loader: Any) -> tuple:
-    """What a composition reads besides its overrides: the entries of Hydra's ConfigStore (the
-    schema, every option, a plugin's), the search path, and its directories' files as of now."""
-    from hydra.core.config_store import ConfigStore
-
-    def entries(node: dict, prefix: str):
-        for key, value in node.items():
-            if isinstance(value, dict):
-                yield from entries(value, f"{prefix}{key}/")
-            else:
-                yield f"{prefix}{key}", _Same(value)
-
-    path = tuple((e.provider, e.path) for e in loader.get_search_path().get_path())
-    dirs = [d.removeprefix("file://") for _, d in path if d.startswith("file://") or "://" not in d]
-    files = tuple((p, hash(p.read_bytes())) for d in dirs for p in sorted(Path(d).rglob("*.yaml")))
-    return tuple(entries(ConfigStore.instance().repo, "")), path, files
 
 
 # ---- pre-flight: the machine, not the config ---------------------------------------------------

@@ -22,9 +22,9 @@ COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch._dy
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # ablate/train/backends.py
 
-# Each axis's config node: the option's name and the axis's keys, typed by their defaults (a null
-# default is an optional float, e.g. dropout.attn); an option with settings of its own composes a
-# subclass of it (ablate/model/axis.py: Option.schema).
+# Each axis's config node: the option's name, the axis's keys and settings, typed by their
+# declarations (setting(None, float) for dropout.attn: an optional float, null by default); an
+# option with settings of its own composes a subclass of it (ablate/model/axis.py: Option.schema).
 AXIS_SCHEMAS = {name: options.AXES[name].schema for name in AXES}
 
 
@@ -209,7 +209,7 @@ def register_configs() -> None:
 def setting_keys(cfg: Any) -> list[str]:
     """The dotted keys of the chosen options' own settings (`norm.alpha0` with norm=dyt): keys
     of the composed config beyond the schema's."""
-    return [f"{axis}.{key}" for axis in AXES if cfg[axis].name in options.names(axis)
+    return [f"{axis}.{key}" for axis in AXES if axis in cfg and cfg[axis].name in options.names(axis)
             for key in options.get(axis, cfg[axis].name).settings]
 
 
@@ -220,8 +220,9 @@ def setting_owners(key: str) -> list[str]:
 
 
 def axis_values(cfg: Any) -> dict[str, str]:
-    """The variant's value on every axis, e.g. {"norm": "rmsnorm", ...}."""
-    return {axis: str(cfg[axis]["name"]) for axis in AXES}
+    """The variant's value on every axis, e.g. {"norm": "rmsnorm", ...}; an axis a config saved
+    before it existed lacks is at its default (what that run trained)."""
+    return {axis: str(cfg[axis]["name"]) if axis in cfg else options.AXES[axis].default for axis in AXES}
 
 
 def validate(cfg: Any) -> None:
@@ -240,12 +241,13 @@ def validate(cfg: Any) -> None:
 
 
 def _check_plugin_roles(spec: Any) -> None:
-    """Under mup / completep with a plugin's option chosen: its parameters' rules, read off a
-    model built on the meta device, so a parameter without a role is refused (ConfigError)
-    before a run starts. Built-in options tag every parameter (tests hold it): no torch then."""
+    """Under mup / completep with a plugin's option chosen on any component axis: its parameters'
+    rules, read off a model built on the meta device, so a parameter without a role is refused
+    (ConfigError) before a run starts. Built-in options tag every parameter (tests hold it): no
+    torch then."""
     from ablate.model import options
 
-    chosen = [options.get(axis, getattr(spec, axis)) for axis in ("norm", "norm_pos", "act", "pos")]
+    chosen = [options.get(axis, getattr(spec, axis)) for axis in options.component_axes()]
     if not options.get("param", spec.param).width or not any(o.plugin for o in chosen):
         return
     import torch
@@ -254,6 +256,7 @@ def _check_plugin_roles(spec: Any) -> None:
 
     with torch.device("meta"):
         Transformer(spec)
+
 
 def _one_of(key: str, value: Any, choices: tuple) -> None:
     from ablate.errors import ConfigError

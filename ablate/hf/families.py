@@ -14,8 +14,8 @@ with dropout=on exports exactly for inference, and an imported one gets dropout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
 
 from ablate.errors import ConfigError
 from ablate.hf.weights import GPT2, ROPE, TensorMap, tensor_maps
@@ -26,6 +26,9 @@ GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 # What every family lacks: none has the gated FFN's activation clamp, multi-token heads, or an
 # option's own settings (DyT's alpha0: no family has its option either).
 NOT_IN_HF = dict(act_clamp=None, mtp_heads=0, settings={}, param="sp")  # param: HF has no muP multipliers
+# The attention and FFN components every family here holds: keys and values of n_kv_heads x
+# head_dim (the head sharing is n_kv_heads, checked by rules), one dense FFN.
+DENSE_COMPONENTS = {"attn": ("mha", "gqa", "mqa"), "ffn": ("dense",)}
 MIN_TRANSFORMERS = 5  # RoPE's base goes in `rope_parameters`, new in transformers v5
 
 
@@ -40,11 +43,16 @@ class Family:
     gain_offset: float = 0.0  # HF norm gain = ours - gain_offset
     # (field, what it needs, test) for needs that are not one fixed value
     rules: tuple[tuple[str, str, Callable[[ModelSpec], bool]], ...] = ()
+    # component axis -> the options it holds (ablate/model/component.py): any other, a plugin's
+    # attention with a latent cache or a routed FFN, has weights this family has no place for
+    components: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DENSE_COMPONENTS))
 
     def blocking(self, spec: ModelSpec) -> dict[str, str]:
         """The spec's fields this family cannot represent: field -> `field=value (needs ...)`."""
         return {**{k: f"{k}={getattr(spec, k)!r} (needs {v!r})" for k, v in self.required.items()
                    if getattr(spec, k) != v},
+                **{k: f"{k}={getattr(spec, k)!r} (needs one of {', '.join(held)})"
+                   for k, held in self.components.items() if getattr(spec, k) not in held},
                 **{k: f"{k}={getattr(spec, k)!r} (needs {need})" for k, need, ok in self.rules if not ok(spec)}}
 
     def mismatches(self, spec: ModelSpec) -> list[str]:

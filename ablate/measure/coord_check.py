@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ablate.analysis.stats import mean_std
 from ablate.errors import ConfigError
+from ablate.model.component import sublayers
 from ablate.names import LR
 
 MIN_SIZES = 3  # a slope through two points has no residual: a third says whether it is a line
@@ -132,8 +133,9 @@ def size_overrides(request: Request, size: int, param: str, base_set: bool) -> l
 
 class Probe:
     """Within `with`: each module's mean |x| at every forward pass, one list per layer, read
-    on the host once per step (`take`). Attention records its logits' mean |x| itself
-    (record_max_logit; it takes the explicit attention path, the same numbers as SDPA)."""
+    on the host once per step (`take`). The components record while it runs (Sublayer.record):
+    an attention component reports its logits' mean |x| itself (MEAN_ABS_ATTN_LOGIT; the
+    built-in one takes the explicit attention path, the same numbers as SDPA)."""
 
     def __init__(self, model):
         self.model = model
@@ -147,15 +149,16 @@ class Probe:
             self._handles += [block.attn.register_forward_hook(self._hook(Module.ATTN_OUT)),
                               block.ffn.register_forward_hook(self._hook(Module.FFN_OUT)),
                               block.register_forward_hook(self._hook(Module.RESIDUAL))]
-            block.attn.record_max_logit = True
+            for component in sublayers(block):
+                component.record(True)
         return self
 
     def __exit__(self, *exc) -> None:
         for h in self._handles:
             h.remove()
         for block in self.model.blocks:
-            block.attn.record_max_logit = False
-            block.attn.max_logit = block.attn.mean_abs_logit = None
+            for component in sublayers(block):
+                component.record(False)
 
     def _hook(self, module: Module, inputs: bool = False):
         def hook(mod, args, output=None):
@@ -167,8 +170,12 @@ class Probe:
         """This step's values (per layer; one for the embedding and the logits), then reset."""
         import torch
 
+        from ablate.model.component import MEAN_ABS_ATTN_LOGIT
+
         now = self._now
-        now[Module.ATTN_LOGITS] = [b.attn.mean_abs_logit.float() for b in self.model.blocks]
+        nan = torch.full((), float("nan"), device=logits.device)  # an attention that does not report it
+        now[Module.ATTN_LOGITS] = [b.attn.diag_stats().get(MEAN_ABS_ATTN_LOGIT, nan).float()
+                                   for b in self.model.blocks]
         now[Module.LOGITS] = [logits.detach().float().abs().mean()]
         flat = torch.stack([v for m in Module for v in now[m]]).tolist()  # one host sync
         out, i = {}, 0

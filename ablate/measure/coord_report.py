@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ablate.measure.coord_check import Module
+from ablate.names import LR
 from ablate.tables.table import Align, Column, JsonRow, Table
 
 TABLE_STEPS = 5  # step columns in the table (all of them in --json and --plot)
@@ -63,7 +64,7 @@ def coord_table(c: dict) -> Table:
                           short=f"mean |x| at t={steps}:\n{sizes[0]} -> {sizes[-1]}",
                           compact=lambda r: f"{_size(r.first)} ->\n{_size(r.last)}"))
     base = f"; base {sweep} {c['base']}" if c["base"] is not None else ""
-    foot = [f"param={c['param']}{base}; {sweep}s {','.join(map(str, sizes))}; lr {c['lr']:g} constant; batch "
+    foot = [f"param={c['param']}{base}; {sweep}s {','.join(map(str, sizes))}; lr {c[LR]:g} constant; batch "
             f"{c['batch_size']} x {c['seq_len']} tokens; {c['device']}, {c['precision']}; t=1: at init; layers "
             "averaged, the residual stream the last block's (--json: each layer)",
             c["reading"]]

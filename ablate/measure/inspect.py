@@ -1,9 +1,10 @@
 """`ablate inspect`: what a variant costs, from the config alone (no training; no torch needed,
 except for param=mup / completep's per-parameter rules, read off a model built on the meta device).
 
-Parameter counts come from the analytic ModelSpec.count_params, the sum of each option's declared
-count (tests assert it equals the built model's, option by option); `build=True` cross-checks
-against a model built on the meta device (no memory, no init cost).
+Parameter counts, FLOPs and KV bytes come from the analytic sums in ablate/model/spec.py over
+each layer's components (their declarations; tests assert the counts equal the built model's,
+option by option), the formulas in words from the attention component's declaration;
+`build=True` cross-checks against a model built on the meta device (no memory, no init cost).
 """
 
 from __future__ import annotations
@@ -12,20 +13,25 @@ from typing import Any, Optional
 
 from ablate.errors import ConfigError
 from ablate.model import options
-from ablate.model.spec import (VOCAB_MULTIPLE, ModelSpec, count_params, ffn_layer_params,
-                               flops_per_token, gated_d_ff, kv_cache_bytes_per_token,
+from ablate.model.spec import (VOCAB_MULTIPLE, ModelSpec, active_params, count_params, ffn_layer_params,
+                               flops_per_token, gated_d_ff, kv_cache_bytes, kv_cache_bytes_per_token,
                                non_embedding_params)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-FLOPS_FORMULA = ("6*N + 12*L*d_attn*T (PaLM appendix B, training = forward + backward): N = attention "
-                 "+ FFN weights + the d x V output head (tied or not), L = layers, d_attn = n_heads * "
-                 "head_dim, T = seq_len (the causal half of the score matrix is counted, by convention)")
-KV_FORMULA = "2 (K and V) * L * n_kv_heads * head_dim * bytes per element"
+
+
+def formulas(spec: ModelSpec) -> tuple[str, str]:
+    """(FLOPs/token, KV bytes/token) in words, as the attention component declares them."""
+    attn = options.get("attn", spec.attn)
+    return (attn.flops_formula or f"the sum over layers of each component's declared training FLOPs per token "
+                                  f"(attn={attn.name}, ffn={spec.ffn}) + 6 * the d x V output head",
+            attn.cache_formula or f"the sum over layers of attn={attn.name}'s declared cache bytes per position")
 
 
 def run_kv_cache_bytes_per_token(cfg: Any, precision: str) -> int:
-    """KV-cache bytes per token (KV_FORMULA) of cfg's model at a run's compute dtype
-    (train.precision resolved: bf16 or fp32), as `inspect --dtype` gives it."""
+    """KV-cache bytes per token (inspect's `kv_cache_bytes_per_token`, the components' declared
+    caches) of cfg's model at a run's compute dtype (train.precision resolved: bf16 or fp32), as
+    `inspect --dtype` gives it."""
     return kv_cache_bytes_per_token(ModelSpec.from_config(cfg), DTYPE_BYTES[precision])
 
 
@@ -69,7 +75,7 @@ def baseline_spec(cfg: Any) -> ModelSpec:
 
     base = copy.deepcopy(cfg)
     for axis, option in default_axes().items():
-        if str(base[axis].name) != option:
+        if axis in base and str(base[axis].name) != option:
             base[axis].name = option
             if axis == "attn":  # an explicit KV head count belongs to the variant's attn option
                 base.model.n_kv_heads = None
@@ -122,6 +128,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
     spec = ModelSpec.from_config(cfg)
     params = count_params(spec)
     kv = kv_cache_bytes_per_token(spec, DTYPE_BYTES[dtype])
+    flops_formula, kv_formula = formulas(spec)
     padded = spec.vocab_size != spec.tokenizer_vocab
     if cfg.model.vocab_size is None:
         vocab_note = (f"tokenizer={cfg.tokenizer.name} has {spec.tokenizer_vocab:,} ids, padded to "
@@ -136,12 +143,13 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
 
     return {
         "params": {k: params[k] for k in ("total", "embedding", "attention", "ffn", "norm", "head")},
+        "active_params": active_params(spec),
         "non_embedding_params": non_embedding_params(spec),
         "flops_per_token": flops_per_token(spec, seq_len),
-        "flops_formula": FLOPS_FORMULA,
+        "flops_formula": flops_formula,
         "kv_cache_bytes_per_token": kv,
-        "kv_cache_bytes": kv * seq_len * batch,
-        "kv_cache_formula": KV_FORMULA,
+        "kv_cache_bytes": kv_cache_bytes(spec, seq_len, DTYPE_BYTES[dtype]) * batch,
+        "kv_cache_formula": kv_formula,
         "seq_len": seq_len,
         "batch": batch,
         "dtype": dtype,

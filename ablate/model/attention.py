@@ -3,19 +3,23 @@
 PyTorch SDPA everywhere it applies (flash / memory-efficient kernels on CUDA). On CUDA,
 attention-logit soft-capping (Gemma 2) and ALiBi go through FlexAttention (ablate/model/flex.py);
 on CPU (FlexAttention has no CPU backward) soft-capping takes the explicit path and ALiBi SDPA
-with a float mask. The max-logit diagnostic needs the logits: explicit path.
+with a float mask. Recording (Sublayer.record: diagnostics, coord-check) needs the logits:
+explicit path.
 
-Decoding (Transformer.decode) gives each layer its slice of a KV cache (ablate/model/kv_cache.py)
-as `kv_cache` for one pass: the new keys and values join the cached ones there, and the new
-queries, at positions offset .. offset + T - 1, attend to all of them. A plain forward pass has
+Decoding (Transformer.decode) gives each layer its slice of a KV cache (ablate/model/kv_cache.py,
+laid out as the option declares: keys and values, ablate/model/options.py) as `kv_cache` for one
+pass: the new keys and values join the cached ones there, and the new queries, at positions
+offset .. offset + T - 1, attend to all of them. A plain forward pass has
 no cache and takes exactly the paths above.
 
-A sliding-window layer (`window` = W, ablate/model/sliding.py) lets query i see keys j with
-i - W < j <= i. Where the window hides no key (W >= the keys so far) every path above runs
-unchanged, so W >= T is full causal attention bit for bit; otherwise each path takes the band:
-SDPA a boolean (or ALiBi's float) mask, the explicit path the same mask, FlexAttention on CUDA a
-block mask that skips the blocks outside the band. Its cache is a ring buffer of W positions,
-whose keys come with their positions: the mask and ALiBi's bias are built from those.
+A sliding-window layer (its `window` = W from attn.window and attn.global_every at its layer
+index, ablate/model/sliding.py) lets query i see keys j with i - W < j <= i. Where the window
+hides no key (W >= the keys so far) every path above runs unchanged, so W >= T is full causal
+attention bit for bit; otherwise each path takes the band: SDPA a boolean (or ALiBi's float)
+mask, the explicit path the same mask, FlexAttention on CUDA a block mask that skips the blocks
+outside the band. Its cache is a ring buffer of W positions (its CacheLayout's window), whose
+keys come with their positions: the mask and ALiBi's bias are built from those. Sliding layers
+rotate with the RoPE tables at attn.local_rope_base where it is set (AttnContext.local_rope).
 """
 
 from __future__ import annotations
@@ -28,18 +32,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ablate.model.component import MAX_ATTN_LOGIT, MEAN_ABS_ATTN_LOGIT, Sublayer
 from ablate.model.flex import flex_attend, flex_supported
-from ablate.model.kv_cache import LayerKV
+from ablate.model.kv_cache import LayerCache
 from ablate.model.norms import RMSNorm
 from ablate.model.parametrization import Parametrization
 from ablate.model.positions import AttnContext, alibi_bias_at, apply_rope
 from ablate.model.roles import Role, linear
+from ablate.model.sliding import layer_window
 from ablate.model.spec import ModelSpec
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, spec: ModelSpec):
+class CausalSelfAttention(Sublayer, nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int = 0, window: Optional[int] = None,
+                 global_every: Optional[int] = None, local_rope_base: Optional[float] = None):
         super().__init__()
+        # keys a query sees, counting itself (None: full); local_rope_base reaches RoPE (positions.py)
+        self.window = layer_window(window, global_every, layer)
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         q_out, kv_out = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
         self.split = (q_out, kv_out, kv_out)
@@ -53,11 +62,10 @@ class CausalSelfAttention(nn.Module):
         self.softcap = spec.attn_softcap
         # the logits' scale: None is 1/sqrt(head_dim); param=mup: sqrt(base_head_dim) / head_dim
         self.scale = Parametrization.of(spec).attn_scale
-        self.record_max_logit = False  # set by diagnostics; forces the explicit path
+        self.record_max_logit = False  # recording (record()); forces the explicit path
         self.max_logit: Optional[torch.Tensor] = None
         self.mean_abs_logit: Optional[torch.Tensor] = None  # recorded with max_logit (coord-check)
-        self.kv_cache: Optional[LayerKV] = None  # set while decoding (KVCache.attached)
-        self.window: Optional[int] = None  # keys a query sees, counting itself (None: full)
+        self.kv_cache: Optional[LayerCache] = None  # set while decoding (KVCache.attached)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         B, T, _ = x.shape
@@ -73,8 +81,8 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start, positions = 0, None
         if self.kv_cache is not None:  # decoding: the cached positions' keys, then these
-            held = self.kv_cache.update(k, v)
-            k, v, start, positions = held.k, held.v, held.start, held.positions  # (B, KV, S, hd)
+            held = self.kv_cache.append(k=k, v=v)
+            k, v, start, positions = held["k"], held["v"], held.start, held.positions  # (B, KV, S, hd)
         band = self._band(T, k.shape[2], start, positions, q.device)
         y = self._attend(q, k, v, ctx) if band is None else self._attend_band(q, k, v, ctx, band)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
@@ -162,6 +170,15 @@ class CausalSelfAttention(nn.Module):
         self.max_logit = scores.masked_fill(hidden, float("-inf")).amax()
         seen = (~hidden).sum() * (scores.numel() // hidden.numel())  # entries per (T, S) x batch x heads
         self.mean_abs_logit = scores.abs().masked_fill(hidden, 0.0).sum() / seen
+
+    def record(self, on: bool) -> None:
+        self.record_max_logit = on
+        self.max_logit = self.mean_abs_logit = None
+
+    def diag_stats(self) -> dict[str, torch.Tensor]:
+        if self.max_logit is None:
+            return {}
+        return {MAX_ATTN_LOGIT: self.max_logit, MEAN_ABS_ATTN_LOGIT: self.mean_abs_logit}
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,24 @@
 structural difference is visible in `forward`. Declared (name, norms per block, whether the model
 adds a final norm) in ablate/model/options.py.
 
+Every block knows its layer index (`self.layer`, 0-based) and builds that layer's attention and
+FFN components (`self.attn`, `self.ffn`: the attn and ffn axes' choices, ablate/model/component.py).
+A block class takes (spec, make_norm): the index reaches Block.__init__ from the build
+(BlockOption.build), so a plugin block written before blocks knew it keeps working.
+
 Every block scales each residual branch by `self.branch_multiplier` (1.0: standard
 parametrization; a depth parametrization such as CompleteP sets it from the spec), so a block
 written today needs no change when it does."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
-from ablate.model.attention import CausalSelfAttention
-from ablate.model.ffn import build_ffn
+from ablate.model import options
+from ablate.model.axis import building_layer
 from ablate.model.options import norm_factory
 from ablate.model.positions import AttnContext
 from ablate.model.spec import ModelSpec
@@ -23,10 +28,11 @@ NormFactory = Callable[[int], Any]  # width -> a norm module (ablate.model.optio
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, make_norm: NormFactory):
+    def __init__(self, spec: ModelSpec, make_norm: NormFactory, layer: Optional[int] = None):
         super().__init__()
-        self.attn = CausalSelfAttention(spec)
-        self.ffn = build_ffn(spec)
+        self.layer = building_layer() if layer is None else layer
+        self.attn = options.get("attn", spec.attn).build(spec, self.layer)
+        self.ffn = options.get("ffn", spec.ffn).build(spec, self.layer)
         self.branch_multiplier = 1.0  # on each branch before its residual add
 
 

@@ -1,9 +1,14 @@
-"""Axis `act`: the feed-forward sublayer. Plain options use two matrices, gated ones three
-(Shazeer 2020, "GLU Variants Improve Transformer"): FFN(x) = down(act(gate(x)) * up(x)).
-Each act option's facts (its function, gated or not, ReLU family or not) are its declaration
-in ablate/model/options.py, read here."""
+"""Axis `ffn`, option `dense`: the feed-forward sublayer, whose structure follows the `act` axis.
+Plain options use two matrices, gated ones three (Shazeer 2020, "GLU Variants Improve
+Transformer"): FFN(x) = down(act(gate(x)) * up(x)). Each act option's facts (its function, gated
+or not, ReLU family or not) are its declaration in ablate/model/options.py, read here.
+
+Both are Sublayers (ablate/model/component.py): with a ReLU-family activation they report, while
+recording, the fraction of hidden units that never fire (`dead_ffn_frac`)."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -11,8 +16,44 @@ from torch import nn
 
 from ablate.model import options
 from ablate.model.axis import ActOption
+from ablate.model.component import Sublayer
 from ablate.model.roles import Role, linear
 from ablate.model.spec import ModelSpec
+
+DEAD_FFN_FRAC = "dead_ffn_frac"  # its diagnostics statistic (diag/dead_ffn_frac/block<i>)
+
+
+def dead_fraction(hidden: torch.Tensor) -> torch.Tensor:
+    """Fraction of FFN units that are exactly zero on every token: for ReLU-family activations
+    the units that never fire (never positive) over the batch. hidden: (..., d_ff)."""
+    fired = hidden.detach().ne(0).flatten(0, -2).any(dim=0)  # (d_ff,)
+    return 1.0 - fired.float().mean()
+
+
+class DenseFFN(Sublayer, nn.Module):
+    """What MLP and GatedMLP share: their hidden activation `hidden(x)` and, for a ReLU family,
+    the dead units of the last recorded forward."""
+
+    def __init__(self, act: ActOption):
+        super().__init__()
+        self.relu_family = act.relu_family  # outputs exact zeros: its dead units are counted
+        self.recording = False
+        self.dead: Optional[torch.Tensor] = None
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.hidden(x)  # (B, T, d_ff)
+        if self.recording and self.relu_family:
+            self.dead = dead_fraction(h)
+        return self.resid_drop(self.down(h))  # (B, T, d)
+
+    def record(self, on: bool) -> None:
+        self.recording, self.dead = on, None
+
+    def diag_stats(self) -> dict[str, torch.Tensor]:
+        return {} if self.dead is None else {DEAD_FFN_FRAC: self.dead}
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -20,13 +61,12 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-class MLP(nn.Module):
+class MLP(DenseFFN):
     """down(act(up(x)))"""
 
     def __init__(self, spec: ModelSpec, act: ActOption):
-        super().__init__()
+        super().__init__(act)
         self.act = act.function(spec)
-        self.relu_family = act.relu_family  # diagnostics count its dead units
         self.up = linear(spec.d_model, spec.d_ff, spec.bias, Role.INPUT)
         self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
         self.resid_drop = nn.Dropout(spec.dropout)  # on the residual branch, as after attention
@@ -34,17 +74,13 @@ class MLP(nn.Module):
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.up(x))  # (B, T, d_ff)
 
-    def forward(self, x):
-        return self.resid_drop(self.down(self.hidden(x)))  # (B, T, d)
 
-
-class GatedMLP(nn.Module):
+class GatedMLP(DenseFFN):
     """down(act(gate(x)) * up(x)); gate and up are one fused (d, 2*d_ff) matmul."""
 
     def __init__(self, spec: ModelSpec, act: ActOption):
-        super().__init__()
+        super().__init__(act)
         self.act = act.function(spec)
-        self.relu_family = act.relu_family
         self.clamp = spec.act_clamp
         self.gate_up = linear(spec.d_model, 2 * spec.d_ff, spec.bias, Role.INPUT,
                               fused=(spec.d_ff, spec.d_ff))
@@ -58,10 +94,8 @@ class GatedMLP(nn.Module):
             h = h.clamp(-self.clamp, self.clamp)
         return h
 
-    def forward(self, x):
-        return self.resid_drop(self.down(self.hidden(x)))  # (B, T, d)
 
-
-def build_ffn(spec: ModelSpec) -> nn.Module:
+def build_ffn(spec: ModelSpec, layer: int = 0) -> DenseFFN:
+    """ffn=dense for a layer: the act axis's choice says plain or gated."""
     act = options.get("act", spec.act)
     return (GatedMLP if act.gated else MLP)(spec, act)

@@ -1,18 +1,22 @@
 """Every axis and every built-in option, each declared once (torch-free; ablate/model/axis.py
-says what a declaration holds). A new option is one `register_option` call here, its class in
-the axis's file (norms.py, blocks.py, ffn.py, positions.py); a plugin makes the same call from
-its own module. Parameter counts are per option; ablate/model/spec.py adds them up.
+says what a declaration holds, ablate/model/component.py the contract of attention and FFN
+components). A new option is one `register_option` call here, its class in the axis's file
+(norms.py, blocks.py, ffn.py, positions.py, attention.py); a plugin makes the same call from its
+own module. Counts, FLOPs and decode caches are per option and layer; ablate/model/spec.py adds
+them up over the layers.
 """
 
 from __future__ import annotations
 
 from ablate.errors import ConfigError
-from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FlagOption, NormOption,
-                               ParamOption, PosOption, declare_axis, declared, default, get, names,
-                               norm_factory, register_option, store_in_hydra)
+from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FfnOption, FlagOption, NormOption,
+                               ParamOption, PosOption, component_axes, declare_axis, declared, default, get,
+                               names, norm_factory, register_option, setting, store_in_hydra)
+from ablate.model.component import kv_layout
+from ablate.model.sliding import attended_keys, spec_window
 
-__all__ = ["AXES", "declared", "default", "get", "names", "norm_factory", "register_option",
-           "store_in_hydra"]
+__all__ = ["AXES", "component_axes", "declared", "default", "get", "names", "norm_factory", "register_option",
+           "setting", "store_in_hydra"]
 
 # model.init: weight-init schemes (roles.init_weights); not an axis, a model key.
 INIT_NAMES = ("normal", "xavier")
@@ -80,15 +84,63 @@ register_option("pos", "learned", "ablate.model.positions:Learned",
 for _name, _cls in (("sinusoidal", "Sinusoidal"), ("rope", "RoPE"), ("alibi", "ALiBi"), ("nope", "NoPE")):
     register_option("pos", _name, f"ablate.model.positions:{_cls}", params=lambda spec: 0)
 
-# ---- attn (ablate/model/attention.py): the KV head count; params follow from it ----------------
+# ---- attn (ablate/model/attention.py): MHA, GQA and MQA differ in the KV head count only -------
+def attention_params(spec, layer: int) -> int:
+    """One layer's q, k, v and output projections (biases with bias=on), and QK-norm's two gains
+    of head_dim shared across heads."""
+    d, hd, b = spec.d_model, spec.head_dim, 1 if spec.bias else 0
+    q_out, kv_out = spec.n_heads * hd, spec.n_kv_heads * hd
+    qk_norm = 2 * hd if spec.qk_norm else 0
+    return d * (q_out + 2 * kv_out) + b * (q_out + 2 * kv_out) + q_out * d + b * d + qk_norm
+
+
+def attention_flops(spec, layer: int, seq_len: int) -> int:
+    """PaLM appendix B per layer: 6 x its weights (all in matmuls, by convention) + 12 * d_attn * T
+    for the score and value matmuls (QK^T and AV, forward + backward), d_attn = n_heads * head_dim;
+    a sliding layer counts min(W, T) keys (OLMo-core's convention: the same at W >= T)."""
+    keys = attended_keys(spec_window(spec, layer), seq_len)
+    return 6 * attention_params(spec, layer) + 12 * spec.n_heads * spec.head_dim * keys
+
+
+def attention_cache(spec, layer: int):
+    """Keys and values of n_kv_heads x head_dim; a sliding layer keeps its window's positions."""
+    return kv_layout(spec.n_kv_heads, spec.head_dim, spec_window(spec, layer))
+
+
+DENSE_ATTN = dict(params=attention_params, flops=attention_flops, cache=attention_cache,
+                  flops_formula=("6*N + 12*L*d_attn*T (PaLM appendix B, training = forward + backward): N = "
+                                 "attention + FFN weights + the d x V output head (tied or not), L = layers, "
+                                 "d_attn = n_heads * head_dim, T = seq_len (the causal half of the score "
+                                 "matrix is counted, by convention; a sliding layer counts min(W, T))"),
+                  cache_formula=("2 (K and V) * L * n_kv_heads * head_dim * bytes per element (a sliding "
+                                 "layer: at most its window's positions)"),
+                  # sliding windows (ablate/model/sliding.py): the keys a query sees counting itself
+                  # (null: full), every Nth layer full (null: all slide), sliding layers' RoPE base
+                  settings={"window": setting(None, int), "global_every": setting(None, int),
+                            "local_rope_base": setting(None, float)})
 # kv_group: gqa's n_kv_heads ~ n_heads / kv_group (gqa_kv_heads); an explicit model.n_kv_heads wins
 declare_axis("attn", AttnOption, default="mha", kv_group=4)
-register_option("attn", "mha", lambda n_heads, kv_group: n_heads,
-                fits=lambda n_heads, n_kv: n_kv == n_heads, needs="model.n_kv_heads == model.n_heads={n_heads}")
-register_option("attn", "gqa", gqa_kv_heads,
-                fits=lambda n_heads, n_kv: 1 < n_kv < n_heads, needs="1 < model.n_kv_heads < model.n_heads={n_heads}")
-register_option("attn", "mqa", lambda n_heads, kv_group: 1,
-                fits=lambda n_heads, n_kv: n_kv == 1, needs="model.n_kv_heads=1")
+register_option("attn", "mha", "ablate.model.attention:CausalSelfAttention", kv_heads=lambda n_heads, kv_group: n_heads,
+                fits=lambda n_heads, n_kv: n_kv == n_heads, needs="model.n_kv_heads == model.n_heads={n_heads}",
+                **DENSE_ATTN)
+register_option("attn", "gqa", "ablate.model.attention:CausalSelfAttention", kv_heads=gqa_kv_heads,
+                fits=lambda n_heads, n_kv: 1 < n_kv < n_heads, needs="1 < model.n_kv_heads < model.n_heads={n_heads}",
+                **DENSE_ATTN)
+register_option("attn", "mqa", "ablate.model.attention:CausalSelfAttention", kv_heads=lambda n_heads, kv_group: 1,
+                fits=lambda n_heads, n_kv: n_kv == 1, needs="model.n_kv_heads=1", **DENSE_ATTN)
+
+
+# ---- ffn (ablate/model/ffn.py): the feed-forward sublayer; its GLU structure follows `act` -----
+def ffn_layer_params(d_model: int, d_ff: int, gated: bool, bias: bool) -> int:
+    """One FFN's parameters: 2 (plain) or 3 (gated) matrices, plus biases with bias=on."""
+    n_in = 2 if gated else 1
+    b = 1 if bias else 0
+    return n_in * (d_model * d_ff + b * d_ff) + d_ff * d_model + b * d_model
+
+
+declare_axis("ffn", FfnOption, default="dense")
+register_option("ffn", "dense", "ablate.model.ffn:build_ffn",  # up/down, or gate_up/down with a gated act
+                params=lambda spec, layer: ffn_layer_params(spec.d_model, spec.d_ff, spec.gated, spec.bias))
 
 # ---- flags: what each option sets in the ModelSpec ---------------------------------------------
 declare_axis("tie", FlagOption, default="tied")  # the output head shares the embedding matrix
@@ -99,7 +151,7 @@ register_option("bias", "on", True)
 register_option("bias", "off", False)
 # dropout.rate on the embedding sum and each sublayer output; dropout.attn on attention
 # probabilities (null: the same rate)
-declare_axis("dropout", FlagOption, default="off", rate=0.0, attn=None)
+declare_axis("dropout", FlagOption, default="off", rate=0.0, attn=setting(None, float))
 register_option("dropout", "off", False)
 register_option("dropout", "on", True, config={"rate": 0.1})
 declare_axis("qk_norm", FlagOption, default="off")  # RMSNorm on queries and keys, per head

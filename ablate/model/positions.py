@@ -176,11 +176,11 @@ class RoPE(Positional):
     the full layers' base only, as Gemma 3 does: a sliding layer never sees a key farther than
     its window, a distance it was trained at, at any context length."""
 
-    def __init__(self, spec, local_base: Optional[float] = None):
+    def __init__(self, spec):
         super().__init__(spec)
         self._cache: dict = {}
         self.scaling: Optional[RopeScaling] = None  # set by evaluation only (ablate/evaluation/lengths.py)
-        self.local_base = local_base
+        self.local_base: Optional[float] = getattr(spec.attn, "local_rope_base", None)
 
     def context(self, T, device, dtype, offset=0):
         key = (offset + T, device, self.scaling, self.local_base)

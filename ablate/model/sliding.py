@@ -7,14 +7,16 @@ every Nth layer full (layers N-1, 2N-1, ...: Gemma 2's alternation is 2, Gemma 3
 the others slide; null: every layer slides. `attn.local_rope_base` is the RoPE base of the sliding
 layers (Gemma 3: 10,000 there, 1,000,000 on the full ones); null: one base.
 
-The attention layers read their window from `layer_window`; the cache a sliding layer keeps
-(min(context, W) positions), its FLOPs (12 * d_attn * min(W, T) per token) and the HF export
-read the same pattern, so none of them can disagree about which layer slides.
+The three are settings of attn=mha, gqa and mqa (ablate/model/options.py), held in the spec's
+typed attn config. The attention module reads its window from `layer_window` at its layer index
+when it is built; its declared cache (min(context, W) positions), its FLOPs (12 * d_attn *
+min(W, T) per token), `ablate inspect` and the HF export read `spec_window`, the same pattern, so
+none of them can disagree about which layer slides.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ablate.errors import ConfigError
 
@@ -28,6 +30,27 @@ def layer_window(window: Optional[int], global_every: Optional[int], layer: int)
 
 def layer_windows(window: Optional[int], global_every: Optional[int], n_layers: int) -> list[Optional[int]]:
     return [layer_window(window, global_every, layer) for layer in range(n_layers)]
+
+
+def settings_of(spec: Any) -> tuple[Optional[int], Optional[int], Optional[float]]:
+    """(window, global_every, local_rope_base) of a ModelSpec; all None for an attention option
+    without them (attn=mla)."""
+    return tuple(getattr(spec.attn, key, None) for key in ("window", "global_every", "local_rope_base"))
+
+
+def spec_window(spec: Any, layer: int) -> Optional[int]:
+    """The keys layer `layer` of a ModelSpec sees (None: full)."""
+    window, global_every, _ = settings_of(spec)
+    return layer_window(window, global_every, layer)
+
+
+def spec_windows(spec: Any) -> list[Optional[int]]:
+    return [spec_window(spec, layer) for layer in range(spec.n_layers)]
+
+
+def check_spec(spec: Any) -> None:
+    """check_window on a ModelSpec's settings (ModelSpec.check)."""
+    check_window(*settings_of(spec), n_layers=spec.n_layers, pos=str(spec.pos))
 
 
 def attended_keys(window: Optional[int], seq_len: int) -> int:

@@ -1,31 +1,34 @@
 """ModelSpec: the resolved, validated description of one model variant (torch-free).
 
-The model files receive a ModelSpec, never the Hydra config. Analytic parameter and FLOP
-counts live here too, so `ablate inspect` can answer without building the model, and tests
-can assert analytic == real for every option.
+The model files receive a ModelSpec, never the Hydra config. It holds one typed config per
+component axis (`spec.norm`, `spec.norm_pos`, `spec.act`, `spec.pos`, `spec.attn`, `spec.ffn`:
+the option's name with its settings as typed attributes, ablate/model/axis.py: AxisConfig), the
+model's sizes, and the values the flag axes, `param` and the model keys set. Its constructor and
+`to_dict` are flat (an axis's option by name, its settings in `settings`): the Hugging Face
+families, inspect's JSON and the tests build and read it that way.
+
+The analytic counts live here too, each a sum over the layers of what every component declares
+(ablate/model/component.py): `ablate inspect` answers without building the model, and tests
+assert analytic == built for every option.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ablate.errors import ConfigError
 from ablate.model import options
-from ablate.model.axis import OptionSettings, chosen_settings
+from ablate.model.axis import AxisConfig, OptionSettings
+from ablate.model.component import CacheLayout
+from ablate.model.options import ffn_layer_params
+from ablate.model.sliding import check_spec as check_sliding
 
 VOCAB_MULTIPLE = 64  # padded vocab: faster matmuls; the padding ids are never targets
 
 
 def round_up(x: int, multiple: int) -> int:
     return ((x + multiple - 1) // multiple) * multiple
-
-
-def ffn_layer_params(d_model: int, d_ff: int, gated: bool, bias: bool) -> int:
-    """One FFN's parameters: 2 (plain) or 3 (gated) matrices, plus biases with bias=on."""
-    n_in = 2 if gated else 1
-    b = 1 if bias else 0
-    return n_in * (d_model * d_ff + b * d_ff) + d_ff * d_model + b * d_model
 
 
 def gated_d_ff(plain_d_ff: int, d_model: int, multiple: int, bias: bool) -> int:
@@ -48,13 +51,17 @@ class ModelSpec:
     n_kv_heads: int
     d_ff: int
     max_seq_len: int
-    # The axes' defaults: what a run without overrides trains (ablate/model/options.py)
-    norm: str = options.AXES["norm"].default
-    norm_eps: float = options.AXES["norm"].config["eps"]
-    norm_pos: str = options.AXES["norm_pos"].default
-    act: str = options.AXES["act"].default
-    pos: str = options.AXES["pos"].default
-    rope_base: float = options.AXES["pos"].config["base"]
+    # The axes' defaults: what a run without overrides trains (ablate/model/options.py). A
+    # component axis is given by its option's name (or its typed config) and held as its typed
+    # config; attn=None: the option whose KV head count n_kv_heads is (mha, gqa or mqa).
+    norm: Union[AxisConfig, str] = options.AXES["norm"].default
+    norm_eps: float = options.AXES["norm"].config["eps"].default
+    norm_pos: Union[AxisConfig, str] = options.AXES["norm_pos"].default
+    act: Union[AxisConfig, str] = options.AXES["act"].default
+    pos: Union[AxisConfig, str] = options.AXES["pos"].default
+    rope_base: float = options.AXES["pos"].config["base"].default
+    attn: Union[AxisConfig, str, None] = None
+    ffn: Union[AxisConfig, str] = options.AXES["ffn"].default
     tied: bool = options.default("tie").value
     bias: bool = options.default("bias").value
     dropout: float = 0.0  # embedding sum and sublayer outputs (residual dropout)
@@ -79,12 +86,13 @@ class ModelSpec:
     base_width: Optional[int] = None
     base_depth: Optional[int] = None
     base_d_ff: Optional[int] = None
-    # The chosen options' own settings by axis ({"norm": {"alpha0": 0.5}} with norm=dyt), each
-    # option's declared defaults filled in: given as a plain mapping, kept as OptionSettings.
+    # The chosen options' settings by axis ({"norm": {"alpha0": 0.5}} with norm=dyt), the flat
+    # view of the typed configs: given as a plain mapping (a typed config given for an axis wins
+    # for its keys), kept as OptionSettings with every declared default filled in.
     settings: OptionSettings = OptionSettings()
 
     def __post_init__(self):
-        object.__setattr__(self, "settings", self._resolved_settings())
+        self._resolve_axes()
         self._resolve_base()
         self.check()
 
@@ -98,22 +106,34 @@ class ModelSpec:
             object.__setattr__(self, "base_d_ff", self.d_ff if same else
                                max(1, round(self.d_ff * self.base_width / self.d_model)))
 
-    def _resolved_settings(self) -> OptionSettings:
-        """Every chosen option's settings (defaults filled in, unknown keys refused); an axis
-        whose option has none is left out, so a spec without settings reads as before."""
+    def _resolve_axes(self) -> None:
+        """Each component axis's typed config (declared defaults filled in, unknown keys and
+        mistyped values refused) and `settings`, their flat view; an axis whose option has no
+        settings is left out of it, so a spec without settings reads as it always has."""
         given = dict(self.settings or {})
-        out = {}
-        for axis, ax in options.AXES.items():
-            if not ax.kind.takes_settings:
+        flat = {}
+        for axis in options.component_axes():
+            value = getattr(self, axis)
+            if value is None:  # attn: named by its KV head count
+                value = next((o.name for o in options.declared(axis) if o.fits and o.fits(self.n_heads, self.n_kv_heads)),
+                             options.AXES[axis].default)
+            name = value.name if isinstance(value, AxisConfig) else str(value)
+            own = given.pop(axis, None) or {}
+            if name not in options.names(axis):  # an unknown name is check()'s to report
+                object.__setattr__(self, axis, name)
                 continue
-            name = getattr(self, axis)
-            if name in options.names(axis):  # an unknown name is check()'s to report
-                values = chosen_settings(axis, name, given.pop(axis, None))
-                if values:
-                    out[axis] = values
+            config = options.get(axis, name).config_of(own)
+            if isinstance(value, AxisConfig) and value != config:
+                if own:  # e.g. dataclasses.replace(spec, settings=...) beside spec's own typed config
+                    raise ConfigError(f"{axis}: the typed config {value.settings} and settings {own} disagree; "
+                                      f"give the option by name ({axis}='{name}') with its settings, or a typed config")
+                config = value
+            object.__setattr__(self, axis, config)
+            if config.settings:
+                flat[axis] = config.settings
         if given:
             raise ConfigError(f"settings for {', '.join(given)}: no option of that axis takes settings here")
-        return OptionSettings(out)
+        object.__setattr__(self, "settings", OptionSettings(flat))
 
     @property
     def head_dim(self) -> int:
@@ -135,10 +155,7 @@ class ModelSpec:
 
     def check(self) -> None:
         for axis, value, names in (
-            ("norm", self.norm, options.names("norm")),
-            ("norm_pos", self.norm_pos, options.names("norm_pos")),
-            ("act", self.act, options.names("act")),
-            ("pos", self.pos, options.names("pos")),
+            *((axis, getattr(self, axis), options.names(axis)) for axis in options.component_axes()),
             ("model.init", self.init, options.INIT_NAMES),
             ("param", self.param, options.names("param")),
         ):
@@ -148,6 +165,8 @@ class ModelSpec:
             raise ConfigError(
                 f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads="
                 f"{self.n_kv_heads}; pick n_kv_heads that divides n_heads")
+        options.check_kv_heads(self.attn, self.n_heads, self.n_kv_heads)  # the attn option says it
+        check_sliding(self)  # attn.window, attn.global_every, attn.local_rope_base
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
@@ -223,7 +242,7 @@ class ModelSpec:
             n_kv = int(m.n_kv_heads)
             options.check_kv_heads(cfg.attn.name, m.n_heads, n_kv)
         else:
-            n_kv = options.get("attn", cfg.attn.name).kv_heads(m.n_heads, cfg.attn.kv_group)
+            n_kv = options.get("attn", cfg.attn.name).n_kv_heads(m.n_heads, cfg.attn.kv_group)
         act = cfg.act.name
         bias = options.get("bias", cfg.bias.name).value
         d_ff = ffn_width(m, m.d_model, act, bias)
@@ -236,7 +255,8 @@ class ModelSpec:
             vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
             n_kv_heads=n_kv, d_ff=d_ff, max_seq_len=m.max_seq_len,
             norm=cfg.norm.name, norm_eps=float(cfg.norm.eps), norm_pos=cfg.norm_pos.name,
-            act=act, pos=cfg.pos.name, rope_base=float(cfg.pos.base),
+            act=act, pos=cfg.pos.name, rope_base=float(cfg.pos.base), attn=cfg.attn.name,
+            ffn=axis_name(cfg, "ffn"),
             tied=options.get("tie", cfg.tie.name).value, bias=bias,
             dropout=float(cfg.dropout.rate) if dropout_on else 0.0,
             attn_dropout=float(attn_rate) if dropout_on and attn_rate is not None else None,
@@ -250,10 +270,18 @@ class ModelSpec:
         )
 
     def to_dict(self) -> dict:
-        """The fields as JSON values; `settings` only when a chosen option has some."""
+        """The flat view as JSON values: each component axis by its option's name, `settings`
+        only when a chosen option has some. ModelSpec(**spec.to_dict()) == spec."""
         out = asdict(self)
+        for axis in options.component_axes():
+            out[axis] = str(getattr(self, axis))
         settings = out.pop("settings")
         return {**out, "settings": settings.to_dict()} if settings else out
+
+
+def axis_name(cfg: Any, axis: str) -> str:
+    """The config's option of `axis`; its default for a config saved before the axis existed."""
+    return str(cfg[axis].name) if axis in cfg else options.AXES[axis].default
 
 
 def ffn_width(m: Any, d_model: int, act: str, bias: bool) -> int:
@@ -268,28 +296,29 @@ def ffn_width(m: Any, d_model: int, act: str, bias: bool) -> int:
 
 
 def config_settings(cfg: Any) -> dict[str, dict[str, Any]]:
-    """The chosen options' settings as the config gives them (a config saved before an option
-    had a setting lacks its key: ModelSpec fills in the default)."""
+    """The chosen options' settings (the axis's and their own) as the config gives them: a config
+    saved before a setting (or its axis) existed lacks its key, and ModelSpec fills in the default."""
     out = {}
-    for axis, ax in options.AXES.items():
-        if not ax.kind.takes_settings:  # (an axis added later is absent from an older config)
+    for axis in options.component_axes():
+        if axis not in cfg:
             continue
-        option = options.get(axis, cfg[axis].name)
-        if option.settings:
-            out[axis] = {key: cfg[axis][key] for key in option.settings if key in cfg[axis]}
+        keys = options.get(axis, cfg[axis].name).all_settings
+        given = {key: cfg[axis][key] for key in keys if key in cfg[axis]}
+        if given:
+            out[axis] = given
     return out
 
 
+def layers(spec: ModelSpec, axis: str) -> list[tuple[int, Any]]:
+    """(layer index, the declaration of its `axis` component) for every layer."""
+    option = options.get(axis, getattr(spec, axis))
+    return [(layer, option) for layer in range(spec.n_layers)]
+
+
 def count_params(spec: ModelSpec) -> dict[str, int]:
-    """Analytic parameter count by component (tied weights counted once, in `embedding`), from
-    each option's declared count (ablate/model/options.py)."""
-    d, L, hd = spec.d_model, spec.n_layers, spec.head_dim
-    b = 1 if spec.bias else 0
-    q_out, kv_out = spec.n_heads * hd, spec.n_kv_heads * hd
-    attn = d * (q_out + 2 * kv_out) + b * (q_out + 2 * kv_out) + q_out * d + b * d
-    if spec.qk_norm:
-        attn += 2 * hd  # RMSNorm gains shared across heads
-    ffn = ffn_layer_params(d, spec.d_ff, spec.gated, spec.bias)
+    """Analytic parameter count by component (tied weights counted once, in `embedding`): over
+    the layers, each component's declared count (ablate/model/options.py)."""
+    d = spec.d_model
     norm = options.get("norm", spec.norm).count(spec, d)  # one norm of width d
     block = options.get("norm_pos", spec.norm_pos)
     final_norm = norm if block.final_norm else 0
@@ -299,13 +328,21 @@ def count_params(spec: ModelSpec) -> dict[str, int]:
     mtp = spec.mtp_heads * (norm + d * d)  # each: norm + d x d projection, shared unembedding
     out = {
         "embedding": embedding + position,
-        "attention": L * attn,
-        "ffn": L * ffn,
-        "norm": L * block.count(spec, norm) + final_norm,
+        "attention": sum(attn.count(spec, layer) for layer, attn in layers(spec, "attn")),
+        "ffn": sum(ffn.count(spec, layer) for layer, ffn in layers(spec, "ffn")),
+        "norm": sum(block.count(spec, norm, layer) for layer in range(spec.n_layers)) + final_norm,
         "head": head + mtp,
     }
     out["total"] = sum(out.values())
     return out
+
+
+def active_params(spec: ModelSpec) -> int:
+    """The parameters one token uses: the total less each component's inactive ones (a routed
+    FFN's unchosen experts); the total for a dense model."""
+    inactive = sum(option.count(spec, layer) - option.count_active(spec, layer)
+                   for axis in ("attn", "ffn") for layer, option in layers(spec, axis))
+    return count_params(spec)["total"] - inactive
 
 
 def non_embedding_params(spec: ModelSpec) -> int:
@@ -314,17 +351,25 @@ def non_embedding_params(spec: ModelSpec) -> int:
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
-    """Training FLOPs per token, PaLM appendix B: 6 * N + 12 * L * d_attn * T.
+    """Training FLOPs per token (PaLM appendix B: 6 * N + 12 * L * d_attn * T for MHA): each
+    layer's attention and FFN components' own (ablate/model/component.py), plus 6 x the output
+    head's d x V weights (a tied head is still a matmul) and the MTP heads' matmuls."""
+    d, V = spec.d_model, spec.vocab_size
+    layer_flops = sum(option.train_flops(spec, layer, seq_len)
+                      for axis in ("attn", "ffn") for layer, option in layers(spec, axis))
+    return int(layer_flops + 6 * (V * d + spec.mtp_heads * d * (d + V)))
 
-    N counts the weights used in matmuls per token: every non-embedding weight plus the output
-    head (a tied head is still a d x V matmul). The second term is the attention score and
-    value matmuls (QK^T and AV, forward + backward), with d_attn = n_heads * head_dim.
-    """
-    p = count_params(spec)
-    n_matmul = p["attention"] + p["ffn"] + spec.vocab_size * spec.d_model
-    n_matmul += spec.mtp_heads * spec.d_model * (spec.d_model + spec.vocab_size)
-    return int(6 * n_matmul + 12 * spec.n_layers * spec.n_heads * spec.head_dim * seq_len)
+
+def cache_layouts(spec: ModelSpec) -> list[CacheLayout]:
+    """Each layer's decode cache, as its attention component declares it."""
+    return [attn.cache_layout(spec, layer) for layer, attn in layers(spec, "attn")]
+
+
+def kv_cache_bytes(spec: ModelSpec, context: int, bytes_per_elem: int = 2) -> int:
+    """Bytes of one sequence's decode cache after `context` tokens, every layer."""
+    return sum(layout.bytes(context, bytes_per_elem) for layout in cache_layouts(spec))
 
 
 def kv_cache_bytes_per_token(spec: ModelSpec, bytes_per_elem: int = 2) -> int:
-    return 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_elem
+    """Bytes each cached position takes, every layer (a cache that keeps every position)."""
+    return sum(layout.bytes_per_position(bytes_per_elem) for layout in cache_layouts(spec))

@@ -1,9 +1,16 @@
-"""The decoder-only transformer, assembled from one declared option per axis (ablate/model/options.py)."""
+"""The decoder-only transformer, assembled from one declared option per axis (ablate/model/options.py):
+its blocks, each built for its layer, hold that layer's attention and FFN components.
+
+The training objective is assembled in one place (`Transformer._objective`, for the plain and
+the fused loss alike): the next-token loss, plus the logit z-loss, the MTP heads' loss and each
+component's auxiliary terms (ablate/model/component.py), each reported as the weighted value it
+adds, under its metric name `loss/<name>` (ablate/names.py).
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -12,18 +19,31 @@ from torch import nn
 
 from ablate.errors import ConfigError
 from ablate.model import options
+from ablate.model.component import Reduce, sublayers
 from ablate.model.kv_cache import KVCache
 from ablate.model.loss import linear_cross_entropy
 from ablate.model.parametrization import Parametrization, param_rules
 from ablate.model.roles import Role, init_weights, linear, tag
 from ablate.model.spec import ModelSpec, count_params
+from ablate.names import MTP_TERM, Z_TERM, loss_key, stat_key
+
+_REDUCE = {Reduce.MEAN: torch.mean, Reduce.MAX: torch.amax, Reduce.SUM: torch.sum}
 
 
 @dataclass
 class LMOutput:
     logits: Optional[torch.Tensor]  # (B, T, V); None from the fused loss (fused_ce, with targets)
-    loss: Optional[torch.Tensor] = None  # the training objective (next-token + z-loss + MTP)
+    loss: Optional[torch.Tensor] = None  # the training objective: lm_loss + every term
     lm_loss: Optional[torch.Tensor] = None  # next-token cross-entropy alone: comparable across variants
+    # Each auxiliary term as the weighted value it adds to `loss` (detached), by name: z, mtp, and
+    # the components' (summed over layers); and the components' every-row statistics (reduced over
+    # layers as their declarations say).
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """The terms and statistics under their metrics.jsonl names (loss/<name>, stat/<name>)."""
+        return {**{loss_key(k): v for k, v in self.terms.items()}, **{stat_key(k): v for k, v in self.stats.items()}}
 
 
 class Transformer(nn.Module):
@@ -37,7 +57,12 @@ class Transformer(nn.Module):
         tag(self.tok_emb.weight, Role.EMBEDDING)
         self.pos = options.get("pos", spec.pos).build(spec)
         self.emb_drop = nn.Dropout(spec.dropout)
-        self.blocks = nn.ModuleList(block.build(spec, make_norm) for _ in range(spec.n_layers))
+        self.blocks = nn.ModuleList(block.build(spec, make_norm, layer) for layer in range(spec.n_layers))
+        # What the components may report (their declarations): a term or statistic by another
+        # name is refused at the first forward, not logged under a name no table knows.
+        components = [options.get(axis, getattr(spec, axis)) for axis in ("attn", "ffn")]
+        self._terms = {name for c in components for name in c.losses} | {Z_TERM, MTP_TERM}
+        self._stats = {name: reduce for c in components for name, reduce in c.stats.items()}
         self.final_norm = make_norm(spec.d_model) if block.final_norm else nn.Identity()
         self.lm_head = None if spec.tied else linear(spec.d_model, spec.vocab_size, False, Role.HEAD)
         # Multi-token prediction: head k maps h_t to a state predicting token t+1+k through the
@@ -91,23 +116,62 @@ class Transformer(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> LMOutput:
         h = self.hidden_states(idx)  # (B, T, d)
-        if targets is not None and self.fused_ce:
+        if targets is None:
+            return LMOutput(self.unembed(h))
+        if self.fused_ce:
             return self.fused_loss(h, targets)
         logits = self.unembed(h)  # (B, T, V)
-        if targets is None:
-            return LMOutput(logits)
         V = logits.shape[-1]
         lm_loss = F.cross_entropy(logits.float().view(-1, V), targets.reshape(-1))
-        loss = lm_loss
+        terms = {}
         if self.spec.z_loss > 0:  # PaLM: penalise log Z drifting from 0
             log_z = torch.logsumexp(logits.float(), dim=-1)  # (B, T)
-            loss = loss + self.spec.z_loss * log_z.pow(2).mean()
+            terms[Z_TERM] = self.spec.z_loss * log_z.pow(2).mean()
         if len(self.mtp):  # DeepSeek-V3: lambda * mean over depths, one total weight for any k
             mtp_losses = [F.cross_entropy(self.unembed(head(h[:, :-k])).float().reshape(-1, V),
                                           targets[:, k:].reshape(-1))  # head k: targets shifted by k
                           for k, head in enumerate(self.mtp, start=1)]
-            loss = loss + self.spec.mtp_weight * torch.stack(mtp_losses).mean()
-        return LMOutput(logits, loss, lm_loss)
+            terms[MTP_TERM] = self.spec.mtp_weight * torch.stack(mtp_losses).mean()
+        return self._objective(logits, lm_loss, lm_loss, terms)
+
+    def _objective(self, logits: Optional[torch.Tensor], lm_loss: torch.Tensor, base: torch.Tensor,
+                   terms: dict[str, torch.Tensor], included: Optional[dict[str, torch.Tensor]] = None) -> LMOutput:
+        """The training objective, assembled here only: `base` (the LM loss; with fused_ce the
+        z-loss is inside it, reported in `included`) plus each term, in order: z, mtp, then the
+        components' auxiliary losses (ablate/model/component.py, summed over layers)."""
+        for name, value in self.component_terms().items():
+            terms[name] = terms[name] + value if name in terms else value
+        loss = base
+        for value in terms.values():
+            loss = loss + value
+        reported = {**(included or {}), **terms}
+        return LMOutput(logits, loss, lm_loss, {k: v.detach() for k, v in reported.items()}, self.component_stats())
+
+    def _components(self):
+        return (component for block in self.blocks for component in sublayers(block))
+
+    def component_terms(self) -> dict[str, torch.Tensor]:
+        """The components' auxiliary losses of the last forward pass, summed over layers by name."""
+        out: dict[str, torch.Tensor] = {}
+        for module in self._components():
+            for name, value in module.aux_losses().items():
+                if name not in self._terms:
+                    raise ValueError(f"a component reported the loss term '{name}', which its declaration does "
+                                     f"not list (losses=...: {', '.join(sorted(self._terms))})")
+                out[name] = out[name] + value if name in out else value
+        return out
+
+    def component_stats(self) -> dict[str, torch.Tensor]:
+        """The components' every-row statistics of the last forward pass, each reduced over the
+        layers that report it as its declaration says (stats={name: Reduce})."""
+        by_name: dict[str, list[torch.Tensor]] = {}
+        for module in self._components():
+            for name, value in module.log_stats().items():
+                if name not in self._stats:
+                    raise ValueError(f"a component reported the statistic '{name}', which its declaration does "
+                                     f"not list (stats={{...}}: {', '.join(sorted(self._stats)) or 'none'})")
+                by_name.setdefault(name, []).append(value.detach().float().reshape(()))
+        return {name: _REDUCE[self._stats[name]](torch.stack(values)) for name, values in by_name.items()}
 
     def decode(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
         """Next-token logits (B, T, V) of idx (B, T), the tokens at positions cache.length ..
@@ -134,11 +198,13 @@ class Transformer(nn.Module):
             return linear_cross_entropy(hk.reshape(-1, hk.shape[-1]), w, yk.reshape(-1), self.ce_chunk,
                                         z_loss, spec.logit_softcap)
 
-        loss, lm_loss = ce(h, targets, spec.z_loss)  # (), ()
+        base, lm_loss = ce(h, targets, spec.z_loss)  # (), (): the z-loss is inside base
+        included = {Z_TERM: base.detach() - lm_loss} if spec.z_loss > 0 else {}
+        terms = {}
         if len(self.mtp):  # as in forward; the z-loss is on the next-token logits only
             mtp_losses = [ce(head(h[:, :-k]), targets[:, k:])[0] for k, head in enumerate(self.mtp, start=1)]
-            loss = loss + spec.mtp_weight * torch.stack(mtp_losses).mean()
-        return LMOutput(None, loss, lm_loss)
+            terms[MTP_TERM] = spec.mtp_weight * torch.stack(mtp_losses).mean()
+        return self._objective(None, lm_loss, base, terms, included)
 
 
 def built_counts(model: Transformer) -> dict[str, int]:

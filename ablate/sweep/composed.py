@@ -1,8 +1,6 @@
-"""Each job's config composed once per sweep: the checks before launch and Hydra's basic launcher
-get the same config. A job that differs from a composed one only in values (an LR, a seed, a
-rung's width) is derived from it by `derived_compositions` (ablate/config/compose.py, active for the
-whole sweep: composing each of the 40 jobs of an LR grid on the width ladder took ~19 s of CPU).
-tests/test_sweep_composed.py holds every job's config equal to Hydra's own composition."""
+"""A sweep's job configs, each composed by Hydra once for both the checks before launch and the
+basic launcher (ComposedJobs). tests/test_sweep_composed.py holds every job's config equal to the
+one Hydra composes for it."""
 
 from __future__ import annotations
 

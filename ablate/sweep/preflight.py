@@ -40,7 +40,7 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0, ladd
     from omegaconf.errors import OmegaConfBaseException
 
     from ablate.config.axes import CONF_DIR
-    from ablate.config.compose import check_no_secrets, check_quoted, derived_compositions, hydra_message, load_plugins
+    from ablate.config.compose import check_no_secrets, check_quoted, hydra_message, load_plugins
     from ablate.config.schema import register_configs
     from ablate.sweep.transfer_plan import variant_tokens
 
@@ -53,7 +53,7 @@ def preflight(arguments: Sequence[str], mode: str = "ofat", seeds: int = 0, ladd
     register_configs()
     GlobalHydra.instance().clear()
     try:
-        with derived_compositions(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
         message = hydra_message(e)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ablate.errors import AblateError
-from ablate.names import GRAD_NORM, METRICS, TOKENS, TRAIN_LOSS, VAL_LOSS, Status
+from ablate.names import GRAD_NORM, TOKENS, TRAIN_LOSS, VAL_LOSS, Status, metric
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class Panel:
     tail: float = 0.0
 
 
-# What a panel adds to a metric's title and scale (ablate.names.METRICS): the train loss carries
+# What a panel adds to a metric's title and scale (ablate.names.metric: the METRICS row, or a loss
+# term's or statistic's by its rule): the train loss carries
 # the validation points, and the losses fit their y-range to the end of training.
 PANEL_EXTRAS = {
     TRAIN_LOSS: {"title": "loss (line: train, markers: val)", "points": VAL_LOSS, "tail": 0.2},
@@ -41,8 +42,8 @@ DEFAULT_KEYS = (TRAIN_LOSS, GRAD_NORM)
 
 
 def panel_for(key: str) -> Panel:
-    metric = METRICS.get(key)
-    base = {"title": metric.title, "log_y": metric.log_scale} if metric else {"title": key}
+    row = metric(key)
+    base = {"title": row.title, "log_y": row.log_scale} if row else {"title": key}
     return Panel(key, **{**base, **PANEL_EXTRAS.get(key, {})})
 
 
@@ -171,19 +172,20 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 def _draw_delta(ax, cmp, key: str, colors) -> int:
-    """Each variant's mean curve minus the baseline's (band: min-max of the per-seed paired
-    differences); returns the number of curves drawn."""
-    base = next((g for g, r in zip(cmp.groups, cmp) if r.baseline), None)
-    if base is None:
+    """Each variant's mean curve minus its baseline's (band: min-max of the per-seed paired
+    differences); returns the number of curves drawn. Crossed axes: each cell's baseline is A's
+    baseline at its level of B (Group.ref)."""
+    bases = [g for g, r in zip(cmp.groups, cmp) if r.baseline]
+    if not bases:
         ax.text(0.5, 0.5, "no baseline (pick one with --baseline)", ha="center", va="center",
                 transform=ax.transAxes, color="0.5")
         ax.set_title(f"Δ {key} vs baseline")
         return 0
     drawn, window, curves = 0, 1, []
     for i, (group, row) in enumerate(zip(cmp.groups, cmp)):
-        if group is base:
+        if group.ref is None:
             continue
-        xs, mean, lo, hi = _delta_series(group, base, key)
+        xs, mean, lo, hi = _delta_series(group, group.ref, key)
         if not xs:
             continue
         window = max(1, len(xs) // 20)  # ~5% of the curve
@@ -322,3 +324,63 @@ def check_plot_path(path: Path) -> None:
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in ("png", "pdf", "svg", "jpg", "jpeg"):
         raise AblateError(f"--plot {path}: use a .png, .pdf or .svg file name")
+
+
+# ---- two crossed axes ---------------------------------------------------------------------------
+def interaction_path(plot: Path) -> Path:
+    """FILE_interaction.png beside the comparison's FILE.png."""
+    plot = Path(plot)
+    return plot.with_name(f"{plot.stem}_interaction{plot.suffix}")
+
+
+def plot_interaction(inter, plot: Path) -> Path:
+    """Write the figure of an interaction.Interaction beside `plot`; returns its path."""
+    return save_figure(interaction_figure(inter), interaction_path(plot))
+
+
+def interaction_figure(inter):
+    """The Δ of each of A's other levels (vs its baseline at the same level of B) across the levels
+    of B, with its CI as error bars; a level where the Δ differs from the one at B's first level
+    beyond seed noise (Holm) is marked and its difference written beside it. A matplotlib Figure,
+    for a file or a test to read."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    a, b = inter.crossing.a, inter.crossing.b
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(b.levels) + 3.0), 4.4), layout="constrained")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    others = a.levels[1:]
+    width = 0.25 / max(1, len(others) - 1) if len(others) > 1 else 0.0
+    for i, level in enumerate(others):
+        cells = [c for c in inter.cells if c.level_a == level]
+        xs = [b.levels.index(c.level_b) + (i - (len(others) - 1) / 2) * width for c in cells]
+        drawn = [(x, c) for x, c in zip(xs, cells) if c.delta is not None]
+        if not drawn:
+            continue
+        ys = [c.delta for _, c in drawn]
+        err = [[c.delta - c.delta_test.ci_low if c.delta_test.ci_low is not None else 0.0 for _, c in drawn],
+               [c.delta_test.ci_high - c.delta if c.delta_test.ci_low is not None else 0.0 for _, c in drawn]]
+        color = colors[i % len(colors)]
+        ax.errorbar([x for x, _ in drawn], ys, yerr=err, fmt="o-", ms=5, capsize=4, color=color,
+                    label=f"{a.name(level)} vs {a.name(a.first)}")
+        for x, c in drawn:
+            if c.reference or c.difference is None:
+                continue
+            said = f"Δ−Δ {c.difference:+.4f}" + (f"\nHolm p={c.p_holm:.2g}" if c.p_holm is not None else "")
+            ax.annotate(said, (x, c.delta), textcoords="offset points", xytext=(8, 6), fontsize=8,
+                        color=color, fontweight="bold" if c.differs else "normal")
+            if c.differs:
+                ax.plot(x, c.delta, marker="*", ms=14, color=color, ls="none")
+    ax.axhline(0.0, color="0.3", lw=1, ls="--")
+    ax.set_xticks(range(len(b.levels)), [b.name(x) for x in b.levels])
+    ax.set_xlim(-0.5, len(b.levels) - 0.1)  # room for the last level's note
+    ax.set_xlabel(f"{b.key} (the reference level first)")
+    ax.set_ylabel(f"Δ {inter.metric}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Δ {inter.metric} of {a.key} at each level of {b.key}\nbars: {100 * (1 - inter.alpha):g}% CI, "
+                 f"paired over seeds\n★: differs from the Δ at {b.name(b.first)} (Holm p<{inter.alpha:g})",
+                 fontsize=10)
+    return fig

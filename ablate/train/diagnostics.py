@@ -1,6 +1,8 @@
 """Diagnostics that show why a variant wins or fails: gradient norms by layer, residual-stream
-RMS, max attention logit, dead FFN units, update-to-weight ratios and the loss-spike count (the
-guard's: ablate/train/policy.py). Their plots are ablate/tracking/diagnostics_plots.py.
+RMS, the components' own statistics (attention: max and mean |logit|; a ReLU-family FFN: its dead
+units; any component's through the Sublayer protocol, ablate/model/component.py), update-to-weight
+ratios and the loss-spike count (the guard's: ablate/train/policy.py). Their plots are
+ablate/tracking/diagnostics_plots.py.
 
 The trainer calls `Diagnostics(trainer, step)` every `train.diagnostics_every` steps, after the
 backward pass and before clipping and the optimizer step (gradients are the raw ones, like the
@@ -20,6 +22,7 @@ import math
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ablate.model.component import sublayers
 from ablate.names import GRAD_NORM, TOKENS
 
 if TYPE_CHECKING:
@@ -54,8 +57,8 @@ def components(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     out: dict[str, list[nn.Parameter]] = {}
     for i, block in enumerate(model.blocks):
         out[f"block{i}"] = list(block.parameters())
-        out[f"block{i}.attn"] = list(block.attn.parameters())
-        out[f"block{i}.ffn"] = list(block.ffn.parameters())
+        for part, component in zip(("attn", "ffn"), sublayers(block)):
+            out[f"block{i}.{part}"] = list(component.parameters())
     out["embedding"] = list(model.tok_emb.parameters()) + list(model.pos.parameters())
     if model.lm_head is not None:
         out["head"] = list(model.lm_head.parameters())
@@ -82,16 +85,9 @@ def grad_norms(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # ---- activations: one extra forward pass ---------------------------------------------------
 
-def dead_fraction(hidden: torch.Tensor) -> torch.Tensor:
-    """Fraction of FFN units that are exactly zero on every token: for ReLU-family activations
-    the units that never fire (never positive) over the batch. hidden: (..., d_ff)."""
-    fired = hidden.detach().ne(0).flatten(0, -2).any(dim=0)  # (d_ff,)
-    return 1.0 - fired.float().mean()
-
-
 class ActivationProbe:
-    """Within `with`: forward hooks on the blocks (residual-stream RMS after each block) and
-    the FFNs (dead units, ReLU family only), and attention's max-logit recording."""
+    """Within `with`: forward hooks on the blocks (residual-stream RMS after each block), and
+    every component recording its own statistics (`<name>/block<i>`: max_attn_logit, dead_ffn_frac, ...)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -101,10 +97,8 @@ class ActivationProbe:
     def __enter__(self) -> "ActivationProbe":
         for i, block in enumerate(self.model.blocks):
             self._handles.append(block.register_forward_hook(self._resid_hook(i)))
-            if getattr(block.ffn, "relu_family", False):
-                self._handles.append(block.ffn.register_forward_hook(self._dead_hook(i)))
-            block.attn.record_max_logit = True
-            block.attn.max_logit = None
+            for component in sublayers(block):
+                component.record(True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -112,24 +106,19 @@ class ActivationProbe:
             h.remove()
         self._handles.clear()
         for i, block in enumerate(self.model.blocks):
-            block.attn.record_max_logit = False
-            if block.attn.max_logit is not None:
-                self.stats[f"max_attn_logit/block{i}"] = block.attn.max_logit.float()
-            block.attn.max_logit = None
+            for component in sublayers(block):
+                for name, value in component.diag_stats().items():
+                    self.stats[f"{name}/block{i}"] = value.detach().float()
+                component.record(False)
 
     def _resid_hook(self, i: int):
         def hook(module, inputs, output):
             self.stats[f"resid_rms/block{i}"] = output.detach().float().pow(2).mean().sqrt()
         return hook
 
-    def _dead_hook(self, i: int):
-        def hook(module, inputs, output):
-            self.stats[f"dead_ffn_frac/block{i}"] = dead_fraction(module.hidden(inputs[0]))
-        return hook
-
 
 def activation_stats(model: nn.Module, x: torch.Tensor, autocast: Callable = nullcontext) -> dict:
-    """Residual RMS, max attention logit and dead units per block, plus the output logits'
+    """Residual RMS and the components' statistics per block, plus the output logits'
     max and mean log-partition (what logit soft-capping and z-loss act on). Eval mode: no
     dropout, so no random numbers are drawn."""
     import torch

@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -77,11 +77,14 @@ class Ending:
 
 @dataclass
 class Measured:
-    """One step's loss and grad norm on the device, read on the host (a sync) once, when asked."""
+    """One step's loss and grad norm on the device, read on the host (a sync) once, when asked;
+    and the objective's terms and the components' statistics (loss/<name>, stat/<name>), read
+    where a row logs them."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor
     lr: float
+    terms: dict = field(default_factory=dict)
     _read: Optional[tuple[float, float]] = None
 
     def read(self) -> tuple[float, float]:
@@ -149,6 +152,8 @@ class Trainer:
         self.guard = Guard(cfg.diverge_threshold, cfg.skip_spikes)
         self.stop = StopRequest()  # the run passes its own, installed since the run's start
         self._resume_rng: Optional[dict] = None  # applied right before the first resumed step
+        # the last train_step's objective terms and statistics, averaged as its loss is
+        self.step_terms: dict[str, torch.Tensor] = {}
         self.segment: Optional[Segment] = None  # the current fit call's
 
     def _place(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -240,6 +245,7 @@ class Trainer:
         lr = lr_at(step, cfg.lr, self.state.warmup_steps, self.state.schedule_steps, cfg.schedule, cfg.min_lr_ratio)
         set_lr(self.optimizer, lr)
         lm_loss = torch.zeros((), device=self.device)
+        terms: dict[str, torch.Tensor] = {}  # loss/<name>, stat/<name>: the mean over micro-steps
         for micro in range(self.grad_accum):
             # One copy per micro-step; on CUDA from pinned memory, so it does not block the host.
             w = self.batches.window(step, micro, pin=self.pin).to(self.device, non_blocking=True)
@@ -253,11 +259,15 @@ class Trainer:
                     out = self.train_model(x, y)
                 (out.loss / self.grad_accum).backward()
             lm_loss += out.lm_loss.detach() / self.grad_accum
+            for key, value in out.metrics().items():
+                terms[key] = terms.get(key, 0.0) + value.float() / self.grad_accum
         if self._diagnostics_due(step):  # raw gradients; row step as for the train row (0: init profile)
             self._diag_pending = self.on_diagnostics(self, min(step + 1, cfg.steps))
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
         lm_loss = all_ranks_mean(lm_loss, self.world)  # the global batch's loss on every rank
+        self.step_terms = dict(zip(terms, all_ranks_mean(torch.stack(list(terms.values())), self.world))) \
+            if terms else {}  # one collective for all of them
         return lm_loss, grad_norm, lr
 
     def _diagnostics_due(self, step: int) -> bool:
@@ -328,7 +338,7 @@ class Trainer:
         self.segment.loss = None
         loss, grad_norm, lr = self.train_step(n)
         self._check_compiled()
-        return Measured(loss, grad_norm, lr)
+        return Measured(loss, grad_norm, lr, self.step_terms)
 
     def _judge(self, n: int, measured: Measured) -> Verdict:
         """The guard's verdict on step n + 1 where it reads its loss on the host (_syncs), else
@@ -341,7 +351,7 @@ class Trainer:
     def _diverged(self, n: int, measured: Measured, reason: str) -> Ending:
         """The failing step's row and diagnostics profile; its update is not applied."""
         loss, grad_norm = measured.read()
-        self._log_row(n + 1, loss, grad_norm, measured.lr, None)
+        self._log_row(n + 1, loss, grad_norm, measured.lr, None, measured.terms)
         self.finish_diagnostics(updated=False)
         return Ending(Status.DIVERGED, reason)
 
@@ -361,7 +371,7 @@ class Trainer:
         self.segment.loss, grad_norm = measured.read()
         tps = self.segment.speed.log(step)
         self.state.last.update({TRAIN_LOSS: self.segment.loss, TOKENS_PER_S: tps})
-        self._log_row(step, self.segment.loss, grad_norm, measured.lr, tps)
+        self._log_row(step, self.segment.loss, grad_norm, measured.lr, tps, measured.terms)
 
     def _stop_requested(self) -> bool:
         """A stop signal reached some rank: every rank stops at this same step."""
@@ -426,10 +436,12 @@ class Trainer:
             step = self.state.step
             self.sinks.log({"step": step, TOKENS: self.state.tokens_at(step), **metrics})
 
-    def _log_row(self, step, loss, gnorm, lr, tps):
+    def _log_row(self, step, loss, gnorm, lr, tps, terms: Optional[dict] = None):
         if not self.is_main:
             return
         row = {"step": step, TOKENS: self.state.tokens_at(step), TRAIN_LOSS: loss, GRAD_NORM: gnorm, LR: lr}
+        if terms:  # loss/<name>, stat/<name> (ablate/names.py): one read for all of them
+            row.update(zip(terms, torch.stack(list(terms.values())).tolist()))
         if tps is not None:
             row[TOKENS_PER_S] = tps
             row[MFU] = self.mfu(tps)
