@@ -37,6 +37,8 @@ CASES = [
     "norm_pos=sandwich bias=off qk_norm=on attn=mqa", "arch=llama model.d_model=256 model.n_heads=8",
     "param=mup model.d_model=256 model.base_width=64 arch=llama",
     "param=completep model.n_layers=8 model.base_depth=2 model.base_width=64",
+    # sliding windows (added 2026-11-29): the presets and local:global on the default block
+    "arch=mistral", "arch=gemma3", "pos=rope attn.window=16 attn.global_every=2",
 ]
 
 

@@ -188,7 +188,7 @@ def length_eval(cmp: Any, warn: Callable[[str], None] = print_warning) -> Option
         rows = [LengthRow(g.label, g.baseline, [cells[i] for cells in per_key]) for i, g in enumerate(cmp.groups)]
         trains = sorted({r.train_seq_len for r in records.values()})
         p = Protocol(keys[0].protocol, keys, trains, rows)
-        p.notes = protocol_notes(p, records)
+        p.notes = protocol_notes(p, records) + window_notes(cmp.groups)
         protocols.append(p)
     return LengthEval(protocols, [protocol_table(p, cmp.baseline, cmp.alpha) for p in protocols])
 
@@ -234,6 +234,20 @@ def protocol_notes(p: Protocol, records: dict) -> list[str]:
         notes.append(f"fewer than {MIN_SEEDS} seeds in a test: {', '.join(few)}; read the interval, not the p "
                      f"(run --seeds {MIN_SEEDS} or more)")
     notes += _missing_notes(p)
+    return notes
+
+
+def window_notes(groups: list[Group]) -> list[str]:
+    """A variant with sliding windows (attn.window in its runs' config): what its layers see."""
+    from ablate.model.sliding import LOCAL_LAYERS
+
+    notes = []
+    for g in groups:
+        window = g.first(lambda r: (r.config or {}).get("attn.window"))
+        if window is not None:
+            every = g.first(lambda r: (r.config or {}).get("attn.global_every"))
+            pattern = f"attn.window={window}" + (f", attn.global_every={every}" if every else "")
+            notes.append(f"{g.label} ({pattern}): {LOCAL_LAYERS}")
     return notes
 
 

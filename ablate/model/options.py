@@ -111,9 +111,8 @@ DENSE_ATTN = dict(params=attention_params, flops=attention_flops, cache=attentio
                   flops_formula=("6*N + 12*L*d_attn*T (PaLM appendix B, training = forward + backward): N = "
                                  "attention + FFN weights + the d x V output head (tied or not), L = layers, "
                                  "d_attn = n_heads * head_dim, T = seq_len (the causal half of the score "
-                                 "matrix is counted, by convention; a sliding layer counts min(W, T))"),
-                  cache_formula=("2 (K and V) * L * n_kv_heads * head_dim * bytes per element (a sliding "
-                                 "layer: at most its window's positions)"),
+                                 "matrix is counted, by convention)"),
+                  cache_formula="2 (K and V) * L * n_kv_heads * head_dim * bytes per element",
                   # sliding windows (ablate/model/sliding.py): the keys a query sees counting itself
                   # (null: full), every Nth layer full (null: all slide), sliding layers' RoPE base
                   settings={"window": setting(None, int), "global_every": setting(None, int),

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ablate.model.roles import Role, tag
+from ablate.model.sliding import settings_of, spec_windows
 from ablate.model.spec import ModelSpec
 
 
@@ -173,24 +174,27 @@ class RoPE(Positional):
 
     With `local_base` (attn.local_rope_base) the sliding layers rotate at that base and the full
     ones at pos.base (Gemma 3: 10,000 and 1,000,000). A scaling (eval --rope-scaling) stretches
-    the full layers' base only, as Gemma 3 does: a sliding layer never sees a key farther than
-    its window, a distance it was trained at, at any context length."""
+    the full layers' base only, as Gemma 3 does, with one base or two: a sliding layer never sees
+    a key farther than its window, a distance it was trained at, at any context length."""
 
     def __init__(self, spec):
         super().__init__(spec)
         self._cache: dict = {}
         self.scaling: Optional[RopeScaling] = None  # set by evaluation only (ablate/evaluation/lengths.py)
-        self.local_base: Optional[float] = getattr(spec.attn, "local_rope_base", None)
+        self.local_base: Optional[float] = settings_of(spec)[2]
+        self.slides = any(w is not None for w in spec_windows(spec))
 
     def context(self, T, device, dtype, offset=0):
-        key = (offset + T, device, self.scaling, self.local_base)
+        local_base = self.local_base  # sliding layers' own tables: at their base, never scaled
+        if local_base is None and self.slides and self.scaling is not None:
+            local_base = self.spec.rope_base
+        key = (offset + T, device, self.scaling, local_base)
         if key not in self._cache:
             base, divisor = self.spec.rope_base, 1.0
             if self.scaling is not None:
                 base, divisor = self.scaling.base_and_divisor(base, self.spec.head_dim)
             tables = rope_tables(offset + T, self.spec.head_dim, base, device, divisor)
-            local = None if self.local_base is None else rope_tables(offset + T, self.spec.head_dim,
-                                                                     self.local_base, device)
+            local = None if local_base is None else rope_tables(offset + T, self.spec.head_dim, local_base, device)
             self._cache = {key: (tables, local)}
         tables, local = self._cache[key]
         cos, sin = (t[offset:].to(dtype) for t in tables)  # (T, hd) each

@@ -20,6 +20,10 @@ from typing import Any, Optional
 
 from ablate.errors import ConfigError
 
+# what the length reports (ablate eval --lengths, compare's) say of a windowed model
+LOCAL_LAYERS = ("a sliding layer sees at most its window's keys at any length (only the full layers see the "
+                "whole context); --rope-scaling stretches the full layers' RoPE base only")
+
 
 def layer_window(window: Optional[int], global_every: Optional[int], layer: int) -> Optional[int]:
     """The keys layer `layer` (0-based) sees, counting the query; None: full causal attention."""
@@ -91,3 +95,16 @@ def check_window(window: Optional[int], global_every: Optional[int], local_rope_
         if global_every is None:
             raise ConfigError("attn.local_rope_base with every layer sliding leaves pos.base unused: set "
                               "pos.base instead, or attn.global_every for full layers on pos.base")
+
+
+def describe(spec: Any) -> str:
+    """The pattern in words for the reports ("" without a window): "window 16 on 3 of 4 layers
+    (full: 3); sliding layers' RoPE base 10,000"."""
+    windows = spec_windows(spec)
+    sliding = [w for w in windows if w is not None]
+    if not sliding:
+        return ""
+    full = [str(layer) for layer, w in enumerate(windows) if w is None]
+    out = f"window {sliding[0]:,} on {len(sliding)} of {len(windows)} layers (full: {', '.join(full) or 'none'})"
+    local_base = settings_of(spec)[2]
+    return out + (f"; sliding layers' RoPE base {local_base:,g}" if local_base is not None else "")

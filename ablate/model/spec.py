@@ -109,7 +109,8 @@ class ModelSpec:
     def _resolve_axes(self) -> None:
         """Each component axis's typed config (declared defaults filled in, unknown keys and
         mistyped values refused) and `settings`, their flat view; an axis whose option has no
-        settings is left out of it, so a spec without settings reads as it always has."""
+        settings (or only optional ones left at null) is left out of it, so a spec without
+        settings reads as it always has."""
         given = dict(self.settings or {})
         flat = {}
         for axis in options.component_axes():
@@ -129,8 +130,13 @@ class ModelSpec:
                                       f"give the option by name ({axis}='{name}') with its settings, or a typed config")
                 config = value
             object.__setattr__(self, axis, config)
-            if config.settings:
-                flat[axis] = config.settings
+            declared = config.option.all_settings
+            # an optional setting left at its null default is left out (attn.window on every mha
+            # model), so a spec that sets none reads as it always has; its implementation takes
+            # that keyword's default, None
+            kept = {k: v for k, v in config.settings.items() if not (v is None and declared[k].default is None)}
+            if kept:
+                flat[axis] = kept
         if given:
             raise ConfigError(f"settings for {', '.join(given)}: no option of that axis takes settings here")
         object.__setattr__(self, "settings", OptionSettings(flat))
@@ -370,6 +376,11 @@ def kv_cache_bytes(spec: ModelSpec, context: int, bytes_per_elem: int = 2) -> in
     return sum(layout.bytes(context, bytes_per_elem) for layout in cache_layouts(spec))
 
 
-def kv_cache_bytes_per_token(spec: ModelSpec, bytes_per_elem: int = 2) -> int:
-    """Bytes each cached position takes, every layer (a cache that keeps every position)."""
-    return sum(layout.bytes_per_position(bytes_per_elem) for layout in cache_layouts(spec))
+def kv_cache_bytes_per_token(spec: ModelSpec, bytes_per_elem: int = 2, context: Optional[int] = None) -> int:
+    """Bytes per token of context, every layer: the cache after `context` tokens over `context`
+    (rounded to a byte; a sliding layer keeps at most its window's positions, so the figure
+    falls as the context grows past W); None: each cached position's bytes, the same for a
+    model whose layers keep every position."""
+    if context is None:
+        return sum(layout.bytes_per_position(bytes_per_elem) for layout in cache_layouts(spec))
+    return round(kv_cache_bytes(spec, context, bytes_per_elem) / context)

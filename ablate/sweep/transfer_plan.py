@@ -178,7 +178,8 @@ def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Ru
     ladder's base shape (its param has one). Returns (jobs, the rung table)."""
     table, jobs = [], []
     for rung in ladder.rungs:
-        params, per_step = plan_rung(rung)
+        with naming(f"ladder {ladder.name}, rung {rung.name} ({rung.n_layers} layers)"):  # the baseline there
+            params, per_step = plan_rung(rung)
         steps, lr = ladder.rung_steps(params, per_step), ladder.lr(rung)
         table.append(RungPlan(rung.name, rung.d_model, rung.n_layers, rung.n_heads, params, steps,
                               steps * per_step, lr))
