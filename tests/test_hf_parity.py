@@ -116,7 +116,10 @@ ALTERNATIVES = {
     "init_std": [0.05], "depth_scaled_init": [False], "emb_scale": [True, False],
     "parallel_block": [True], "z_loss": [1e-3], "attn_softcap": [0.5], "logit_softcap": [0.5],
     "act_clamp": [1e-3], "mtp_heads": [1], "mtp_weight": [0.5], "tokenizer_vocab": [90],
-    "settings": [{"norm": {"alpha0": 1.0}}],  # with the families' norms: refused by the spec
+    # alpha0 with the families' norms: refused by the spec; the sliding window (W=8 of the audit's 16
+    # tokens) uniform, every 2nd layer full, and with a second RoPE base for the sliding layers
+    "settings": [{"norm": {"alpha0": 1.0}}, {"attn": {"window": 8}}, {"attn": {"window": 8, "global_every": 2}},
+                 {"attn": {"window": 8, "global_every": 2, "local_rope_base": 100.0}}],
     # sp ignores the base shape (exports exactly); mup and completep are refused by every family
     "param": ["mup", "completep"], "base_width": [16], "base_depth": [1], "base_d_ff": [20],
 }
