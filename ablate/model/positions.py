@@ -188,18 +188,22 @@ class RoPE(Positional):
         local_base = self.local_base  # sliding layers' own tables: at their base, never scaled
         if local_base is None and self.slides and self.scaling is not None:
             local_base = self.spec.rope_base
-        key = (offset + T, device, self.scaling, local_base)
-        if key not in self._cache:
+        key, end = (device, self.scaling, local_base), offset + T
+        held = self._cache.get(key)
+        if held is None or held[0][0].shape[0] < end:
+            # a position's angles do not depend on the table's length, so a longer table is sliced:
+            # doubling it keeps a decode step from rebuilding the tables of every position so far
+            n = end if held is None else max(end, 2 * held[0][0].shape[0])
             base, divisor = self.spec.rope_base, 1.0
             if self.scaling is not None:
                 base, divisor = self.scaling.base_and_divisor(base, self.spec.head_dim)
-            tables = rope_tables(offset + T, self.spec.head_dim, base, device, divisor)
-            local = None if local_base is None else rope_tables(offset + T, self.spec.head_dim, local_base, device)
+            tables = rope_tables(n, self.spec.head_dim, base, device, divisor)
+            local = None if local_base is None else rope_tables(n, self.spec.head_dim, local_base, device)
             self._cache = {key: (tables, local)}
         tables, local = self._cache[key]
-        cos, sin = (t[offset:].to(dtype) for t in tables)  # (T, hd) each
+        cos, sin = (t[offset:end].to(dtype) for t in tables)  # (T, hd) each
         return AttnContext(rope=(cos, sin),
-                           local_rope=None if local is None else tuple(t[offset:].to(dtype) for t in local))
+                           local_rope=None if local is None else tuple(t[offset:end].to(dtype) for t in local))
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
