@@ -103,11 +103,10 @@ def test_flex_sliding_window_matches_the_explicit_band_on_cuda(pos, softcap, n_k
     the explicit path's band (forced by record_max_logit), forward and gradients, T = 512: blocks
     wholly outside the window are skipped, partial ones masked; the flex path was taken."""
     from ablate.model import flex, options
-    from ablate.model.attention import CausalSelfAttention
     from ablate.model.spec import ModelSpec
 
     spec = ModelSpec(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=n_kv, d_ff=128,
-                     max_seq_len=512, pos=pos, attn_softcap=softcap)
+                     max_seq_len=512, pos=pos, attn_softcap=softcap, settings={"attn": {"window": window}})
     dev = torch.device("cuda")
     flex.enable(True)
     tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -116,8 +115,8 @@ def test_flex_sliding_window_matches_the_explicit_band_on_cuda(pos, softcap, n_k
     real = flex.sliding_block_mask
     try:
         torch.manual_seed(0)
-        attn = CausalSelfAttention(spec).to(dev)
-        attn.window = window
+        attn = options.get("attn", spec.attn).build(spec, 0).to(dev)
+        assert attn.window == window
         ctx = options.get("pos", pos).build(spec).to(dev).context(512, dev, torch.float32)
         x = torch.randn(2, 512, 64, device=dev, requires_grad=True)
         flex.sliding_block_mask = lambda *a: calls.append(a) or real(*a)

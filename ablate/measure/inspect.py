@@ -31,7 +31,7 @@ def formulas(spec: ModelSpec) -> tuple[str, str]:
     cache = attn.cache_formula or f"the sum over layers of attn={attn.name}'s declared cache bytes per position"
     if any(w is not None for w in spec_windows(spec)):
         flops += "; a sliding layer's T is min(W, T)"
-        cache += ", a sliding layer's over min(context, W) positions, over the context"
+        cache += " per position kept, over the context (a sliding layer keeps min(context, W) positions)"
     return flops, cache
 
 
