@@ -49,6 +49,7 @@ PLACEHOLDERS = {
     "runs/lr_qk": "sweep", "runs/ladder_pos": "sweep", "runs/ladder_2x": "sweep", "runs/ladder_pos_lr": "sweep",
     "runs/docs/glu": "sweep", "runs/docs/norm_dyt": "sweep", "runs/pos_lengths": "sweep",
     "runs/docs/qk_norm_x_norm": "sweep", "runs/docs/act_x_pos": "sweep",
+    "runs/docs/window-sizes": "sweep", "runs/docs/window-patterns": "sweep",
     "runs": "root",
     "OUT_DIR": "out", "hf/llama": "out",
 }

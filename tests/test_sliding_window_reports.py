@@ -96,9 +96,13 @@ def test_the_length_reports_say_what_local_layers_see():
             self.config = config
 
     groups = [Group([Run({"attn.window": None})], label="baseline"),
-              Group([Run({"attn.window": 16, "attn.global_every": 2})], label="attn.window=16")]
-    (note,) = window_notes(groups)
-    assert note.startswith("attn.window=16 (attn.window=16, attn.global_every=2): a sliding layer sees at most")
+              Group([Run({"attn.window": 16, "attn.global_every": 2})], label="attn.global_every=2"),
+              Group([Run({"attn.window": 16})], label="attn.window=16")]
+    assert window_notes(groups) == [
+        "sliding windows in attn.global_every=2 (attn.window=16, attn.global_every=2); attn.window=16: a sliding "
+        "layer sees at most its window's keys at any length (only the full layers see the whole context); "
+        "--rope-scaling stretches the full layers' RoPE base only"]
+    assert window_notes(groups[:1]) == []
 
 
 def test_rope_scaling_stretches_the_full_layers_only_with_one_base():

@@ -238,17 +238,18 @@ def protocol_notes(p: Protocol, records: dict) -> list[str]:
 
 
 def window_notes(groups: list[Group]) -> list[str]:
-    """A variant with sliding windows (attn.window in its runs' config): what its layers see."""
+    """The variants with sliding windows (attn.window in their runs' config) and what their layers
+    see, in one note (none without such a variant)."""
     from ablate.model.sliding import LOCAL_LAYERS
 
-    notes = []
+    named = []
     for g in groups:
         window = g.first(lambda r: (r.config or {}).get("attn.window"))
         if window is not None:
             every = g.first(lambda r: (r.config or {}).get("attn.global_every"))
             pattern = f"attn.window={window}" + (f", attn.global_every={every}" if every else "")
-            notes.append(f"{g.label} ({pattern}): {LOCAL_LAYERS}")
-    return notes
+            named.append(g.label if g.label == pattern else f"{g.label} ({pattern})")
+    return [f"sliding windows in {'; '.join(named)}: {LOCAL_LAYERS}"] if named else []
 
 
 def _missing_notes(p: Protocol) -> list[str]:
