@@ -12,7 +12,7 @@ import statistics
 import pytest
 import torch
 
-from conftest import (TINY, read_jsonl, read_summary as summary, run_ablate, scripted_trainer,
+from conftest import (PRESET_DEPTH, TINY, read_jsonl, read_summary as summary, run_ablate, scripted_trainer,
                       stop_after_first_checkpoint, weights_hash)
 
 pytestmark = pytest.mark.cuda
@@ -42,13 +42,15 @@ def test_default_preset_bf16_compiled_run(tmp_path):
 def _axis_runs() -> list[str]:
     from ablate.config.axes import list_axes
 
-    runs = [f"{row['group']}={o}" for row in list_axes() if row["axis"] or row["group"] == "arch"
-            for o in row["options"] if o != row["default"]]
+    runs = [" ".join([f"{row['group']}={o}", *PRESET_DEPTH.get(o, [])]) for row in list_axes()
+            if row["axis"] or row["group"] == "arch" for o in row["options"] if o != row["default"]]
     # the stability keys (README "Diagnostics and stability options"); soft-capping and ALiBi
     # take FlexAttention on CUDA, inside the compiled model
     return runs + ["model.z_loss=1e-4", "model.attn_softcap=20", "model.logit_softcap=30",
                    "model.emb_scale=true", "model.depth_scaled_init=false", "act=swiglu model.act_clamp=10",
-                   "model.mtp_heads=2", "model.parallel_block=true", "pos=alibi model.attn_softcap=20"]
+                   "model.mtp_heads=2", "model.parallel_block=true", "pos=alibi model.attn_softcap=20",
+                   # a sliding window's band through FlexAttention's block mask, compiled
+                   "pos=rope attn.window=8 attn.global_every=2"]
 
 
 @pytest.mark.parametrize("variant", _axis_runs())
