@@ -100,6 +100,8 @@ def window_spec_kwargs(sliding_window: Optional[int], layer_types: Optional[list
         raise ConfigError(f"HF layer_types {types} are not every Nth layer full: ablate's attn.global_every "
                           "cannot hold that pattern")
     return {"attn": {"window": int(sliding_window), "global_every": global_every}}
+
+
 # The attention and FFN components every family here holds: keys and values of n_kv_heads x
 # head_dim (the head sharing is n_kv_heads, checked by rules), one dense FFN.
 DENSE_COMPONENTS = {"attn": ("mha", "gqa", "mqa"), "ffn": ("dense",)}
@@ -289,8 +291,8 @@ def _gemma2_spec(c: Any) -> ModelSpec:
 
 def _gemma2_config(spec: ModelSpec) -> Any:
     Gemma2Config = transformers_module().Gemma2Config
-    return Gemma2Config(**_rope_config_kwargs(spec), **window_config_kwargs(spec), hidden_activation="gelu_pytorch_tanh",
-                        attention_bias=False, query_pre_attn_scalar=spec.head_dim,
+    return Gemma2Config(**_rope_config_kwargs(spec), **window_config_kwargs(spec),
+                        hidden_activation="gelu_pytorch_tanh", attention_bias=False, query_pre_attn_scalar=spec.head_dim,
                         attn_logit_softcapping=spec.attn_softcap, final_logit_softcapping=spec.logit_softcap,
                         initializer_range=spec.init_std)
 
@@ -341,8 +343,8 @@ def _gemma3_config(spec: ModelSpec) -> Any:
     kw = _rope_config_kwargs(spec)
     rope = kw.pop("rope_parameters")
     local = settings_of(spec)[2]
-    return Gemma3TextConfig(**kw, **window_config_kwargs(spec), hidden_activation="gelu_pytorch_tanh", attention_bias=False,
-                            query_pre_attn_scalar=spec.head_dim,
+    return Gemma3TextConfig(**kw, **window_config_kwargs(spec), hidden_activation="gelu_pytorch_tanh",
+                            attention_bias=False, query_pre_attn_scalar=spec.head_dim,
                             rope_parameters={FULL: dict(rope), SLIDING: dict(rope, rope_theta=local or spec.rope_base)},
                             final_logit_softcapping=spec.logit_softcap, initializer_range=spec.init_std)
 

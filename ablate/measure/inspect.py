@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ablate.errors import ConfigError
 from ablate.model import options
+from ablate.model.sliding import attended_keys, settings_of, spec_windows
 from ablate.model.spec import (VOCAB_MULTIPLE, ModelSpec, active_params, cache_layouts, count_params,
                                ffn_layer_params, flops_per_token, gated_d_ff, kv_cache_bytes, kv_cache_bytes_per_token,
                                non_embedding_params)
@@ -23,8 +24,6 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 def formulas(spec: ModelSpec) -> tuple[str, str]:
     """(FLOPs/token, KV bytes/token) in words, as the attention component declares them (with
     sliding windows, what they change)."""
-    from ablate.model.sliding import spec_windows
-
     attn = options.get("attn", spec.attn)
     flops = attn.flops_formula or (f"the sum over layers of each component's declared training FLOPs per token "
                                    f"(attn={attn.name}, ffn={spec.ffn}) + 6 * the d x V output head")
@@ -46,9 +45,7 @@ def run_kv_cache_bytes_per_token(cfg: Any, precision: str) -> int:
 def layer_rows(spec: ModelSpec, context: int, bytes_per_elem: int) -> list[dict]:
     """Per layer: its window (None: full), the keys its last query sees at `context`, its RoPE
     base (None: pos is not rope) and its cache's positions and bytes per sequence at `context`."""
-    from ablate.model.sliding import attended_keys, spec_windows
-
-    local_base = getattr(spec.attn, "local_rope_base", None)
+    local_base = settings_of(spec)[2]
     rows = []
     for layer, (window, layout) in enumerate(zip(spec_windows(spec), cache_layouts(spec))):
         base = None if spec.pos != "rope" else local_base if window is not None and local_base else spec.rope_base

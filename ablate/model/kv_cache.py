@@ -111,8 +111,8 @@ class LayerCache:
         positions = torch.cat([self.positions(start, device)[:kept], torch.arange(start, end, device=device)])
         newest = torch.arange(max(start, end - W), end, device=device)  # they overwrite the oldest
         for name, value in new.items():
-            dim = self._dims[name]
-            self.tensors[name].index_copy_(dim, newest % W, value.index_select(dim, newest - start).to(self.tensors[name].dtype))
+            dim, held = self._dims[name], self.tensors[name]
+            held.index_copy_(dim, newest % W, value.index_select(dim, newest - start).to(held.dtype))
         return Held(out, start, positions)
 
     def positions(self, length: int, device) -> torch.Tensor:
