@@ -46,6 +46,10 @@ TINY = [
     "train.progress=false", "train.device=cpu",
 ]
 
+# What a preset needs beside TINY-sized models: arch=gemma3's 5 sliding layers to 1 full need 6
+# layers (with fewer it is refused in one line, as it should be).
+PRESET_DEPTH = {"gemma3": ["model.n_layers=6"]}
+
 
 def loss_curve(trainer, grad_norm: bool = False) -> list[float]:
     """A scripted_trainer's logged train_loss per step (each followed by its grad_norm if asked)."""

@@ -121,7 +121,8 @@ def test_the_cli_prints_the_table_and_json_names_the_public_keys():
     res = cli("bench", "--decode", *DIMS, "--batch", "2", *SHORT)
     assert res.exit_code == 0, res.output
     for words in ("prefill tokens/s", "time to first token", "decode tokens/s aggregate", "decode tokens/s per stream",
-                  "KV bytes/token", "peak memory", "`ablate inspect`'s formula at fp32: 512 bytes/token"):
+                  "KV bytes/token", "peak memory", "at context 9 (prompt + decode steps)",
+                  "`ablate inspect`'s formula at fp32 and that context: 512 bytes/token"):
         assert words in " ".join(res.stdout.split()), words
     r = json.loads(cli("bench", "--decode", *DIMS, "--batch", "2", *SHORT, "--json").stdout)
     assert set(r["rows"][0]) == {"batch", "prefill_tokens_per_s", "time_to_first_token_ms",

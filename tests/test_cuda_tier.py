@@ -12,7 +12,7 @@ import statistics
 import pytest
 import torch
 
-from conftest import (TINY, read_jsonl, read_summary as summary, run_ablate, scripted_trainer,
+from conftest import (PRESET_DEPTH, TINY, read_jsonl, read_summary as summary, run_ablate, scripted_trainer,
                       stop_after_first_checkpoint, weights_hash)
 
 pytestmark = pytest.mark.cuda
@@ -42,13 +42,15 @@ def test_default_preset_bf16_compiled_run(tmp_path):
 def _axis_runs() -> list[str]:
     from ablate.config.axes import list_axes
 
-    runs = [f"{row['group']}={o}" for row in list_axes() if row["axis"] or row["group"] == "arch"
-            for o in row["options"] if o != row["default"]]
+    runs = [" ".join([f"{row['group']}={o}", *PRESET_DEPTH.get(o, [])]) for row in list_axes()
+            if row["axis"] or row["group"] == "arch" for o in row["options"] if o != row["default"]]
     # the stability keys (README "Diagnostics and stability options"); soft-capping and ALiBi
     # take FlexAttention on CUDA, inside the compiled model
     return runs + ["model.z_loss=1e-4", "model.attn_softcap=20", "model.logit_softcap=30",
                    "model.emb_scale=true", "model.depth_scaled_init=false", "act=swiglu model.act_clamp=10",
-                   "model.mtp_heads=2", "model.parallel_block=true", "pos=alibi model.attn_softcap=20"]
+                   "model.mtp_heads=2", "model.parallel_block=true", "pos=alibi model.attn_softcap=20",
+                   # a sliding window's band through FlexAttention's block mask, compiled
+                   "pos=rope attn.window=8 attn.global_every=2"]
 
 
 @pytest.mark.parametrize("variant", _axis_runs())
@@ -92,6 +94,45 @@ def test_flex_attention_matches_the_explicit_path_on_cuda(pos, softcap, n_kv):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         flex.enable(False)
+    torch.testing.assert_close(results[0][0], results[1][0], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("pos, softcap, n_kv, window", [("rope", None, 4, 64), ("alibi", None, 2, 64),
+                                                       ("learned", 5.0, 1, 200), ("alibi", 3.0, 4, 1)])
+def test_flex_sliding_window_matches_the_explicit_band_on_cuda(pos, softcap, n_kv, window):
+    """A sliding layer's CUDA path (FlexAttention with the band's block mask, compiled) against
+    the explicit path's band (forced by record_max_logit), forward and gradients, T = 512: blocks
+    wholly outside the window are skipped, partial ones masked; the flex path was taken."""
+    from ablate.model import flex, options
+    from ablate.model.spec import ModelSpec
+
+    spec = ModelSpec(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=n_kv, d_ff=128,
+                     max_seq_len=512, pos=pos, attn_softcap=softcap, settings={"attn": {"window": window}})
+    dev = torch.device("cuda")
+    flex.enable(True)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    calls = []
+    real = flex.sliding_block_mask
+    try:
+        torch.manual_seed(0)
+        attn = options.get("attn", spec.attn).build(spec, 0).to(dev)
+        assert attn.window == window
+        ctx = options.get("pos", pos).build(spec).to(dev).context(512, dev, torch.float32)
+        x = torch.randn(2, 512, 64, device=dev, requires_grad=True)
+        flex.sliding_block_mask = lambda *a: calls.append(a) or real(*a)
+        results = []
+        for explicit in (False, True):
+            attn.record_max_logit = explicit
+            y = attn(x, ctx)
+            (gx,) = torch.autograd.grad(y.square().sum(), x)
+            results.append((y.detach(), gx))
+    finally:
+        flex.sliding_block_mask = real
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        flex.enable(False)
+    assert [c[:2] for c in calls] == [(512, window)]  # once: the explicit pass takes no flex
     torch.testing.assert_close(results[0][0], results[1][0], atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(results[0][1], results[1][1], atol=2e-3, rtol=2e-3)
 

@@ -64,6 +64,19 @@ def test_llama_run_exports_with_byte_tokens_and_a_wrong_family_is_one_line(tmp_p
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()
 
 
+def test_a_windowed_run_exports_as_mistral_and_a_family_that_would_drop_the_window_is_one_line(
+        tmp_path_factory, tmp_path):
+    run_dir, out, res, config = train_and_export(tmp_path_factory, tmp_path, "arch=mistral", "model.n_heads=4",
+                                                 "attn.window=8")
+    assert config["model_type"] == "mistral" and config["sliding_window"] == 8
+    assert "generation check:" in res.stdout
+    bad = invoke_ablate("export", str(run_dir), str(tmp_path / "l"), "--family", "llama")
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "error: cannot export as HF llama: attn.window=8 (needs a class with it: HF llama has no sliding "
+        "window, and would attend to every key)")
+    assert not (tmp_path / "l").exists()
+
+
 def test_a_dyt_run_is_refused_in_one_line_since_no_family_has_dyt(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "hf"
     r = run_ablate("run", *TINY, "arch=llama", "model.n_heads=4", "norm=dyt", "train.steps=2",

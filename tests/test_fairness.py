@@ -19,7 +19,7 @@ from ablate.config.schema import AXES
 from ablate.model import options
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import build_model
-from conftest import compose
+from conftest import PRESET_DEPTH, compose
 
 PLUGINS = [m for m in os.environ.get("ABLATE_TEST_PLUGINS", "").split(",") if m]
 if PLUGINS:
@@ -81,7 +81,10 @@ def test_option_changes_only_its_axis(baseline, axis, option, capsys):
     from cli.inspect import _print_report
 
     _, base, base_signals = baseline
-    cfg, variant = build([f"{axis}={option}"])
+    depth = PRESET_DEPTH.get(option, []) if axis == "arch" else []  # held to a baseline of its depth
+    cfg, variant = build([f"{axis}={option}", *depth])
+    if depth:
+        base = build(depth)[1]
     # 1. the size change is exactly what inspect reports, and it is printed
     real_delta = sum(p.numel() for p in variant.parameters()) - sum(p.numel() for p in base.parameters())
     report = inspect_config(cfg)

@@ -40,6 +40,8 @@ CASES = [
     "param=completep model.n_layers=8 model.base_depth=2 model.base_width=64",
     "arch=llama ffn=moe ffn.experts=4 ffn.top_k=1 ffn.dense_first=1 param=mup model.base_width=64",
     "attn=mla pos=rope attn.q_rank=32 attn.kv_rank=48 attn.rope_dim=8", "arch=deepseek_dense param=mup model.d_model=256 model.base_width=128",
+    # sliding windows (added 2026-11-29): the presets and local:global on the default block
+    "arch=mistral", "arch=gemma3", "pos=rope attn.window=16 attn.global_every=2",
 ]
 
 

@@ -42,6 +42,10 @@ CASES = {  # name -> (HF family, ModelSpec fields)
                                           settings={"attn": {"kv_rank": 24, "rope_dim": 4}})),
     "deepseek-mla-q-latent": ("deepseek_v3", dict(LLAMA, n_kv_heads=4, attn="mla", tied=True,
                                                    settings={"attn": {"kv_rank": 10, "q_rank": 12, "rope_dim": 6}})),
+    # Gemma 2's block with QK-norm ((1 + w) gains on q and k too), a logit soft-cap only
+    "gemma3": ("gemma3_text", dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
+                                   norm_pos="sandwich", emb_scale=True, qk_norm=True, logit_softcap=3.0,
+                                   norm_eps=1e-6)),
 }
 
 
@@ -72,7 +76,7 @@ def test_import_matches_hf_reference(case):
     family, fields = CASES[case]
     torch.manual_seed(1)
     config = hf.FAMILIES.get(family).config_from_spec(ModelSpec(**{**BASE, **fields}))
-    config._attn_implementation = "eager" if family == "gemma2" else "sdpa"  # soft-caps: eager only
+    config._attn_implementation = "eager" if family.startswith("gemma") else "sdpa"  # soft-caps: eager only
     ref = getattr(transformers, hf.FAMILIES.get(family).model_class)(config).eval()
     perturb_(ref)
     ours = hf.from_hf(ref)
@@ -123,8 +127,12 @@ ALTERNATIVES = {
     "init_std": [0.05], "depth_scaled_init": [False], "emb_scale": [True, False],
     "parallel_block": [True], "z_loss": [1e-3], "attn_softcap": [0.5], "logit_softcap": [0.5],
     "act_clamp": [1e-3], "mtp_heads": [1], "mtp_weight": [0.5], "tokenizer_vocab": [90],
-    # with the families' norms: refused by the spec; attn's: MLA's own ranks (refused by the others)
-    "settings": [{"norm": {"alpha0": 1.0}}, {"attn": {"kv_rank": 7, "decode": "plain"}}],
+    # alpha0 with the families' norms: refused by the spec; attn's: MLA's own ranks (refused by the
+    # others), the sliding window (W=8 of the audit's 16 tokens) uniform, every 2nd layer full, and
+    # with a second RoPE base for the sliding layers
+    "settings": [{"norm": {"alpha0": 1.0}}, {"attn": {"kv_rank": 7, "decode": "plain"}}, {"attn": {"window": 8}},
+                 {"attn": {"window": 8, "global_every": 2}},
+                 {"attn": {"window": 8, "global_every": 2, "local_rope_base": 100.0}}],
     # sp ignores the base shape (exports exactly); mup and completep are refused by every family
     "param": ["mup", "completep"], "base_width": [16], "base_depth": [1], "base_d_ff": [20],
 }

@@ -37,7 +37,8 @@ def test_human_output_states_formulas_padding_and_ffn_sizes():
     assert "6*N + 12*L*d_attn*T" in text
     assert "257 ids, padded to 320" in text
     assert "act=swiglu is gated" in text and "d_ff 336" in text and "512" in text
-    assert "KV cache (fp32): 4,096 bytes/token" in text  # 2 * 4 layers * 4 heads * 32 * 4 bytes
+    # 2 * 4 layers * 4 heads * 32 * 4 bytes, at the context the report names (train.seq_len)
+    assert "KV cache (fp32) at context 128 (--seq-len): 4,096 bytes/token" in text
     assert "total" in text and "non-embedding" in text
 
 

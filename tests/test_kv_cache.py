@@ -14,15 +14,16 @@ from ablate.model.blocks import Block
 from ablate.model.kv_cache import KVCache
 from ablate.model.spec import ModelSpec
 from ablate.model.transformer import Transformer
-from conftest import compose
+from conftest import PRESET_DEPTH, compose
 
 SIZE = ["model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=32", "train.seq_len=16"]
 # Model keys that are no axis but change attention or the output head.
 MODEL_KEYS = [["model.attn_softcap=5.0"], ["model.logit_softcap=3.0"], ["model.parallel_block=true"],
               ["model.mtp_heads=2"], ["pos=alibi", "model.attn_softcap=5.0"], ["model.emb_scale=true"],
-              ["attn=gqa", "pos=rope", "qk_norm=on", "norm_pos=sandwich"]]
+              ["attn=gqa", "pos=rope", "qk_norm=on", "norm_pos=sandwich"],
+              ["pos=rope", "attn.window=4", "attn.global_every=2"]]  # chunks wrap the sliding layer's ring
 VARIANTS = ([[f"{axis}={o.name}"] for axis in options.AXES for o in options.declared(axis)]
-            + [[f"arch={arch}"] for arch in group_options("arch")] + MODEL_KEYS)
+            + [[f"arch={arch}", *PRESET_DEPTH.get(arch, [])] for arch in group_options("arch")] + MODEL_KEYS)
 CHUNKS = [5, 1, 1, 1, 3, 1, 1]  # a prefill, one token at a time, a chunk of 3 (its mask), more steps
 
 

@@ -18,7 +18,7 @@ from ablate.model.roles import Role, param_groups, role_of
 from ablate.model.spec import ModelSpec, count_params
 from ablate.model.transformer import build_model, built_counts
 from ablate.config.axes import group_options
-from conftest import TINY, compose, find_run_dirs, invoke_ablate, run_ablate
+from conftest import PRESET_DEPTH, TINY, compose, find_run_dirs, invoke_ablate, run_ablate
 
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=32",
          "train.seq_len=16", "logger=none"]
@@ -61,12 +61,13 @@ def test_dyt_follows_bias_as_layernorms_beta():
 @pytest.mark.parametrize("arch", group_options("arch"))
 def test_dyt_replaces_the_norm_of_every_preset(arch):
     """Every norm of the preset's model is a DyT (beta as the preset's bias), its count exact."""
-    cfg = compose(SMALL + [f"arch={arch}", "norm=dyt", "model.n_heads=4"])  # gqa: 2 KV heads
+    cfg = compose(SMALL + [f"arch={arch}", "norm=dyt", "model.n_heads=4", *PRESET_DEPTH.get(arch, [])])  # gqa: 2 KV
     spec = ModelSpec.from_config(cfg)
     model = build_model(spec)
-    # (MLA's latent norms are RMSNorms whatever the norm axis: DeepSeek's, part of its attention)
+    # QK-norm (axis qk_norm, on in arch=gemma3) is its own RMSNorm per head, not the norm axis's;
+    # MLA's latent norms are RMSNorms whatever the norm axis: DeepSeek's, part of its attention
     layer_norms = [m for name, m in model.named_modules() if m.__class__.__name__ in ("LayerNorm", "RMSNorm")
-                   and not name.endswith(("attn.kv_norm", "attn.q_norm"))]
+                   and not name.endswith(("q_norm", "k_norm", "attn.kv_norm"))]
     assert cfg.norm.name == "dyt" and dyts(model) and not layer_norms
     assert all((n.bias is not None) == spec.bias for n in dyts(model))
 

@@ -97,6 +97,18 @@ CASES = [
      ["holds a completed run with model.d_model=32", "this config has model.d_model=64"]),
     ("second-process-on-the-run-dir", ["hydra.run.dir={out}/locked"], ["in use by process"]),
     ("vocab-smaller-than-tokenizer", ["model.vocab_size=64"], ["model.vocab_size=64"]),
+    # sliding windows (TINY: 2 layers)
+    ("window-not-an-integer", ["attn.window=1.5"], ["attn.window", "1.5"]),
+    ("window-zero", ["attn.window=0"], ["attn.window must be a positive integer", "got 0"]),
+    ("global-every-below-one", ["attn.window=8", "attn.global_every=0"], ["attn.global_every must be an integer >= 1"]),
+    ("global-every-without-window", ["attn.global_every=2"], ["attn.global_every=2 needs attn.window"]),
+    ("global-every-leaving-no-full-layer", ["attn.window=8", "attn.global_every=3"],
+     ["attn.global_every=3 leaves no full layer in a 2-layer model"]),
+    ("local-rope-base-without-rope", ["attn.window=8", "attn.global_every=2", "attn.local_rope_base=10000"],
+     ["attn.local_rope_base needs pos=rope", "pos=learned"]),
+    # attn=mla declares no window (one latent per position, no per-head keys to slide over)
+    ("window-on-mla", ["attn=mla", "attn.window=16"],
+     ["unknown config key 'attn.window'", "a setting of attn=mha or attn=gqa or attn=mqa only"]),
     ("secret-as-override", ["+logger.api_key=0123456789abcdef"], ["WANDB_API_KEY"]),
     ("moe-top-k-above-experts", ["ffn=moe", "ffn.experts=4", "ffn.top_k=5"],
      ["ffn.top_k must be between 1 and ffn.experts=4, got 5"]),

@@ -175,6 +175,12 @@ FAMILY_RUNS = {  # a run each family exports (ablate/hf/families.py)
     "gemma2": ["arch=llama", "norm_pos=sandwich", "act=geglu", "tie=tied", "attn=mha", "model.emb_scale=true",
                "model.attn_softcap=5.0", "model.logit_softcap=3.0"],
     "deepseek_v3": ["arch=deepseek_dense"],  # sampled by absorption from the latent cache
+    # one head of 64: QK-norm keeps q.k near its RMS, so a narrow head attends too evenly to write text
+    "gemma3_text": ["arch=llama", "norm_pos=sandwich", "act=geglu", "tie=tied", "attn=mha", "model.emb_scale=true",
+                    "qk_norm=on", "model.d_model=64", "model.n_heads=1"],
+    # sliding windows of 8 keys: the prompt and 24 tokens wrap the ring buffer
+    "mistral": ["arch=mistral", "model.n_heads=4", "attn.window=8"],
+    "ministral": ["arch=mistral", "model.n_heads=4", "attn.window=8", "attn.global_every=2"],
 }
 
 

@@ -188,7 +188,7 @@ def length_eval(cmp: Any, warn: Callable[[str], None] = print_warning) -> Option
         rows = [LengthRow(g.label, g.baseline, [cells[i] for cells in per_key]) for i, g in enumerate(cmp.groups)]
         trains = sorted({r.train_seq_len for r in records.values()})
         p = Protocol(keys[0].protocol, keys, trains, rows)
-        p.notes = protocol_notes(p, records)
+        p.notes = protocol_notes(p, records) + window_notes(cmp.groups)
         protocols.append(p)
     return LengthEval(protocols, [protocol_table(p, cmp.baseline, cmp.alpha) for p in protocols])
 
@@ -235,6 +235,21 @@ def protocol_notes(p: Protocol, records: dict) -> list[str]:
                      f"(run --seeds {MIN_SEEDS} or more)")
     notes += _missing_notes(p)
     return notes
+
+
+def window_notes(groups: list[Group]) -> list[str]:
+    """The variants with sliding windows (attn.window in their runs' config) and what their layers
+    see, in one note (none without such a variant)."""
+    from ablate.model.sliding import LOCAL_LAYERS
+
+    named = []
+    for g in groups:
+        window = g.first(lambda r: (r.config or {}).get("attn.window"))
+        if window is not None:
+            every = g.first(lambda r: (r.config or {}).get("attn.global_every"))
+            pattern = f"attn.window={window}" + (f", attn.global_every={every}" if every else "")
+            named.append(g.label if g.label == pattern else f"{g.label} ({pattern})")
+    return [f"sliding windows in {'; '.join(named)}: {LOCAL_LAYERS}"] if named else []
 
 
 def _missing_notes(p: Protocol) -> list[str]:

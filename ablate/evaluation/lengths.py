@@ -176,9 +176,10 @@ class RunEval:
     train_seq_len: int
     results: list[LengthResult]
     stored: set[EvalKey] = field(default_factory=set)
+    attention: str = ""  # its sliding windows in words (ablate/model/sliding.py describe); "" without
 
     def to_json(self) -> dict:
-        return {"run": str(self.run_dir), "train_seq_len": self.train_seq_len,
+        return {"run": str(self.run_dir), "train_seq_len": self.train_seq_len, "attention": self.attention,
                 "results": [r.to_json() | {"beyond_training": r.key.length > self.train_seq_len,
                                            "stored": r.key in self.stored} for r in self.results]}
 
@@ -188,8 +189,10 @@ def evaluate_run(run_dir: Path, model: Any, train_seq_len: int, keys: list[EvalK
     """Each key's result: the stored one when the record holds it for these weights (`step`), else
     evaluated now and added to length_eval.json (a result of older weights, from before the run was
     trained further, is replaced). The run's other files are never touched."""
+    from ablate.model.sliding import describe
+
     record = read_lengths_checked(run_dir) or LengthRecord(train_seq_len)
-    out = RunEval(Path(run_dir), train_seq_len, [])
+    out = RunEval(Path(run_dir), train_seq_len, [], attention=describe(model.spec))
     todo = [k for k in keys if record.get(k) is None or record.get(k).step != step]
     try:
         check_memory(model, todo, data, train_seq_len, device)
@@ -224,6 +227,10 @@ def format_run(ev: RunEval, protocol: str, scored: Optional[int] = None, title: 
                      else f"{head}  {'n/a':>7}  {r.reason}")
     if any(r.key.length > ev.train_seq_len for r in ev.results):
         lines.append(f"  {BEYOND} beyond the training length ({ev.train_seq_len})")
+    if ev.attention:
+        from ablate.model.sliding import LOCAL_LAYERS
+
+        lines.append(f"  sliding windows: {ev.attention}; {LOCAL_LAYERS}")
     n_stored = len(ev.stored)
     if n_stored:
         lines.append(f"  {n_stored} of {len(ev.results)} stored earlier in length_eval.json for these "

@@ -3,30 +3,111 @@
 and its weight map (weights.py).
 
 `gpt2` (GPT2LMHeadModel: arch=gpt2, MHA only), `llama` (LlamaForCausalLM: arch=llama, any
-n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama qk_norm=on) and `gemma2` (Gemma2ForCausalLM:
-rmsnorm, sandwich norm, geglu, rope, tied, emb_scale, soft-caps). A spec field a family cannot
+n_kv_heads), `qwen3` (Qwen3ForCausalLM: arch=llama qk_norm=on), `gemma2` (Gemma2ForCausalLM:
+rmsnorm, sandwich norm, geglu, rope, tied, emb_scale, soft-caps), `gemma3_text`
+(Gemma3ForCausalLM: Gemma 2's block with QK-norm, whose (1 + w) gains it shares), `mistral`
+(MistralForCausalLM: the llama block with one window on every layer), `ministral`
+(MinistralForCausalLM: the llama block with sliding and full layers), `qwen3_moe` and `mixtral`
+(ffn=moe) and `deepseek_v3` (attn=mla with dense MLPs). A spec field a family cannot
 represent (model.act_clamp, MTP heads: none can) blocks that family, so an export is exact or
 refused. Our `gelu` is the tanh approximation, HF's "gelu_new" / "gelu_pytorch_tanh". Dropout is
 a training-time setting: Llama-style configs only have attention dropout, so a model trained
 with dropout=on exports exactly for inference, and an imported one gets dropout.rate everywhere.
+
+Sliding windows (attn.window, attn.global_every, attn.local_rope_base; ablate/model/sliding.py)
+go where a class honours them (`Windows`): HF's `sliding_window` is our W (keys counting the
+query) and `layer_types` our pattern. gpt2 and llama hold none: a windowed model is refused there
+rather than exported as full attention. Mistral holds one window for every layer (it ignores
+layer_types); Ministral, Qwen 3 (exported with use_sliding_window=True: without it Qwen3Config
+drops the window and every layer is full) and Gemma 2 any pattern; Gemma 3 also a second RoPE
+base for its sliding layers. Import reads the same fields back; a pattern that is not every Nth
+layer full (attn.global_every) is refused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, Callable, Mapping, Optional
 
 from ablate.errors import ConfigError
 from ablate.hf.weights import DEEPSEEK_V3, GPT2, ROPE, TensorMap, tensor_maps
 from ablate.model.latent import LatentShape
 from ablate.model.moe_spec import MoESettings, expert_width
+from ablate.model.sliding import layer_windows, settings_of, spec_windows
 from ablate.model.spec import ModelSpec
 from ablate.registry import Registry
 
 GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 # What every family lacks: none has the gated FFN's activation clamp, multi-token heads, or an
-# option's own settings (DyT's alpha0: no family has its option either).
-NOT_IN_HF = dict(act_clamp=None, mtp_heads=0, settings={}, param="sp")  # param: HF has no muP multipliers
+# option's own settings but the sliding window's and those of the components a family holds
+# (Family.settings_held; DyT's alpha0: no family has its option either).
+NOT_IN_HF = dict(act_clamp=None, mtp_heads=0, param="sp")  # param: HF has no muP multipliers
+SLIDING_KEYS = ("window", "global_every", "local_rope_base")
+SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
+
+
+def other_settings(spec: ModelSpec, held: tuple[str, ...] = ()) -> dict:
+    """The spec's option settings a family's config has no field for: all but those of the axes
+    in `held` (ffn=moe's routing, attn=mla's ranks) and the attention's sliding window (which
+    Windows checks)."""
+    out = {axis: values for axis, values in spec.settings.to_dict().items() if axis not in held}
+    attn = {k: v for k, v in out.pop("attn", {}).items() if k not in SLIDING_KEYS}
+    return {**out, **({"attn": attn} if attn else {})}
+
+
+class Windows(IntEnum):
+    """The sliding windows a family's HF class honours, each level holding the ones below."""
+
+    NONE = 0  # every layer attends to every key
+    UNIFORM = 1  # one window on every layer (Mistral)
+    PATTERN = 2  # sliding and full layers (layer_types)
+    TWO_BASES = 3  # and a RoPE base of the sliding layers' own (Gemma 3)
+
+    @classmethod
+    def needed(cls, spec: ModelSpec) -> "Windows":
+        window, global_every, local_base = settings_of(spec)
+        if window is None:
+            return cls.NONE
+        return cls.TWO_BASES if local_base is not None else cls.PATTERN if global_every else cls.UNIFORM
+
+    def refusal(self, spec: ModelSpec, family: str) -> Optional[str]:
+        """Why `family` cannot hold the spec's window (the blocking entry), or None."""
+        need = Windows.needed(spec)
+        if need <= self:
+            return None
+        window, global_every, local_base = settings_of(spec)
+        if self is Windows.NONE:
+            return (f"attn.window={window} (needs a class with it: HF {family} has no sliding window, and "
+                    "would attend to every key)")
+        if need is Windows.PATTERN:
+            return f"attn.global_every={global_every} (HF {family} has one window on every layer)"
+        return f"attn.local_rope_base={local_base:g} (HF {family} has one RoPE base)"
+
+
+def window_config_kwargs(spec: ModelSpec) -> dict:
+    """HF's sliding_window and layer_types of the spec. Without a window every layer is full and
+    sliding_window, which no layer then reads, is max_seq_len (Ministral builds its sliding mask
+    whatever the layer types, and refuses a window of None)."""
+    windows = spec_windows(spec)
+    return dict(sliding_window=settings_of(spec)[0] or spec.max_seq_len,
+                layer_types=[FULL if w is None else SLIDING for w in windows])
+
+
+def window_spec_kwargs(sliding_window: Optional[int], layer_types: Optional[list]) -> dict:
+    """The `settings` of an HF config's window (layer_types None: every layer slides); a pattern
+    that attn.global_every cannot hold is refused."""
+    types = list(layer_types) if layer_types is not None else None
+    if sliding_window is None or (types is not None and SLIDING not in types):
+        return {}
+    n = len(types) if types is not None else 0
+    global_every = None if types is None or FULL not in types else types.index(FULL) + 1
+    if types is not None and [FULL if w is None else SLIDING for w in layer_windows(1, global_every, n)] != types:
+        raise ConfigError(f"HF layer_types {types} are not every Nth layer full: ablate's attn.global_every "
+                          "cannot hold that pattern")
+    return {"attn": {"window": int(sliding_window), "global_every": global_every}}
+
+
 # The attention and FFN components every family here holds: keys and values of n_kv_heads x
 # head_dim (the head sharing is n_kv_heads, checked by rules), one dense FFN.
 DENSE_COMPONENTS = {"attn": ("mha", "gqa", "mqa"), "ffn": ("dense",)}
@@ -47,14 +128,23 @@ class Family:
     # component axis -> the options it holds (ablate/model/component.py): any other, a plugin's
     # attention with a latent cache or a routed FFN, has weights this family has no place for
     components: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DENSE_COMPONENTS))
+    windows: Windows = Windows.NONE  # the sliding windows its class honours
+    # component axes whose option's settings its config holds (a routed FFN's, MLA's ranks)
+    settings_held: tuple[str, ...] = ()
 
     def blocking(self, spec: ModelSpec) -> dict[str, str]:
         """The spec's fields this family cannot represent: field -> `field=value (needs ...)`."""
+        window = self.windows.refusal(spec, self.model_type)
+        held = self.settings_held
+        need = "none" if not held else "no option settings but " + " and ".join(
+            f"{axis}={'/'.join(self.components[axis])}'s" for axis in held)
         return {**{k: f"{k}={getattr(spec, k)!r} (needs {v!r})" for k, v in self.required.items()
                    if getattr(spec, k) != v},
+                **({"settings": f"settings={spec.settings!r} (needs {need})"} if other_settings(spec, held) else {}),
                 **{k: f"{k}={getattr(spec, k)!r} (needs one of {', '.join(held)})"
                    for k, held in self.components.items() if getattr(spec, k) not in held},
-                **{k: f"{k}={getattr(spec, k)!r} (needs {need})" for k, need, ok in self.rules if not ok(spec)}}
+                **{k: f"{k}={getattr(spec, k)!r} (needs {need})" for k, need, ok in self.rules if not ok(spec)},
+                **({"attn.window": window} if window else {})}
 
     def mismatches(self, spec: ModelSpec) -> list[str]:
         return list(self.blocking(spec).values())
@@ -173,24 +263,26 @@ FAMILIES.add("llama", Family(
 
 # ---- Qwen 3 (QK-norm) --------------------------------------------------------------------------
 def _qwen3_spec(c: Any) -> ModelSpec:
-    if c.hidden_act != "silu" or c.attention_bias or c.use_sliding_window:
-        raise ConfigError("HF Qwen3 with attention_bias, a sliding window or hidden_act != silu "
-                          "is not supported")
+    if c.hidden_act != "silu" or c.attention_bias:
+        raise ConfigError("HF Qwen3 with attention_bias or hidden_act != silu is not supported")
+    # without use_sliding_window Qwen3Config has set sliding_window to None: every layer full
     return ModelSpec(**_rope_spec_kwargs(c), norm_pos="pre", act="swiglu", bias=False, qk_norm=True,
-                     dropout=float(c.attention_dropout or 0.0))
+                     dropout=float(c.attention_dropout or 0.0),
+                     settings=window_spec_kwargs(c.sliding_window, c.layer_types))
 
 
 def _qwen3_config(spec: ModelSpec) -> Any:
     Qwen3Config = transformers_module().Qwen3Config
-    return Qwen3Config(**_rope_config_kwargs(spec), hidden_act="silu", attention_bias=False,
-                       use_sliding_window=False, initializer_range=spec.init_std)
+    return Qwen3Config(**_rope_config_kwargs(spec), **window_config_kwargs(spec), hidden_act="silu",
+                       attention_bias=False, use_sliding_window=settings_of(spec)[0] is not None,
+                       max_window_layers=0, initializer_range=spec.init_std)
 
 
 FAMILIES.add("qwen3", Family(
     "qwen3", "Qwen3ForCausalLM",
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=True,
          emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
-    _qwen3_spec, _qwen3_config, ROPE))
+    _qwen3_spec, _qwen3_config, ROPE, windows=Windows.PATTERN))
 
 
 # ---- MoE: Qwen3-MoE (QK-norm, norm_topk_prob, mlp_only_layers) and Mixtral ------------------------
@@ -198,21 +290,19 @@ FAMILIES.add("qwen3", Family(
 # (Mixtral always; Qwen3-MoE when norm_topk_prob), the experts SwiGLU banks; neither has a shared
 # expert or a router z-loss. OLMoE norms q and k over the whole projection (no ablate option does)
 # and DeepSeek's router has a selection bias and sigmoid scores: those are refused by their keys.
-MOE_NOT_IN_HF = {k: v for k, v in NOT_IN_HF.items() if k != "settings"}
 MOE_COMPONENTS = {**DENSE_COMPONENTS, "ffn": ("moe",)}
 
 
 def _moe_rules(mixtral: bool) -> tuple:
     """What ffn=moe's settings must be: the softmax router, and Mixtral's limits (it always
-    renormalizes the top-k gates, and every layer routes); no other option's settings."""
+    renormalizes the top-k gates, and every layer routes)."""
     def fits(s) -> bool:
         m = MoESettings.of(s.ffn)
         return m.router == "softmax" and (not mixtral or (m.renorm and m.dense_first == 0))
 
     need = ("ffn.router=softmax" + (", ffn.renorm=true (Mixtral always renormalizes the top-k gates) and "
                                     "ffn.dense_first=0 (every Mixtral layer routes)" if mixtral else ""))
-    return (("settings", "no option settings but ffn=moe's", lambda s: set(s.settings) <= {"ffn"}),
-            ("ffn", need, fits))
+    return (("ffn", need, fits),)
 
 
 def _moe_spec_settings(c: Any, experts: int, d_expert: int, renorm: bool, dense_first: int) -> dict:
@@ -250,8 +340,8 @@ def _qwen3_moe_config(spec: ModelSpec) -> Any:
 FAMILIES.add("qwen3_moe", Family(
     "qwen3_moe", "Qwen3MoeForCausalLM",
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=True,
-         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **MOE_NOT_IN_HF),
-    _qwen3_moe_spec, _qwen3_moe_config, ROPE, components=MOE_COMPONENTS,
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
+    _qwen3_moe_spec, _qwen3_moe_config, ROPE, components=MOE_COMPONENTS, settings_held=("ffn",),
     rules=_moe_rules(mixtral=False)))
 
 
@@ -277,8 +367,8 @@ def _mixtral_config(spec: ModelSpec) -> Any:
 FAMILIES.add("mixtral", Family(
     "mixtral", "MixtralForCausalLM",
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=False,
-         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **MOE_NOT_IN_HF),
-    _mixtral_spec, _mixtral_config, ROPE, components=MOE_COMPONENTS,
+         emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
+    _mixtral_spec, _mixtral_config, ROPE, components=MOE_COMPONENTS, settings_held=("ffn",),
     rules=_moe_rules(mixtral=True)))
 
 
@@ -291,28 +381,114 @@ def _gemma2_spec(c: Any) -> ModelSpec:
     if c.query_pre_attn_scalar != head_dim:
         raise ConfigError(f"HF Gemma2 query_pre_attn_scalar={c.query_pre_attn_scalar} != head_dim "
                           f"{head_dim}: ablate scales attention by 1/sqrt(head_dim)")
-    kw = _rope_spec_kwargs(c)
-    # Sliding-window layers equal full attention on sequences no longer than the window.
-    if c.sliding_window is not None:
-        kw["max_seq_len"] = min(kw["max_seq_len"], c.sliding_window)
-    return ModelSpec(**kw, norm_pos="sandwich", act="geglu", bias=False, emb_scale=True,
+    return ModelSpec(**_rope_spec_kwargs(c), norm_pos="sandwich", act="geglu", bias=False, emb_scale=True,
                      attn_softcap=c.attn_logit_softcapping, logit_softcap=c.final_logit_softcapping,
-                     dropout=float(c.attention_dropout or 0.0))
+                     dropout=float(c.attention_dropout or 0.0),
+                     settings=window_spec_kwargs(c.sliding_window, c.layer_types))
 
 
 def _gemma2_config(spec: ModelSpec) -> Any:
     Gemma2Config = transformers_module().Gemma2Config
-    return Gemma2Config(**_rope_config_kwargs(spec), hidden_activation="gelu_pytorch_tanh",
-                        attention_bias=False, query_pre_attn_scalar=spec.head_dim,
-                        sliding_window=spec.max_seq_len, attn_logit_softcapping=spec.attn_softcap,
-                        final_logit_softcapping=spec.logit_softcap, initializer_range=spec.init_std)
+    return Gemma2Config(**_rope_config_kwargs(spec), **window_config_kwargs(spec),
+                        hidden_activation="gelu_pytorch_tanh", attention_bias=False, query_pre_attn_scalar=spec.head_dim,
+                        attn_logit_softcapping=spec.attn_softcap, final_logit_softcapping=spec.logit_softcap,
+                        initializer_range=spec.init_std)
 
 
 FAMILIES.add("gemma2", Family(
     "gemma2", "Gemma2ForCausalLM",
     dict(norm="rmsnorm", norm_pos="sandwich", act="geglu", pos="rope", bias=False, tied=True,
          qk_norm=False, emb_scale=True, parallel_block=False, **NOT_IN_HF),
-    _gemma2_spec, _gemma2_config, ROPE, gain_offset=1.0))
+    _gemma2_spec, _gemma2_config, ROPE, gain_offset=1.0, windows=Windows.PATTERN))
+
+
+# ---- Gemma 3 (Gemma 2's block with QK-norm; local and global RoPE bases) ------------------------
+def _gemma3_spec(c: Any) -> ModelSpec:
+    if c.hidden_activation not in GELU_TANH or c.attention_bias or c.use_bidirectional_attention:
+        raise ConfigError("HF Gemma3 with attention_bias, bidirectional attention or a non-tanh GELU "
+                          "is not supported")
+    _check_head_dim(c)
+    head_dim = c.hidden_size // c.num_attention_heads
+    if c.query_pre_attn_scalar != head_dim:
+        raise ConfigError(f"HF Gemma3 query_pre_attn_scalar={c.query_pre_attn_scalar} != head_dim "
+                          f"{head_dim}: ablate scales attention by 1/sqrt(head_dim)")
+    settings = window_spec_kwargs(c.sliding_window, c.layer_types)
+    full, local = (_rope_theta(_one_rope(c, t)) for t in (FULL, SLIDING))
+    if settings and settings["attn"]["global_every"] is None:  # every layer slides: its base is the one
+        kw = _rope_spec_kwargs(_one_rope(c, SLIDING))
+    else:
+        kw = _rope_spec_kwargs(_one_rope(c, FULL))
+        if settings and local != full:
+            settings["attn"]["local_rope_base"] = local
+    # attn_logit_softcapping: Gemma3Attention stores it and never applies it (transformers 5.24)
+    return ModelSpec(**kw, norm_pos="sandwich", act="geglu", bias=False, emb_scale=True, qk_norm=True,
+                     logit_softcap=c.final_logit_softcapping, dropout=float(c.attention_dropout or 0.0),
+                     settings=settings)
+
+
+class _one_rope:
+    """A Gemma 3 config seen with one layer type's RoPE parameters (for _rope_spec_kwargs)."""
+
+    def __init__(self, c: Any, layer_type: str):
+        self._c, self.rope_parameters = c, c.rope_parameters[layer_type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._c, name)
+
+
+def _gemma3_config(spec: ModelSpec) -> Any:
+    Gemma3TextConfig = transformers_module().Gemma3TextConfig
+    kw = _rope_config_kwargs(spec)
+    rope = kw.pop("rope_parameters")
+    local = settings_of(spec)[2]
+    return Gemma3TextConfig(**kw, **window_config_kwargs(spec), hidden_activation="gelu_pytorch_tanh",
+                            attention_bias=False, query_pre_attn_scalar=spec.head_dim,
+                            rope_parameters={FULL: dict(rope), SLIDING: dict(rope, rope_theta=local or spec.rope_base)},
+                            final_logit_softcapping=spec.logit_softcap, initializer_range=spec.init_std)
+
+
+FAMILIES.add("gemma3_text", Family(
+    "gemma3_text", "Gemma3ForCausalLM",  # no attention soft-cap: HF's Gemma 3 would drop it
+    dict(norm="rmsnorm", norm_pos="sandwich", act="geglu", pos="rope", bias=False, tied=True,
+         qk_norm=True, emb_scale=True, parallel_block=False, attn_softcap=None, **NOT_IN_HF),
+    _gemma3_spec, _gemma3_config, ROPE, gain_offset=1.0, windows=Windows.TWO_BASES))
+
+
+# ---- Mistral and Ministral (the llama block with a window) ------------------------------------
+def _mistral_spec(c: Any) -> ModelSpec:
+    if c.hidden_act != "silu":
+        raise ConfigError(f"HF Mistral with hidden_act={c.hidden_act!r} is not supported (silu)")
+    # MistralForCausalLM applies one window to every layer, whatever layer_types it stores
+    return ModelSpec(**_rope_spec_kwargs(c), norm_pos="pre", act="swiglu", bias=False,
+                     dropout=float(c.attention_dropout or 0.0), settings=window_spec_kwargs(c.sliding_window, None))
+
+
+def _mistral_config(spec: ModelSpec) -> Any:
+    MistralConfig = transformers_module().MistralConfig
+    return MistralConfig(**_rope_config_kwargs(spec), hidden_act="silu", sliding_window=settings_of(spec)[0],
+                         initializer_range=spec.init_std)
+
+
+def _ministral_spec(c: Any) -> ModelSpec:
+    if c.hidden_act != "silu":
+        raise ConfigError(f"HF Ministral with hidden_act={c.hidden_act!r} is not supported (silu)")
+    return ModelSpec(**_rope_spec_kwargs(c), norm_pos="pre", act="swiglu", bias=False,
+                     dropout=float(c.attention_dropout or 0.0),
+                     settings=window_spec_kwargs(c.sliding_window, c.layer_types))
+
+
+def _ministral_config(spec: ModelSpec) -> Any:
+    MinistralConfig = transformers_module().MinistralConfig
+    return MinistralConfig(**_rope_config_kwargs(spec), **window_config_kwargs(spec), hidden_act="silu",
+                           initializer_range=spec.init_std)
+
+
+LLAMA_BLOCK = dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=False,
+                   emb_scale=False, parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF)
+FAMILIES.add("mistral", Family("mistral", "MistralForCausalLM", LLAMA_BLOCK, _mistral_spec, _mistral_config,
+                               ROPE, windows=Windows.UNIFORM))
+FAMILIES.add("ministral", Family("ministral", "MinistralForCausalLM", LLAMA_BLOCK, _ministral_spec,
+                                 _ministral_config, ROPE, windows=Windows.PATTERN))
 
 
 # ---- DeepSeek-V3 with dense MLPs (attn=mla) ----------------------------------------------------
@@ -351,12 +527,9 @@ FAMILIES.add("deepseek_v3", Family(
     "deepseek_v3", "DeepseekV3ForCausalLM",
     # bias: DeepseekV3's MLPs have none (its attention_bias covers q_a, kv_a and o_proj only)
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=False, emb_scale=False,
-         parallel_block=False, attn_softcap=None, logit_softcap=None,
-         **{k: v for k, v in NOT_IN_HF.items() if k != "settings"}),
+         parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
     _deepseek_v3_spec, _deepseek_v3_config, DEEPSEEK_V3,
-    # attn=mla's own settings (its ranks) are its config's; any other option's has no place
-    rules=(("settings", "no option settings but attn=mla's", lambda s: set(s.settings) <= {"attn"}),),
-    components={"attn": ("mla",), "ffn": ("dense",)}))
+    components={"attn": ("mla",), "ffn": ("dense",)}, settings_held=("attn",)))  # its config holds the ranks
 
 
 # HF families asked for by name that no ablate model maps to, and why.
@@ -386,8 +559,11 @@ def family_for(spec: ModelSpec, name: Optional[str] = None) -> Family:
 def _what_blocks(spec: ModelSpec, blocking: dict[str, dict[str, str]]) -> str:
     """The keys that keep the model out of every family: those no family has, else what the
     closest family (fewest keys apart) needs changed."""
-    everywhere = [k for k in next(iter(blocking.values())) if all(k in b for b in blocking.values())]
-    if everywhere:
-        return "no family has " + ", ".join(f"{k}={getattr(spec, k)!r}" for k in everywhere)
-    closest = min(blocking, key=lambda n: len(blocking[n]))
+    first = next(iter(blocking.values()))
+    everywhere = [k for k in first if all(k in b for b in blocking.values())]
+    if everywhere:  # each entry is `key=value (needs ...)`
+        return "no family has " + ", ".join(first[k].split(" (")[0] for k in everywhere)
+    # with a window, among the closest the one holding the most of it (else llama would say it has none)
+    windowed = Windows.needed(spec) > Windows.NONE
+    closest = min(blocking, key=lambda n: (len(blocking[n]), -FAMILIES.get(n).windows if windowed else 0))
     return f"the closest, {closest}, differs in {', '.join(blocking[closest].values())}"

@@ -214,8 +214,8 @@ def decode_variants_table(r: dict) -> Table:
     ]
     foot = [f"{r['device']}, {r['precision']}, eager; prompt {r['context']} tokens, {r['new_tokens']} decode steps; "
             f"{r['rounds']} alternating rounds after {r['warmup']} warm-up, {r['clock']} clock; decode tokens/s: "
-            "aggregate over the batch; ratio = median per-round variant/baseline; KV ratio = baseline/variant "
-            "cache bytes"]
+            "aggregate over the batch; ratio = median per-round variant/baseline; KV: measured from the cache "
+            f"tensors at context {r['context'] + r['new_tokens']}; KV ratio = baseline/variant cache bytes"]
     return Table(f"decode tokens/s of each option vs the baseline ({_base(r)})", columns, rows,
                  notes=_versus_notes(rows), foot=foot)
 
@@ -277,9 +277,10 @@ def decode_table(r: dict) -> Table:
             f"{r['rounds']} rounds after {r['warmup']} warm-up, {r['clock']} clock; aggregate = every sequence "
             "of the batch together, per stream = one sequence; spread: the half-width of the median's interval "
             "(90% where 5 or more rounds give one) over the median",
-            f"KV cache: measured from the cache tensors at {r['context'] + r['new_tokens']} positions per "
-            f"sequence; `ablate inspect`'s formula at {r['precision']}: "
-            f"{r['kv_cache_formula_bytes_per_token']:,} bytes/token",
+            f"KV cache: measured from the cache tensors at context {r['context'] + r['new_tokens']} (prompt + "
+            f"decode steps) per sequence; `ablate inspect`'s formula at {r['precision']} and that context: "
+            f"{r['kv_cache_formula_bytes_per_token']:,} bytes/token"
+            + (f"; attention: {r['attention_layers']}" if r.get("attention_layers") else ""),
             f"peak memory: {r['peak_memory_kind']}"]
     notes = []
     if any(disagree(x.prefill_spread) or disagree(x.decode_spread) for x in rows):

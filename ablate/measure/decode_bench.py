@@ -138,7 +138,7 @@ class DecodeSpeed:
     decode_tokens_per_s_per_stream: float
     decode_ms_per_step: float
     kv_cache_bytes: int  # measured from the cache tensors: batch x (context + new_tokens) positions
-    kv_cache_bytes_per_token: int
+    kv_cache_bytes_per_token: int  # over those positions (a sliding layer keeps at most its window's)
     prefill_ms_per_round: list[float]
     decode_ms_per_round: list[float]
     prefill_spread: Optional[float]  # the half-width of the median's interval over the median (rounds.py)
@@ -150,7 +150,7 @@ class DecodeSpeed:
         kv = g.cache.bytes()
         return cls(g.batch, g.batch * g.context / prefill, 1e3 * prefill, g.batch * g.new_tokens / decode,
                    g.new_tokens / decode, 1e3 * decode / g.new_tokens, kv,
-                   kv // (g.batch * (g.context + g.new_tokens)), [1e3 * t for t in g.prefill_s],
+                   round(kv / (g.batch * (g.context + g.new_tokens))), [1e3 * t for t in g.prefill_s],
                    [1e3 * t for t in g.decode_s], spread(g.prefill_s).relative, spread(g.decode_s).relative)
 
 
@@ -169,6 +169,7 @@ def bench_decode(cfg: Any, batches: list[int], context: int, new_tokens: int, ro
                  progress: Optional[Callable[[str], None]] = None) -> dict:
     """The configured model's generation at each batch size (module docstring)."""
     from ablate.measure.inspect import DTYPE_BYTES
+    from ablate.model.sliding import describe
     from ablate.model.spec import kv_cache_bytes_per_token
 
     use_threads(cfg.train.threads)  # ablate/train/threads.py
@@ -191,7 +192,9 @@ def bench_decode(cfg: Any, batches: list[int], context: int, new_tokens: int, ro
             "rounds": rounds, "warmup": max(warmup, 1), "clock": clock, "spread_limit": SPREAD_LIMIT,
             "params": dm.params,
             "weights_bytes": dm.weights_bytes,
-            "kv_cache_formula_bytes_per_token": kv_cache_bytes_per_token(dm.spec, DTYPE_BYTES[dm.precision]),
+            "kv_cache_formula_bytes_per_token": kv_cache_bytes_per_token(dm.spec, DTYPE_BYTES[dm.precision],
+                                                                         context + new_tokens),
+            "attention_layers": describe(dm.spec),
             "peak_memory_kind": _memory_kind(dm.device), "rows": rows}
 
 

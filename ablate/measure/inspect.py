@@ -13,8 +13,9 @@ from typing import Any, Optional
 
 from ablate.errors import ConfigError
 from ablate.model import options
-from ablate.model.spec import (VOCAB_MULTIPLE, ModelSpec, active_params, count_params, ffn_layer_params,
-                               flops_per_token, gated_d_ff, kv_cache_bytes, kv_cache_bytes_per_token,
+from ablate.model.sliding import attended_keys, settings_of, spec_windows
+from ablate.model.spec import (VOCAB_MULTIPLE, ModelSpec, active_params, cache_layouts, count_params,
+                               ffn_layer_params, flops_per_token, gated_d_ff, kv_cache_bytes, kv_cache_bytes_per_token,
                                non_embedding_params)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -22,20 +23,38 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 def formulas(spec: ModelSpec) -> tuple[str, str]:
     """(FLOPs/token, KV bytes/token) in words, as the attention component declares them; with a
-    routed FFN, N counts the weights a token uses."""
+    routed FFN, N counts the weights a token uses; with sliding windows, what they change."""
     attn = options.get("attn", spec.attn)
-    flops = (attn.flops_formula or f"the sum over layers of each component's declared training FLOPs per token "
+    flops = attn.flops_formula or (f"the sum over layers of each component's declared training FLOPs per token "
                                    f"(attn={attn.name}, ffn={spec.ffn}) + 6 * the d x V output head")
+    cache = attn.cache_formula or f"the sum over layers of attn={attn.name}'s declared cache bytes per position"
     if active_params(spec) != count_params(spec)["total"]:
         flops += f"; N counts active weights only (ffn={spec.ffn}: the router and the experts a token is routed to)"
-    return flops, attn.cache_formula or f"the sum over layers of attn={attn.name}'s declared cache bytes per position"
+    if any(w is not None for w in spec_windows(spec)):
+        flops += "; a sliding layer's T is min(W, T)"
+        cache += " per position kept, over the context (a sliding layer keeps min(context, W) positions)"
+    return flops, cache
 
 
 def run_kv_cache_bytes_per_token(cfg: Any, precision: str) -> int:
     """KV-cache bytes per token (inspect's `kv_cache_bytes_per_token`, the components' declared
     caches) of cfg's model at a run's compute dtype (train.precision resolved: bf16 or fp32), as
-    `inspect --dtype` gives it."""
-    return kv_cache_bytes_per_token(ModelSpec.from_config(cfg), DTYPE_BYTES[precision])
+    `inspect --dtype` gives it: the cache at the run's train.seq_len tokens over train.seq_len."""
+    context = int(cfg.train.seq_len)
+    return kv_cache_bytes_per_token(ModelSpec.from_config(cfg), DTYPE_BYTES[precision], context)
+
+
+def layer_rows(spec: ModelSpec, context: int, bytes_per_elem: int) -> list[dict]:
+    """Per layer: its window (None: full), the keys its last query sees at `context`, its RoPE
+    base (None: pos is not rope) and its cache's positions and bytes per sequence at `context`."""
+    local_base = settings_of(spec)[2]
+    rows = []
+    for layer, (window, layout) in enumerate(zip(spec_windows(spec), cache_layouts(spec))):
+        base = None if spec.pos != "rope" else local_base if window is not None and local_base else spec.rope_base
+        rows.append({"layer": layer, "window": window, "keys": attended_keys(window, context), "rope_base": base,
+                     "kv_positions": layout.positions(context) if layout else 0,
+                     "kv_bytes": layout.bytes(context, bytes_per_elem) if layout else 0})
+    return rows
 
 
 def ffn_sizes(cfg: Any) -> dict:
@@ -109,6 +128,10 @@ def baseline_spec(cfg: Any) -> ModelSpec:
             base[axis].name = option
             if axis == "attn":  # an explicit KV head count belongs to the variant's attn option
                 base.model.n_kv_heads = None
+        if axis in base and options.AXES[axis].kind.takes_settings:  # attn.window=8 on mha: full
+            for key, declared in options.get(axis, option).all_settings.items():
+                if key in base[axis]:
+                    base[axis][key] = declared.default
     return ModelSpec.from_config(base)
 
 
@@ -177,7 +200,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
         raise ConfigError(f"--seq-len and --batch must be positive, got {seq_len} and {batch}")
     spec = ModelSpec.from_config(cfg)
     params = count_params(spec)
-    kv = kv_cache_bytes_per_token(spec, DTYPE_BYTES[dtype])
+    kv = kv_cache_bytes_per_token(spec, DTYPE_BYTES[dtype], seq_len)
     flops_formula, kv_formula = formulas(spec)
     padded = spec.vocab_size != spec.tokenizer_vocab
     if cfg.model.vocab_size is None:
@@ -202,6 +225,8 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
         "kv_cache_bytes_per_token": kv,
         "kv_cache_bytes": kv_cache_bytes(spec, seq_len, DTYPE_BYTES[dtype]) * batch,
         "kv_cache_formula": kv_formula,
+        "kv_cache_context": seq_len,  # the context the KV figures are taken at
+        "layers": layer_rows(spec, seq_len, DTYPE_BYTES[dtype]),
         "seq_len": seq_len,
         "batch": batch,
         "dtype": dtype,

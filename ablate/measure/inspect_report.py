@@ -59,6 +59,34 @@ RULE_COLUMNS: list[Column] = [
 ]
 
 
+@dataclass
+class LayerRow(JsonRow):
+    """One layer's attention: its window (None: full), the keys its last query sees at the
+    report's context, its RoPE base, its cache there (inspect.layer_rows)."""
+
+    layer: int
+    window: Optional[int]
+    keys: int
+    rope_base: Optional[float]
+    kv_positions: int
+    kv_bytes: int
+
+    @classmethod
+    def of(cls, x: dict) -> "LayerRow":
+        return cls(*(x.get(f) for f in cls.__dataclass_fields__))
+
+
+LAYER_COLUMNS: list[Column] = [
+    Column("layer", lambda x: str(x.layer), ("layer",)),
+    Column("attention", lambda x: "full" if x.window is None else f"window {x.window:,}", ("window",),
+           align=Align.LEFT),
+    Column("keys seen", lambda x: f"{x.keys:,}", ("keys",), short="keys\nseen"),
+    Column("RoPE base", lambda x: num(x.rope_base, ",.0f"), ("rope_base",), short="RoPE\nbase"),
+    Column("KV positions", lambda x: f"{x.kv_positions:,}", ("kv_positions",), short="KV\npositions"),
+    Column("KV bytes", lambda x: f"{x.kv_bytes:,}", ("kv_bytes",)),
+]
+
+
 def inspect_tables(r: dict) -> list[Table]:
     """`ablate inspect`'s report (inspect_config's, with cross_check's built_params)."""
     s, p = r["spec"], r["params"]
@@ -86,13 +114,19 @@ def inspect_tables(r: dict) -> list[Table]:
     foot += [f"vocab: {r['vocab']['note']}", f"FFN: {r['ffn']['why']}",
              *([f"MoE: {r['moe']['why']}"] if "moe" in r else []),
              f"FLOPs/token (training, seq_len {r['seq_len']}): {r['flops_per_token']:,} = {r['flops_formula']}",
-             f"KV cache ({r['dtype']}): {r['kv_cache_bytes_per_token']:,} bytes/token = {r['kv_cache_formula']}; "
-             f"for seq_len {r['seq_len']} x batch {r['batch']}: {r['kv_cache_bytes']:,} bytes "
-             f"({human_bytes(r['kv_cache_bytes'])})",
+             f"KV cache ({r['dtype']}) at context {r['kv_cache_context']:,} (--seq-len): "
+             f"{r['kv_cache_bytes_per_token']:,} bytes/token = {r['kv_cache_formula']}; "
+             f"x batch {r['batch']}: {r['kv_cache_bytes']:,} bytes ({human_bytes(r['kv_cache_bytes'])})",
              _parametrization(r["parametrization"])]
     tables = [Table("parameters", PARAM_COLUMNS, rows, head=head, foot=foot)]
     if "attn_details" in r:
         tables.append(_attn_details(r["attn_details"]))
+    layers = [LayerRow.of(x) for x in r.get("layers", [])]
+    if any(x.window is not None for x in layers):  # sliding windows: which layers slide, at which base
+        tables.append(Table(f"attention by layer, at context {r['kv_cache_context']:,} (--seq-len)", LAYER_COLUMNS,
+                            layers, foot=[f"keys seen: by the last query, min(window, context); KV: per sequence "
+                                          f"at {r['dtype']}; a sliding layer keeps at most its window's positions, "
+                                          "and costs 12 * d_attn * min(W, T) attention FLOPs per token"]))
     rules = r["parametrization"]["rules"]
     if rules:
         tables.append(Table(f"param={r['parametrization']['param']}: init and LR by parameter role", RULE_COLUMNS,

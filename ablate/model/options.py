@@ -13,8 +13,9 @@ from ablate.model import moe_spec
 from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FfnOption, FlagOption, NormOption,
                                ParamOption, PosOption, component_axes, declare_axis, declared, default, get,
                                names, norm_factory, register_option, setting, store_in_hydra)
-from ablate.model.component import CacheLayout, CacheTensor
+from ablate.model.component import CacheLayout, CacheTensor, kv_layout
 from ablate.model.latent import DECODE_MODES, LatentShape, ranks_of, shape_and_scales
+from ablate.model.sliding import attended_keys, spec_window
 from ablate.names import BALANCE_TERM, ROUTER_Z_TERM
 
 __all__ = ["AXES", "component_axes", "declared", "default", "get", "names", "norm_factory", "register_option",
@@ -102,17 +103,27 @@ def attention_params(spec, layer: int) -> int:
 
 def attention_flops(spec, layer: int, seq_len: int) -> int:
     """PaLM appendix B per layer: 6 x its weights (all in matmuls, by convention) + 12 * d_attn * T
-    for the score and value matmuls (QK^T and AV, forward + backward), d_attn = n_heads * head_dim."""
-    return 6 * attention_params(spec, layer) + 12 * spec.n_heads * spec.head_dim * seq_len
+    for the score and value matmuls (QK^T and AV, forward + backward), d_attn = n_heads * head_dim;
+    a sliding layer counts min(W, T) keys (OLMo-core's convention: the same at W >= T)."""
+    keys = attended_keys(spec_window(spec, layer), seq_len)
+    return 6 * attention_params(spec, layer) + 12 * spec.n_heads * spec.head_dim * keys
 
 
-# their cache is AttnOption's default: keys and values of n_kv_heads x head_dim (kv_layout)
-DENSE_ATTN = dict(params=attention_params, flops=attention_flops,
+def attention_cache(spec, layer: int):
+    """Keys and values of n_kv_heads x head_dim; a sliding layer keeps its window's positions."""
+    return kv_layout(spec.n_kv_heads, spec.head_dim, spec_window(spec, layer))
+
+
+DENSE_ATTN = dict(params=attention_params, flops=attention_flops, cache=attention_cache,
                   flops_formula=("6*N + 12*L*d_attn*T (PaLM appendix B, training = forward + backward): N = "
                                  "attention + FFN weights + the d x V output head (tied or not), L = layers, "
                                  "d_attn = n_heads * head_dim, T = seq_len (the causal half of the score "
                                  "matrix is counted, by convention)"),
-                  cache_formula="2 (K and V) * L * n_kv_heads * head_dim * bytes per element")
+                  cache_formula="2 (K and V) * L * n_kv_heads * head_dim * bytes per element",
+                  # sliding windows (ablate/model/sliding.py): the keys a query sees counting itself
+                  # (null: full), every Nth layer full (null: all slide), sliding layers' RoPE base
+                  settings={"window": setting(None, int), "global_every": setting(None, int),
+                            "local_rope_base": setting(None, float)})
 # kv_group: gqa's n_kv_heads ~ n_heads / kv_group (gqa_kv_heads); an explicit model.n_kv_heads wins
 declare_axis("attn", AttnOption, default="mha", kv_group=4)
 register_option("attn", "mha", "ablate.model.attention:CausalSelfAttention", kv_heads=lambda n_heads, kv_group: n_heads,
@@ -132,9 +143,6 @@ def check_mla(spec) -> None:
     if spec.qk_norm:
         raise ConfigError("qk_norm=on norms each head's full key, which attn=mla never builds when it decodes "
                           "(it scores against the cached latent); use qk_norm=off with attn=mla")
-    if settings.get("window") is not None:
-        raise ConfigError(f"attn.window={settings['window']} slides over per-head keys; attn=mla caches one latent "
-                          "per position and has no sliding-window form here: leave attn.window null with attn=mla")
     if settings["decode"] not in DECODE_MODES:
         raise ConfigError(f"attn.decode={settings['decode']!r} must be one of {', '.join(DECODE_MODES)}")
     LatentShape.for_spec(spec)  # the ranks and rope_dim

@@ -10,6 +10,10 @@ offset is the position of the first of the T tokens (0 in training; a KV cache's
 decoding): x's tokens sit at positions offset .. offset + T - 1, and the keys they attend to at
 0 .. offset + T - 1. `max_positions` is how far an option reaches (None: any length; a learned
 table: its rows). Declared (name, parameter count) in ablate/model/options.py.
+
+Sliding-window layers (ablate/model/sliding.py) read the same context: RoPE's tables at a second
+base for them (`local_rope`, attn.local_rope_base), and ALiBi's slopes, from which a layer whose
+cached keys are not at 0 .. offset + T - 1 (a ring buffer) builds its bias (`alibi_bias_at`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from torch import nn
 
 from ablate.model import options
 from ablate.model.roles import Role, tag
+from ablate.model.sliding import settings_of, spec_windows
 from ablate.model.spec import ModelSpec
 
 
 @dataclass
 class AttnContext:
     rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (cos, sin), each (T, the rotated width)
+    local_rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # sliding layers' (attn.local_rope_base)
     bias: Optional[torch.Tensor] = None  # (n_heads, T, offset + T) additive, causal mask included
     alibi_slopes: Optional[torch.Tensor] = None  # (n_heads,): the same bias, for FlexAttention
 
@@ -167,23 +173,41 @@ class RopeScaling:
 class RoPE(Positional):
     """Rotary embeddings on queries and keys: q.k depends only on the offset between positions.
     They rotate each head's whole query and key, or the part the attention declares (MLA's
-    decoupled rope_dim: its rope_width)."""
+    decoupled rope_dim: its rope_width).
+
+    With `local_base` (attn.local_rope_base) the sliding layers rotate at that base and the full
+    ones at pos.base (Gemma 3: 10,000 and 1,000,000). A scaling (eval --rope-scaling) stretches
+    the full layers' base only, as Gemma 3 does, with one base or two: a sliding layer never sees
+    a key farther than its window, a distance it was trained at, at any context length."""
 
     def __init__(self, spec):
         super().__init__(spec)
         self._cache: dict = {}
         self.dim = options.get("attn", spec.attn).rotary_dim(spec)
         self.scaling: Optional[RopeScaling] = None  # set by evaluation only (ablate/evaluation/lengths.py)
+        self.local_base: Optional[float] = settings_of(spec)[2]
+        self.slides = any(w is not None for w in spec_windows(spec))
 
     def context(self, T, device, dtype, offset=0):
-        key = (offset + T, device, self.scaling)
-        if key not in self._cache:
+        local_base = self.local_base  # sliding layers' own tables: at their base, never scaled
+        if local_base is None and self.slides and self.scaling is not None:
+            local_base = self.spec.rope_base
+        key, end = (device, self.scaling, local_base), offset + T
+        held = self._cache.get(key)
+        if held is None or held[0][0].shape[0] < end:
+            # a position's angles do not depend on the table's length, so a longer table is sliced:
+            # doubling it keeps a decode step from rebuilding the tables of every position so far
+            n = end if held is None else max(end, 2 * held[0][0].shape[0])
             base, divisor = self.spec.rope_base, 1.0
             if self.scaling is not None:
                 base, divisor = self.scaling.base_and_divisor(base, self.dim)
-            self._cache = {key: rope_tables(offset + T, self.dim, base, device, divisor)}
-        cos, sin = (t[offset:] for t in self._cache[key])  # (T, dim) each
-        return AttnContext(rope=(cos.to(dtype), sin.to(dtype)))
+            tables = rope_tables(n, self.dim, base, device, divisor)
+            local = None if local_base is None else rope_tables(n, self.dim, local_base, device)
+            self._cache = {key: (tables, local)}
+        tables, local = self._cache[key]
+        cos, sin = (t[offset:end].to(dtype) for t in tables)  # (T, dim) each
+        return AttnContext(rope=(cos, sin),
+                           local_rope=None if local is None else tuple(t[offset:end].to(dtype) for t in local))
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -205,11 +229,17 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 def alibi_bias(n_heads: int, T: int, device=None, offset: int = 0) -> torch.Tensor:
     """(n_heads, T, offset + T): -slope * (i - j) for keys j <= query i, -inf for future keys;
     queries at positions offset .. offset + T - 1, keys at 0 .. offset + T - 1."""
-    i = torch.arange(offset, offset + T, device=device)[:, None]
-    j = torch.arange(offset + T, device=device)[None, :]
-    dist = (j - i).float()  # <= 0 on and below the diagonal
-    bias = alibi_slopes(n_heads).to(device)[:, None, None] * dist  # (H, T, T)
-    return bias.masked_fill(j > i, float("-inf"))
+    i = torch.arange(offset, offset + T, device=device)
+    j = torch.arange(offset + T, device=device)
+    bias = alibi_bias_at(alibi_slopes(n_heads).to(device), i, j)  # (H, T, offset + T)
+    return bias.masked_fill(j[None, :] > i[:, None], float("-inf"))
+
+
+def alibi_bias_at(slopes: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """(H, T, S): slope_h * (j - i) for queries at positions q_pos (T,) and keys at k_pos (S,), in
+    any order (a ring buffer's); masking is the caller's."""
+    dist = (k_pos[None, :] - q_pos[:, None]).float()  # <= 0 for keys at or before the query
+    return slopes[:, None, None] * dist
 
 
 class ALiBi(Positional):

@@ -22,6 +22,7 @@ from ablate.model import options
 from ablate.model.axis import AxisConfig, OptionSettings
 from ablate.model.component import CacheLayout
 from ablate.model.options import ffn_layer_params
+from ablate.model.sliding import check_spec as check_sliding
 
 VOCAB_MULTIPLE = 64  # padded vocab: faster matmuls; the padding ids are never targets
 FFN_MULTIPLE = 16  # model.ffn_multiple_of's default (ablate/config/schema.py)
@@ -112,7 +113,8 @@ class ModelSpec:
     def _resolve_axes(self) -> None:
         """Each component axis's typed config (declared defaults filled in, unknown keys and
         mistyped values refused) and `settings`, their flat view; an axis whose option has no
-        settings is left out of it, so a spec without settings reads as it always has."""
+        settings (or only optional ones left at null) is left out of it, so a spec without
+        settings reads as it always has."""
         given = dict(self.settings or {})
         flat = {}
         for axis in options.component_axes():
@@ -132,8 +134,13 @@ class ModelSpec:
                                       f"give the option by name ({axis}='{name}') with its settings, or a typed config")
                 config = value
             object.__setattr__(self, axis, config)
-            if config.settings:
-                flat[axis] = config.settings
+            declared = config.option.all_settings
+            # an optional setting left at its null default is left out (attn.window on every mha
+            # model), so a spec that sets none reads as it always has; its implementation takes
+            # that keyword's default, None
+            kept = {k: v for k, v in config.settings.items() if not (v is None and declared[k].default is None)}
+            if kept:
+                flat[axis] = kept
         if given:
             raise ConfigError(f"settings for {', '.join(given)}: no option of that axis takes settings here")
         object.__setattr__(self, "settings", OptionSettings(flat))
@@ -169,6 +176,7 @@ class ModelSpec:
                 f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads="
                 f"{self.n_kv_heads}; pick n_kv_heads that divides n_heads")
         options.check_kv_heads(self.attn, self.n_heads, self.n_kv_heads)  # the attn option says it
+        check_sliding(self)  # attn.window, attn.global_every, attn.local_rope_base
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
@@ -392,6 +400,11 @@ def kv_cache_bytes(spec: ModelSpec, context: int, bytes_per_elem: int = 2) -> in
     return sum(layout.bytes(context, bytes_per_elem) for layout in cache_layouts(spec))
 
 
-def kv_cache_bytes_per_token(spec: ModelSpec, bytes_per_elem: int = 2) -> int:
-    """Bytes each cached position takes, every layer (a cache that keeps every position)."""
-    return sum(layout.bytes_per_position(bytes_per_elem) for layout in cache_layouts(spec))
+def kv_cache_bytes_per_token(spec: ModelSpec, bytes_per_elem: int = 2, context: Optional[int] = None) -> int:
+    """Bytes per token of context, every layer: the cache after `context` tokens over `context`
+    (rounded to a byte; a sliding layer keeps at most its window's positions, so the figure
+    falls as the context grows past W); None: each cached position's bytes, the same for a
+    model whose layers keep every position."""
+    if context is None:
+        return sum(layout.bytes_per_position(bytes_per_elem) for layout in cache_layouts(spec))
+    return round(kv_cache_bytes(spec, context, bytes_per_elem) / context)

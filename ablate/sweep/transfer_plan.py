@@ -190,7 +190,7 @@ def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Ru
     ladder's base shape (its param has one). Returns (jobs, the rung table)."""
     table, jobs = [], []
     for rung in ladder.rungs:
-        params, per_step = plan_rung(rung)
+        params, per_step = plan_rung(rung)  # a rung's config it cannot have is refused naming it (rung_size)
         steps, lr = ladder.rung_steps(params, per_step), ladder.lr(rung)
         table.append(RungPlan(rung.name, rung.d_model, rung.n_layers, rung.n_heads, params, steps,
                               steps * per_step, lr))

@@ -84,11 +84,19 @@ def provenance(device: Any) -> Provenance:
 
 
 def run_tags(cfg: Any) -> list[str]:
+    """The axes off their default (`pos=rope`), and the chosen options' settings off theirs
+    (`attn.window=16`): W&B filters runs by them."""
     from ablate.config.schema import axis_values
     from ablate.config.axes import default_axes
+    from ablate.model import options
 
     base = default_axes()
     tags = [f"{k}={v}" for k, v in axis_values(cfg).items() if v != base[k]]
+    for axis in options.component_axes():
+        if axis in cfg:
+            declared = options.get(axis, cfg[axis].name).all_settings
+            tags += [f"{axis}.{key}={cfg[axis][key]}" for key, s in declared.items()
+                     if key in cfg[axis] and cfg[axis][key] != s.default]
     return tags + list(cfg.logger.tags)
 
 
