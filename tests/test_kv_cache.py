@@ -21,7 +21,8 @@ SIZE = ["model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.max_se
 MODEL_KEYS = [["model.attn_softcap=5.0"], ["model.logit_softcap=3.0"], ["model.parallel_block=true"],
               ["model.mtp_heads=2"], ["pos=alibi", "model.attn_softcap=5.0"], ["model.emb_scale=true"],
               ["attn=gqa", "pos=rope", "qk_norm=on", "norm_pos=sandwich"]]
-VARIANTS = ([[f"{axis}={o.name}"] for axis in options.AXES for o in options.declared(axis)]
+VARIANTS = ([[f"{axis}={o.name}"] for axis in options.AXES if axis != "optim"  # the trainer's: same model
+             for o in options.declared(axis)]
             + [[f"arch={arch}"] for arch in group_options("arch")] + MODEL_KEYS)
 CHUNKS = [5, 1, 1, 1, 3, 1, 1]  # a prefill, one token at a time, a chunk of 3 (its mask), more steps
 

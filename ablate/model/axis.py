@@ -27,6 +27,9 @@ built on the meta device, which imports torch: built-in options declare theirs):
   attn      a function `(n_heads, kv_group) -> n_kv_heads`; fits(n_heads, n_kv): what an
             explicit model.n_kv_heads must satisfy, `needs` says it in words
   tie, bias, dropout, qk_norm: the bool the option sets
+  optim     the optimizer of the hidden matrices (the trainer's axis, not in ModelSpec: its keys
+            reach ablate/train/optimizer.py as an OptimSpec); state_per_param: its fp32 state
+            tensors per parameter (the micro-batch probe's optimizer memory)
   param     the parametrization (ablate/model/parametrization.py): width: muP's width rules
             (hidden-matrix init and LR by fan-in, readout and attention multipliers);
             depth_alpha: the residual branches scaled by (base_depth / n_layers)^alpha
@@ -171,6 +174,13 @@ class AttnOption(Option):
 class ParamOption(Option):
     width: bool = False  # muP's width rules, relative to model.base_width
     depth_alpha: Optional[float] = None  # CompleteP's depth rules, relative to model.base_depth
+
+
+@dataclass(frozen=True)
+class OptimOption(Option):
+    """Axis `optim`, the trainer's (not in ModelSpec): impl is the optimizer of the hidden
+    matrices ("module:attr"; AdamW takes the rest), built by ablate/train/optimizer.py."""
+    state_per_param: int = 2  # fp32 state tensors its update keeps per parameter it takes
 
 
 @dataclass(frozen=True)
