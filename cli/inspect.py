@@ -54,6 +54,8 @@ def _print_report(r: dict) -> None:
         f"= {r['kv_cache_formula']}; for seq_len {r['seq_len']} x batch {r['batch']}: "
         f"{r['kv_cache_bytes']:,} bytes ({human_bytes(r['kv_cache_bytes'])})")
     _print_parametrization(r["parametrization"], say)
+    if "optimizer" in r:
+        _print_optimizer(r["optimizer"], say)
 
 
 def _print_parametrization(p: dict, say) -> None:
@@ -78,6 +80,26 @@ def _print_parametrization(p: dict, say) -> None:
         std = "-" if row["init_std"] is None else f"{row['init_std']:.4g}"
         t.add_row(row["role"], str(row["tensors"]), f"{row['params']:,}", fan, std,
                   f"{row['lr_mult']:.4g}", f"{row['weight_decay_mult']:.4g}")
+    print_table(t)
+
+
+def _print_optimizer(o: dict, say) -> None:
+    """optim=muon: each parameter's matrices, the optimizer, the orthogonalized shape, the LR."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ablate.terminal import print_table
+
+    adam = f"; AdamW part at optim.adam_lr {o['adam_lr']:g}" if o["adam_lr"] is not None else ""
+    say(f"optimizer [bold]{o['optim']}[/bold] (optim.adjust={o['adjust']}): Muon on each logical matrix, "
+        f"AdamW on the rest; LRs at train.lr {o['lr']:g}{adam}, before the schedule")
+    t = Table(title="the matrices each optimizer updates (layers with the same rows: one row)")
+    for col, right in (("parameter", False), ("matrix", False), ("optimizer", False), ("shape", True),
+                       ("LR", True), ("layers", True)):
+        t.add_column(col, justify="right" if right else "left")
+    for m in o["matrices"]:
+        t.add_row(escape(m["parameter"]), m["matrix"] or "-", m["optimizer"], " x ".join(map(str, m["shape"])),
+                  f"{m['lr']:.4g}", str(m["layers"]))
     print_table(t)
 
 

@@ -37,6 +37,9 @@ CASES = [
     "norm_pos=sandwich bias=off qk_norm=on attn=mqa", "arch=llama model.d_model=256 model.n_heads=8",
     "param=mup model.d_model=256 model.base_width=64 arch=llama",
     "param=completep model.n_layers=8 model.base_depth=2 model.base_width=64",
+    # the trainer's axis (added 2026-11-29): the matrices each optimizer updates and their LRs
+    "optim=muon act=swiglu attn=gqa", "optim=muon param=mup model.d_model=256 model.base_width=64 arch=llama",
+    "optim=muon optim.adjust=original optim.adam_lr=0.003 train.lr=0.02",
 ]
 
 

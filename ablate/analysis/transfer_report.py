@@ -208,8 +208,17 @@ def lr_grid_report(points: Sequence[Point], record: dict, baseline: Optional[str
             {f"{lr:g}": v for lr, v in T.grid_curve(runs[n]).items()}))
     title = (f"ablate compare: LR grid {', '.join(f'{x:g}' for x in grid)}; each variant at its "
              f"own best LR (baseline: {base})")
-    table = Table(title, grid_columns(shared, alpha), rows, notes=_grid_notes(rows, shared))
+    notes = _grid_notes(rows, shared) + tied_note(record.get("tied_lrs") or {})
+    table = Table(title, grid_columns(shared, alpha), rows, notes=notes)
     return Report(ReportKind.LR_GRID, table, points=list(points))
+
+
+def tied_note(ratios: dict) -> list[str]:
+    """One line per variant whose other LRs moved with train.lr (transfer.json's `tied_lrs`,
+    ablate/sweep/transfer_plan.py): the sweep's header and compare's notes say it."""
+    return [f"{variant}: {', '.join(f'{k} = {r:.4g} x train.lr' for k, r in tied.items())} at every LR "
+            "(optim.adjust=original: train.lr is Muon's, optim.adam_lr the AdamW part's)"
+            for variant, tied in ratios.items()]
 
 
 def _grid_notes(rows: list[GridRow], shared: float) -> list[str]:

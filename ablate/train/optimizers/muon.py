@@ -94,10 +94,14 @@ class Muon(torch.optim.Optimizer):
                         ns_steps=ns_steps, adjust=adjust, ns_coefficients=tuple(ns_coefficients), eps=eps)
         super().__init__(params, defaults)
         given = dict(matrices or {})
-        self.matrices = {id(p): list(given.get(id(p)) or matrices_of(p))
-                         for g in self.param_groups for p in g["params"]}
+        self.matrices = {id(p): list(given.get(id(p)) or matrices_of(p)) for p in self._params()}
+        for p in self._params():  # now, not at the first step: a compiled step sees one state
+            self.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         self.record_updates = False
         self.update_rms: dict[str, Tensor] = {}
+
+    def _params(self) -> list[Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -132,9 +136,6 @@ class Muon(torch.optim.Optimizer):
 
     def _momentum(self, p: Tensor, group: dict) -> Tensor:
         """The momentum step, in place on the buffer; returns the matrix to orthogonalize."""
-        state = self.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-        buf, mu = state["momentum_buffer"], group["momentum"]
+        buf, mu = self.state[p]["momentum_buffer"], group["momentum"]
         buf.lerp_(p.grad, 1 - mu)
         return p.grad.lerp(buf, mu) if group["nesterov"] else buf

@@ -55,6 +55,13 @@ class OptimSpec:
             return float(self.adam_lr) / float(lr)
         return 1.0
 
+    def tied_lrs(self) -> dict[str, float]:
+        """The LRs that move with train.lr when a sweep sets it (--lr-grid, a ladder's rungs): the
+        AdamW part's under `original`, at its ratio to train.lr; none under match_rms_adamw."""
+        if self.muon and self.adjust == "original" and self.adam_lr is not None:
+            return {"optim.adam_lr": float(self.adam_lr)}
+        return {}
+
     def check(self, lr: float, param: str = "sp") -> None:
         """The refusals (ConfigError, one line): keys that would be ignored, an unknown
         adjustment, an LR of 0 or less, `original` under a width parametrization, an old torch."""
