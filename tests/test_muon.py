@@ -150,3 +150,14 @@ def test_a_full_rank_update_has_rms_between_0_1_and_0_25_of_the_lr(shape):
     rms = w.detach().pow(2).mean().sqrt().item() / lr
     assert 0.1 <= rms <= 0.25, rms
     assert opt.update_rms["g"].item() == pytest.approx(rms, rel=1e-5)
+
+
+def test_an_older_torch_is_refused_in_one_line():
+    from ablate.errors import ConfigError
+    from ablate.train.optimizers.optim_settings import check_torch
+
+    with pytest.raises(ConfigError) as e:
+        check_torch("muon", have=(2, 8))
+    assert str(e.value) == ("optim=muon needs torch >= 2.9 (torch.optim.Muon's update and its tests); this is "
+                            "torch 2.8: upgrade torch or use optim=adamw")
+    check_torch("muon", have=(2, 9))
