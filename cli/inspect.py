@@ -92,14 +92,14 @@ def _print_optimizer(o: dict, say) -> None:
 
     adam = f"; AdamW part at optim.adam_lr {o['adam_lr']:g}" if o["adam_lr"] is not None else ""
     say(f"optimizer [bold]{o['optim']}[/bold] (optim.adjust={o['adjust']}): Muon on each logical matrix, "
-        f"AdamW on the rest; LRs at train.lr {o['lr']:g}{adam}, before the schedule")
+        f"AdamW on the rest; LRs at train.lr {o['train_lr']:g}{adam}, before the schedule")
     t = Table(title="the matrices each optimizer updates (layers with the same rows: one row)")
     for col, right in (("parameter", False), ("matrix", False), ("optimizer", False), ("shape", True),
                        ("LR", True), ("layers", True)):
         t.add_column(col, justify="right" if right else "left")
     for m in o["matrices"]:
         t.add_row(escape(m["parameter"]), m["matrix"] or "-", m["optimizer"], " x ".join(map(str, m["shape"])),
-                  f"{m['lr']:.4g}", str(m["layers"]))
+                  f"{m['effective_lr']:.4g}", str(m["layers"]))
     print_table(t)
 
 

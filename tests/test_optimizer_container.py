@@ -134,6 +134,20 @@ def test_a_checkpoint_from_before_the_container_resumes_bit_exactly_or_is_refuse
     assert "one AdamW's state" in str(e.value) and "optim=adamw" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_config_saved_before_the_axis_is_the_same_adamw_experiment():
+    """config.yaml from before `optim` existed has no optim group: it reads as optim=adamw, so
+    re-entering its run with today's defaults is the same experiment, and optim=muon is not."""
+    from conftest import compose
+
+    from ablate.run.lifecycle import differences
+
+    stored = OmegaConf.to_container(compose(TINY), resolve=True)
+    del stored["optim"]
+    assert OptimSpec.from_config(OmegaConf.create(stored)) == OptimSpec()
+    assert differences(stored, compose(TINY)) == []
+    assert [key for key, _, _ in differences(stored, compose([*TINY, "optim=muon"]))] == ["optim.name"]
+
+
 def test_the_compiled_step_trains_muon_as_the_eager_one(tmp_path, clean_dynamo):
     from ablate.train.backends import graphs_compiled
 

@@ -112,7 +112,7 @@ def optimizer_report(cfg: Any, spec: ModelSpec) -> Optional[dict]:
     from ablate.train.optimizer import matrix_rows
 
     rows = matrix_rows(_meta_model(spec), cfg.train, optim)
-    return {"optim": optim.name, "adjust": optim.adjust, "lr": float(cfg.train.lr),
+    return {"optim": optim.name, "adjust": optim.adjust, "train_lr": float(cfg.train.lr),
             "adam_lr": optim.adam_lr, "matrices": [r.as_dict() for r in rows]}
 
 

@@ -23,8 +23,9 @@ to report best_lr, lr_sensitivity, tuned_delta or the compute multiplier
 Learning rates that move with train.lr: under optim=muon optim.adjust=original, train.lr is Muon's
 and optim.adam_lr the AdamW part's; every job that sets train.lr (a grid point, a rung, a best LR)
 sets optim.adam_lr at the variant's own ratio of the two (its composed config's: a train.lr given
-beside --lr-grid is that ratio's reference, not a job's LR), so the grid scans both together (transfer.json's `tied_lrs`; compare says so under its table). Under
-match_rms_adamw (the default) one train.lr serves both parts and nothing else moves.
+beside --lr-grid is that ratio's reference, not a job's LR), so the grid scans both together
+(transfer.json's `tied_lrs`; compare says so under its table). Under match_rms_adamw (the
+default) one train.lr serves both parts and nothing else moves.
 """
 
 from __future__ import annotations
@@ -341,10 +342,12 @@ def tied_ratios(variants: Sequence[Job], base_lr: Callable[[Job], float],
     """variant -> {key: its LR / its train.lr} for the variants with LRs tied to train.lr."""
     out = {}
     for v in variants:
-        tied = dict(tied_lrs(v))
-        if tied:
-            lr = base_lr(v)
-            out[v.variant] = {key: float(value) / lr for key, value in tied.items()}
+        with naming(f"variant {v.variant}"):  # composed without the ladder's own keys
+            config = dataclasses.replace(v, overrides=variant_tokens(v.overrides)[1])
+            tied = dict(tied_lrs(config))
+            if tied:
+                lr = base_lr(config)
+                out[v.variant] = {key: float(value) / lr for key, value in tied.items()}
     return out
 
 
@@ -471,10 +474,10 @@ class TransferPlan:
         return cls(scan, variants, record, k, len(pending), pending, shape, ratios)
 
     def header(self, n: int, sweep_dir: Path) -> str:
-        r = self.record
-        grid = ", ".join(f"{x:g}" for x in r.get("grid", []))
         from ablate.analysis.transfer_report import tied_note
 
+        r = self.record
+        grid = ", ".join(f"{x:g}" for x in r.get("grid", []))
         tied = "".join(f"\n  {line}" for line in tied_note(self.ratios))
         if r["kind"] == "lr_grid":
             return (f"lr-grid sweep: {len(self.variants)} variants x {len(r['grid'])} learning rates "

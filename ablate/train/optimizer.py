@@ -185,12 +185,12 @@ class MatrixRow:
     matrix: str  # which rows ("rows 0:128"), expert, or a component's own label; "" for the whole
     optimizer: str  # muon | adamw
     shape: tuple[int, ...]  # what Newton-Schulz orthogonalizes (rows x cols); the parameter's under AdamW
-    lr: float  # its LR at train.lr (Muon's adjusted LR)
+    lr: float  # its LR at train.lr (Muon's adjusted LR; `effective_lr` in JSON)
     layers: int  # how many layers have it
 
     def as_dict(self) -> dict:
         return {"parameter": self.parameter, "matrix": self.matrix, "optimizer": self.optimizer,
-                "shape": list(self.shape), "lr": self.lr, "layers": self.layers}
+                "shape": list(self.shape), "effective_lr": self.lr, "layers": self.layers}
 
 
 def matrix_rows(model: torch.nn.Module, cfg: Any, optim: OptimSpec) -> list[MatrixRow]:
