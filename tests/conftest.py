@@ -607,6 +607,7 @@ def scripted_trainer(run_dir: Path, *overrides: str, losses=None, diagnostics: b
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
     from ablate.tracking.sinks import Sink
+    from ablate.train.optimizers.optim_settings import OptimSpec
     from ablate.train.trainer import Trainer
 
     class Rows(Sink):
@@ -625,7 +626,8 @@ def scripted_trainer(run_dir: Path, *overrides: str, losses=None, diagnostics: b
                      val=rng.integers(0, 256, 600).astype(np.uint16), meta={}, path=run_dir)
     model = build_model(spec)
     trainer = Trainer(model, cfg.train, data, Rows(), run_dir, np.ones(spec.vocab_size, dtype=np.int64),
-                      on_diagnostics=Diagnostics(model) if diagnostics else None)
+                      on_diagnostics=Diagnostics(model) if diagnostics else None,
+                      optim=OptimSpec.from_config(cfg))
     measure, update = trainer.train_step, trainer.apply_update
     trainer.updates = 0
 

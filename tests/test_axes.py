@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from ablate.config.schema import AXES
 from ablate.model import options
@@ -17,7 +18,7 @@ DESIGN = {  # DESIGN.md's axes table: option names are part of the interface
     "pos": {"learned", "sinusoidal", "rope", "alibi", "nope"}, "attn": {"mha", "gqa", "mqa", "mla"},
     "ffn": {"dense", "moe"},
     "tie": {"tied", "untied"}, "bias": {"on", "off"}, "dropout": {"off", "on"}, "qk_norm": {"off", "on"},
-    "param": {"sp", "mup", "completep"},
+    "param": {"sp", "mup", "completep"}, "optim": {"adamw", "muon"},
 }
 
 
@@ -49,7 +50,8 @@ def test_declarations_config_groups_and_axes_listing_agree():
             == DESIGN[axis], axis
         assert listing[axis]["axis"] is True
     defaults = {"norm": "layernorm", "norm_pos": "pre", "act": "gelu", "pos": "learned", "attn": "mha",
-                "ffn": "dense", "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off", "param": "sp", "arch": "gpt2"}
+                "ffn": "dense", "tie": "tied", "bias": "on", "dropout": "off", "qk_norm": "off", "param": "sp",
+                "optim": "adamw", "arch": "gpt2"}
     assert {g: listing[g]["default"] for g in defaults} == defaults
     assert set(listing["arch"]["options"]) >= {"gpt2", "llama", "vaswani"}
 
@@ -79,6 +81,8 @@ def test_every_declared_implementation_loads_as_its_axis_expects():
                     assert option.n_kv_heads(8, 4) in (1, 2, 8), option
             elif axis == "param":
                 assert isinstance(impl, type), option
+            elif axis == "optim":
+                assert issubclass(impl, torch.optim.Optimizer), option
             else:
                 assert isinstance(impl, bool), option
 
@@ -95,11 +99,11 @@ def test_every_option_composes_and_builds_a_spec():
 
 PRESETS = {
     "gpt2": dict(norm="layernorm", norm_pos="pre", act="gelu", pos="learned", attn="mha", ffn="dense", tie="tied",
-                 bias="on", dropout="off", qk_norm="off", param="sp"),
+                 bias="on", dropout="off", qk_norm="off", param="sp", optim="adamw"),
     "llama": dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", attn="gqa", ffn="dense", tie="untied",
-                  bias="off", dropout="off", qk_norm="off", param="sp"),
+                  bias="off", dropout="off", qk_norm="off", param="sp", optim="adamw"),
     "vaswani": dict(norm="layernorm", norm_pos="post", act="relu", pos="sinusoidal", attn="mha", ffn="dense",
-                    tie="tied", bias="on", dropout="on", qk_norm="off", param="sp"),
+                    tie="tied", bias="on", dropout="on", qk_norm="off", param="sp", optim="adamw"),
 }
 
 

@@ -52,6 +52,7 @@ PLACEHOLDERS = {
     "runs/docs/moe_granularity": "moe",  # docs/moe.md names its baseline variant: written runs hold it
     "runs/docs/qk_norm_x_norm": "sweep", "runs/docs/act_x_pos": "sweep", "runs/equal_kv_bytes": "sweep",
     "runs/docs/window-sizes": "sweep", "runs/docs/window-patterns": "sweep",
+    "runs/docs/qk_norm_x_optim": "sweep",
     "runs": "root",
     "OUT_DIR": "out", "hf/llama": "out",
 }

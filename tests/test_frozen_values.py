@@ -22,7 +22,7 @@ from pathlib import Path
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "frozen_losses.json"
 
-# A small model where every option fits (gqa: 4 heads -> 1 KV head) and a few steps of AdamW.
+# A small model where every option fits (gqa: 4 heads -> 1 KV head) and a few steps of its optimizer.
 SHAPE = ["model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=64",
          "train.batch_size=4", "train.seq_len=32", "train.steps=4", "train.warmup_steps=1",
          "train.eval_every=0", "train.eval_tokens=256", "logger=none", "train.progress=false",
@@ -48,6 +48,11 @@ CASES = [
     "model.act_clamp=5 act=swiglu", "model.mtp_heads=2", "model.parallel_block=true",
     "model.emb_scale=true", "model.init=xavier", "model.depth_scaled_init=false",
     "norm_pos=sandwich bias=off qk_norm=on attn=mqa pos=rope act=geglu tie=untied",
+    # the trainer's axis (added 2026-11-29): Muon on the hidden matrices, both LR adjustments, and mup
+    "optim=muon", "optim=muon optim.adjust=original optim.adam_lr=0.003 train.lr=0.02 act=swiglu attn=gqa",
+    "optim=muon param=mup model.base_width=32",
+    # Muon on each expert of a bank and on MLA's matrices (kv_a's two declared, kv_b's two fused)
+    "optim=muon ffn=moe attn=mla pos=rope act=swiglu",
 ]
 
 
@@ -60,6 +65,7 @@ def losses(case: str) -> dict:
     from ablate.data.cache import TokenData
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
+    from ablate.train.optimizers.optim_settings import OptimSpec
     from ablate.train.trainer import Trainer
 
     cfg = compose([*SHAPE, *case.split()])
@@ -70,7 +76,7 @@ def losses(case: str) -> dict:
     data = TokenData(train=rng.integers(0, 256, 4000).astype(np.uint16),
                      val=rng.integers(0, 256, 600).astype(np.uint16), meta={}, path=Path("."))
     trainer = Trainer(build_model(spec), cfg.train, data, None, Path("."),
-                      np.ones(spec.vocab_size, dtype=np.int64))
+                      np.ones(spec.vocab_size, dtype=np.int64), optim=OptimSpec.from_config(cfg))
     train, norms = [], []
     for step in range(STEPS):
         loss, gnorm, _ = trainer.train_step(step)

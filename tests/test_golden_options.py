@@ -42,6 +42,10 @@ CASES = [
     "attn=mla pos=rope attn.q_rank=32 attn.kv_rank=48 attn.rope_dim=8", "arch=deepseek_dense param=mup model.d_model=256 model.base_width=128",
     # sliding windows (added 2026-11-29): the presets and local:global on the default block
     "arch=mistral", "arch=gemma3", "pos=rope attn.window=16 attn.global_every=2",
+    # the trainer's axis (added 2026-11-29): the matrices each optimizer updates and their LRs
+    "optim=muon act=swiglu attn=gqa", "optim=muon param=mup model.d_model=256 model.base_width=64 arch=llama",
+    "optim=muon optim.adjust=original optim.adam_lr=0.003 train.lr=0.02",
+    "optim=muon ffn=moe ffn.experts=4 attn=mla pos=rope act=swiglu",
 ]
 
 

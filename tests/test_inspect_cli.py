@@ -121,3 +121,24 @@ def test_bad_input_is_one_line(args, message):
     assert r.returncode != 0
     assert r.stderr.strip().startswith("error:") and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_under_muon_the_optimizer_table_lists_each_expert_and_mla_matrix_at_its_lr():
+    """optim=muon: every parameter once, Muon's LR on an A x B matrix 0.2 * sqrt(max(A, B)) * train.lr
+    (match_rms_adamw, Moonlight's rule), AdamW's train.lr; an MoE bank's experts one row each part."""
+    args = ["optim=muon", "ffn=moe", "ffn.experts=4", "attn=mla", "pos=rope", "act=swiglu", "train.lr=0.004"]
+    r = invoke_ablate("inspect", *args, "--json")
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)["optimizer"]
+    rows = {(m["parameter"], m["matrix"]): m for m in o["matrices"]}
+    for m in o["matrices"]:
+        want = 0.004 * (0.2 * max(m["shape"]) ** 0.5 if m["optimizer"] == "muon" else 1.0)
+        assert m["effective_lr"] == pytest.approx(want, rel=1e-12), m
+    assert {k[1] for k in rows if k[0] == "blocks.*.ffn.w_in"} == {"each of 4 experts, rows 0:160",
+                                                                   "each of 4 experts, rows 160:320"}
+    assert rows[("blocks.*.ffn.w_out", "each of 4 experts")]["optimizer"] == "muon"
+    assert rows[("blocks.*.ffn.router.weight", "")]["optimizer"] == "adamw"
+    assert [rows[("blocks.*.attn.kv_a.weight", x)]["shape"] for x in ("latent", "rope key")] == [[128, 128], [16, 128]]
+    text = invoke_ablate("inspect", *args).stdout
+    assert "the matrices each optimizer updates" in text and "each of 4 experts, rows 0:160" in text
+    assert "optimizer" not in json.loads(invoke_ablate("inspect", "--json").stdout)  # adamw: no table

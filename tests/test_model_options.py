@@ -27,6 +27,7 @@ SETS = {
     "dropout": lambda o: dict(dropout=0.1 if o.value else 0.0),
     "qk_norm": lambda o: dict(qk_norm=o.value),
     "param": lambda o: dict(param=o.name),
+    "optim": lambda o: {},  # the trainer's axis: the same model under every option
 }
 VARIANTS = {(axis, o.name): SETS[axis](o) for axis in options.AXES for o in options.declared(axis)}
 COMBOS = {  # options interact in the counts: a few mixed variants
@@ -45,7 +46,8 @@ def spec_of(kw) -> ModelSpec:
 
 def test_every_registered_option_is_covered():
     axes = {a for a, _ in VARIANTS}
-    assert axes == {"norm", "norm_pos", "act", "pos", "attn", "ffn", "tie", "bias", "dropout", "qk_norm", "param"}
+    assert axes == {"norm", "norm_pos", "act", "pos", "attn", "ffn", "tie", "bias", "dropout", "qk_norm", "param",
+                    "optim"}
 
 
 @pytest.mark.parametrize("variant", list(ALL))

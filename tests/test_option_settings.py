@@ -116,7 +116,7 @@ def test_a_setting_is_shown_by_cfg_job_recorded_and_trained_with(tmp_path):
     shown = run_ablate("run", "norm=dyt", "norm.alpha0=1.0", "logger=none", "--cfg", "job")
     assert shown.returncode == 0 and "norm:\n  name: dyt\n  eps: 1.0e-05\n  alpha0: 1.0\n" in shown.stdout
     headline = run_ablate("inspect", "norm=dyt", "norm.alpha0=1.0", "logger=none").stdout.splitlines()[0]
-    assert headline.startswith("norm=dyt ") and headline.endswith(" param=sp norm.alpha0=1.0")
+    assert headline.startswith("norm=dyt ") and headline.endswith(" param=sp optim=adamw norm.alpha0=1.0")
     run_dir = tmp_path / "run"
     res = run_ablate("run", *TINY, "train.steps=2", "norm=dyt", "norm.alpha0=1.0", f"hydra.run.dir={run_dir}")
     assert res.returncode == 0, res.stderr

@@ -116,6 +116,18 @@ CASES = [
     ("moe-dense-first-every-layer", ["ffn=moe", "ffn.dense_first=2"],  # TINY: 2 layers
      ["ffn.dense_first=2", "below model.n_layers=2", "ffn=dense"]),
     ("moe-setting-without-moe", ["ffn.experts=8"], ["ffn.experts", "ffn=moe"]),
+    # the optim axis (ablate/train/optimizers/optim_settings.py)
+    ("optim-unknown", ["optim=sgd"], ["sgd", "adamw", "muon"]),
+    ("optim-unknown-adjust", ["optim=muon", "optim.adjust=spectral"], ["optim.adjust", "spectral", "match_rms_adamw"]),
+    ("optim-adam-lr-with-match-rms", ["optim=muon", "optim.adam_lr=0.001"],
+     ["optim.adam_lr=0.001", "match_rms_adamw", "optim.adjust=original"]),
+    ("optim-original-without-adam-lr", ["optim=muon", "optim.adjust=original"], ["optim.adjust=original", "optim.adam_lr"]),
+    ("optim-adam-lr-zero", ["optim=muon", "optim.adjust=original", "optim.adam_lr=0"], ["optim.adam_lr must be positive"]),
+    ("optim-negative-lr", ["optim=muon", "train.lr=-0.01"], ["train.lr must be positive"]),
+    ("optim-original-with-mup", ["optim=muon", "optim.adjust=original", "optim.adam_lr=0.003", "param=mup"],
+     ["optim.adjust=original with param=mup", "match_rms_adamw"]),
+    ("optim-muon-key-with-adamw", ["optim.momentum=0.9"], ["optim.momentum=0.9", "optim=adamw", "optim=muon"]),
+    ("optim-ns-steps-zero", ["optim=muon", "optim.ns_steps=0"], ["optim.ns_steps", "got 0"]),
 ]
 
 

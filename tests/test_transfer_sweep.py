@@ -227,3 +227,31 @@ def test_the_width_ladder_grows_the_width_alone_and_scans_the_same_grid_on_every
             (p, lr) for p in ("sp", "mup") for lr in ("0.001", "0.00316", "0.01", "0.0316", "0.1")]
         assert {j["train.steps"] for j in rung} == {str(ladder.steps)}
         assert [j.get("model.base_width") for j in rung] == [None] * 5 + [str(widths[0])] * 5
+
+
+def test_under_original_muon_the_adamw_lr_moves_with_every_grid_and_rung_lr(tmp_path):
+    """optim.adjust=original: train.lr is Muon's, optim.adam_lr the AdamW part's. Every job that
+    sets train.lr sets optim.adam_lr at the variant's own ratio (here 3e-3 / 0.02 = 0.15), so the
+    grid scans both together; match_rms_adamw (one train.lr) moves nothing else."""
+    jobs = dry("--mode", "grid", "optim=muon", "optim.adjust=original", "optim.adam_lr=3e-3", "train.lr=0.02",
+               "--lr-grid", "0.01:0.04:3", "--seeds", "2", tmp_path=tmp_path)
+    assert [(j["train.lr"], j["optim.adam_lr"]) for j in jobs] == [("0.01", "0.0015"), ("0.02", "0.003"),
+                                                                     ("0.04", "0.006")]
+    from ablate.sweep.transfer_plan import TransferPlan
+
+    tied = {"optim=muon": {"optim.adam_lr": 0.003}}
+    plan = TransferPlan.make(["optim=adamw,muon"], "ofat", 2, None, "1e-3:1e-2:3", "cpu",
+                             lambda job, rung: (1000 * rung.d_model, 2048), lambda job: 0.02, lambda job: "sp",
+                             lambda job: tied.get(job.variant, {}))
+    assert plan.record.tied_lrs == {"optim=muon": {"optim.adam_lr": pytest.approx(0.15)}}
+    for job in plan.jobs:
+        lrs = dict(o.split("=", 1) for o in job.overrides if "lr=" in o)
+        if job.variant == "baseline":
+            assert set(lrs) == {"train.lr"}
+        else:
+            assert float(lrs["optim.adam_lr"]) == pytest.approx(0.15 * float(lrs["train.lr"]))
+    from ablate.analysis.transfer_report import tied_note
+
+    assert tied_note(plan.record.tied_lrs) == [
+        "optim=muon: optim.adam_lr = 0.15 x train.lr at every LR (optim.adjust=original: train.lr is "
+        "Muon's, optim.adam_lr the AdamW part's)"]

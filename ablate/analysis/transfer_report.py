@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ablate.analysis.load import CompareError, Run, number
 from ablate.analysis.stats import ALPHA, mean_std, seed_test
@@ -236,7 +236,8 @@ def lr_grid_report(points: Sequence[Point], record: TransferRecord, baseline: Op
             if crossing is not None else f"baseline: {base}")
     title = (f"ablate compare: LR grid {', '.join(f'{x:g}' for x in grid)}; each variant at its "
              f"own best LR ({said})")
-    table = Table(title, grid_columns(shared, alpha), rows, notes=_grid_notes(rows, shared))
+    notes = _grid_notes(rows, shared) + tied_note(record.tied_lrs)
+    table = Table(title, grid_columns(shared, alpha), rows, notes=notes)
     report = Report(ReportKind.LR_GRID, table, points=list(points))
     if crossing is not None:
         from ablate.analysis.interaction import csv_column, interaction
@@ -252,6 +253,14 @@ def lr_grid_report(points: Sequence[Point], record: TransferRecord, baseline: Op
             for row in rows:
                 row.crossed = False
     return report
+
+
+def tied_note(ratios: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """One line per variant whose other LRs moved with train.lr (transfer.json's `tied_lrs`,
+    ablate/sweep/transfer_plan.py): the sweep's header and compare's notes say it."""
+    return [f"{variant}: {', '.join(f'{k} = {r:.4g} x train.lr' for k, r in tied.items())} at every LR "
+            "(optim.adjust=original: train.lr is Muon's, optim.adam_lr the AdamW part's)"
+            for variant, tied in ratios.items()]
 
 
 def _grid_notes(rows: list[GridRow], shared: float) -> list[str]:
@@ -402,6 +411,7 @@ def ladder_report(points: Sequence[Point], record: TransferRecord, baseline: Opt
                          "losses, so it is read off the baseline's fitted curve (an extrapolation)")
     notes += [n for row in rows if (n := _tokens_check(row, record.ladder.tokens_per_param))]
     _rank(rows, losses, names, rungs, notes)
+    notes += tied_note(record.tied_lrs)
     title = (f"ablate compare: ladder {record.ladder.name} ({', '.join(rungs)}); "
              f"x = compute multiplier vs the baseline (baseline: {base})")
     table = Table(title, ladder_columns(rungs, bool(best), alpha, moved=bool(best) and not one_scan), rows,

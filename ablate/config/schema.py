@@ -230,6 +230,7 @@ def validate(cfg: Any) -> None:
     _check_train(cfg.train)
     _check_model(cfg)
     _check_run(cfg)
+    _check_optim(cfg)
     from ablate.model.spec import ModelSpec
 
     spec = ModelSpec.from_config(cfg)  # resolves and checks the model's own invariants
@@ -256,6 +257,12 @@ def _check_plugin_roles(spec: Any) -> None:
 
     with torch.device("meta"):
         Transformer(spec)
+
+def _check_optim(cfg: Any) -> None:
+    """The optim axis's keys (ablate/train/optimizers/optim_settings.py: what is refused and why)."""
+    from ablate.train.optimizers.optim_settings import OptimSpec
+
+    OptimSpec.from_config(cfg).check(cfg.train.lr, str(cfg.param.name))
 
 
 def _one_of(key: str, value: Any, choices: tuple) -> None:

@@ -261,6 +261,7 @@ def measure(request: Request, progress: Optional[Callable[[str], None]] = None) 
     from ablate.model.transformer import build_model
     from ablate.train.launch import prepare_data, seed_everything
     from ablate.train.optimizer import build_optimizer
+    from ablate.train.optimizers.optim_settings import OptimSpec
     from ablate.train.trainer import resolve_device, resolve_precision
 
     first = compose_config([*SMALL_BATCH, *request.overrides])
@@ -282,7 +283,8 @@ def measure(request: Request, progress: Optional[Callable[[str], None]] = None) 
                 progress(f"{request.sweep.value} {size}, seed {seed}")
             seed_everything(seed)
             model = build_model(spec, seed=seed).to(device)
-            trace = train_trace(model, build_optimizer(model, cfg.train, device), batches, request.steps, autocast)
+            optimizer = build_optimizer(model, cfg.train, device, OptimSpec.from_config(cfg))  # optim=muon too
+            trace = train_trace(model, optimizer, batches, request.steps, autocast)
             trace.size, trace.seed = size, seed
             traces.append(trace)
     base = cfgs[0].model.get(request.sweep.base_key.split(".")[1]) if param != "sp" else None

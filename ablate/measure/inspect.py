@@ -164,6 +164,22 @@ def parametrization_report(spec: ModelSpec, attn: Optional[dict] = None) -> dict
             "rules": [] if spec.param == options.AXES["param"].default else rule_rows(_meta_model(spec))}
 
 
+def optimizer_report(cfg: Any, spec: ModelSpec) -> Optional[dict]:
+    """Under optim=muon: every parameter's logical matrices with the optimizer that updates them,
+    the shape Newton-Schulz orthogonalizes and the LR at train.lr (Muon's adjusted LR), layers with
+    the same rows as one row (built on the meta device). None under optim=adamw."""
+    from ablate.train.optimizers.optim_settings import OptimSpec
+
+    optim = OptimSpec.from_config(cfg)
+    if not optim.muon:
+        return None
+    from ablate.train.optimizer import matrix_rows
+
+    rows = matrix_rows(_meta_model(spec), cfg.train, optim)
+    return {"optim": optim.name, "adjust": optim.adjust, "train_lr": float(cfg.train.lr),
+            "adam_lr": optim.adam_lr, "matrices": [r.as_dict() for r in rows]}
+
+
 def _meta_model(spec: ModelSpec) -> Any:
     """The model built on the meta device: shapes and rules, no memory, no init."""
     import torch
@@ -215,7 +231,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
     from ablate.config.schema import axis_values
 
     details = attn_details(spec, seq_len)
-
+    optimizer = optimizer_report(cfg, spec)
     return {
         "params": {k: params[k] for k in ("total", "embedding", "attention", "ffn", "norm", "head")},
         "active_params": active_params(spec),
@@ -240,6 +256,7 @@ def inspect_config(cfg: Any, seq_len: Optional[int] = None, batch: Optional[int]
         "head_dim": spec.head_dim,
         "parametrization": parametrization_report(spec, details.get("attn_details")),
         **details,
+        **({"optimizer": optimizer} if optimizer else {}),  # optim=muon only
     }
 
 

@@ -2,13 +2,15 @@
 unchanged by this module) as typed rows and the Columns of the one table model
 (ablate/tables/table.py): the parameters by component, with the variant's axes and dimensions
 above them and what the counts mean below; under param=mup or completep the init and LR of each
-parameter role. Torch-free."""
+parameter role; under optim=muon the matrices each optimizer updates, with their shapes and LRs.
+Torch-free."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
+from ablate.names import LR
 from ablate.tables.table import Align, Column, JsonRow, Table, num
 from ablate.terminal import human_bytes
 
@@ -131,7 +133,40 @@ def inspect_tables(r: dict) -> list[Table]:
     if rules:
         tables.append(Table(f"param={r['parametrization']['param']}: init and LR by parameter role", RULE_COLUMNS,
                             [RuleRow.of(x) for x in rules]))
+    if "optimizer" in r:
+        tables.append(_optimizer(r["optimizer"]))
     return tables
+
+
+@dataclass
+class MatrixRow(JsonRow):
+    parameter: str
+    matrix: str  # its rows in a fused parameter ("rows 0:128"), a declared label, a bank's experts, or "-"
+    optimizer: str
+    shape: str  # the shape it is orthogonalized (Muon) or updated (AdamW) at
+    lr: float  # its LR at train.lr, before the schedule (Muon's adjusted)
+    layers: int  # the layers with the same rows
+
+
+MATRIX_COLUMNS: list[Column] = [
+    Column("parameter", lambda x: x.parameter, ("parameter",), align=Align.LEFT),
+    Column("matrix", lambda x: x.matrix, ("matrix",), align=Align.LEFT),
+    Column("optimizer", lambda x: x.optimizer, ("optimizer",), align=Align.LEFT),
+    Column("shape", lambda x: x.shape, ("shape",)),
+    Column("LR", lambda x: f"{x.lr:.4g}", (LR,)),
+    Column("layers", lambda x: str(x.layers), ("layers",)),
+]
+
+
+def _optimizer(o: dict) -> Table:
+    """optim=muon: each parameter's matrices, the optimizer, the orthogonalized shape, the LR."""
+    adam = f"; AdamW part at optim.adam_lr {o['adam_lr']:g}" if o["adam_lr"] is not None else ""
+    rows = [MatrixRow(m["parameter"], m["matrix"] or "-", m["optimizer"], " x ".join(map(str, m["shape"])),
+                      m["effective_lr"], m["layers"]) for m in o["matrices"]]
+    head = [f"optimizer {o['optim']} (optim.adjust={o['adjust']}): Muon on each logical matrix, AdamW on the "
+            f"rest; LRs at train.lr {o['train_lr']:g}{adam}, before the schedule"]
+    return Table("the matrices each optimizer updates (layers with the same rows: one row)", MATRIX_COLUMNS, rows,
+                 head=head)
 
 
 @dataclass

@@ -39,6 +39,9 @@ What each axis's implementation is (`impl`), and what else its declaration says:
             layer, seq_len): inspect's view of its shape and costs (MLA: ranks, parameters by
             projection, decode FLOPs)
   tie, bias, dropout, qk_norm: the bool the option sets
+  optim     the optimizer of the hidden matrices (the trainer's axis, not in ModelSpec: its keys
+            reach ablate/train/optimizer.py as an OptimSpec); state_per_param: its fp32 state
+            tensors per parameter (the micro-batch probe's optimizer memory)
   param     the parametrization (ablate/model/parametrization.py): width: muP's width rules
             (hidden-matrix init and LR by fan-in, readout and attention multipliers);
             depth_alpha: the residual branches scaled by (base_depth / n_layers)^alpha
@@ -386,6 +389,13 @@ class FfnOption(ComponentOption):
 class ParamOption(Option):
     width: bool = False  # muP's width rules, relative to model.base_width
     depth_alpha: Optional[float] = None  # CompleteP's depth rules, relative to model.base_depth
+
+
+@dataclass(frozen=True)
+class OptimOption(Option):
+    """Axis `optim`, the trainer's (not in ModelSpec): impl is the optimizer of the hidden
+    matrices ("module:attr"; AdamW takes the rest), built by ablate/train/optimizer.py."""
+    state_per_param: int = 2  # fp32 state tensors its update keeps per parameter it takes
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,13 @@ class MultiHeadLatentAttention(Attention):
         self.proj = linear(H * hd, d, spec.bias, Role.OUTPUT)  # W_O
         self.decode = decode  # how a cached one-token step attends: absorbed | plain (attn.decode)
 
+    def optimizer_matrices(self) -> dict[str, dict[str, list[tuple[int, int]]]]:
+        """Muon's matrices where one weight holds two maps (ablate/train/optimizers/matrices.py):
+        kv_a's latent down-projection W_DKV and the shared rope key W_KR, each orthogonalized on its
+        own (kv_b's W_UK and W_UV are its fused parts; init keeps kv_a one matrix)."""
+        c, r = self.shape.kv_rank, self.shape.rope_dim
+        return {"kv_a.weight": {"latent": [(0, c)], "rope key": [(c, c + r)]}} if r else {}
+
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         s = self.shape
         B, T, _ = x.shape

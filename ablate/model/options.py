@@ -11,8 +11,8 @@ from __future__ import annotations
 from ablate.errors import ConfigError
 from ablate.model import moe_spec
 from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FfnOption, FlagOption, NormOption,
-                               ParamOption, PosOption, component_axes, declare_axis, declared, default, get,
-                               names, norm_factory, register_option, setting, store_in_hydra)
+                               OptimOption, ParamOption, PosOption, component_axes, declare_axis, declared,
+                               default, get, names, norm_factory, register_option, setting, store_in_hydra)
 from ablate.model.component import CacheLayout, CacheTensor, kv_layout
 from ablate.model.latent import DECODE_MODES, LatentShape, ranks_of, shape_and_scales
 from ablate.model.sliding import attended_keys, spec_window
@@ -218,3 +218,13 @@ register_option("param", "sp", "ablate.model.parametrization:Parametrization")  
 register_option("param", "mup", "ablate.model.parametrization:Parametrization", width=True)  # Yang et al. 2022
 register_option("param", "completep", "ablate.model.parametrization:Parametrization",  # Dey et al. 2025
                 width=True, depth_alpha=1.0)
+
+# ---- optim (ablate/train/optimizer.py): the trainer's axis, declared here with the others so the
+# axis list is one list; not in ModelSpec (the model is the same under both). Muon on each logical
+# hidden matrix, AdamW on the rest (docs/optimizers.md). Its keys: adjust (match_rms_adamw: Muon's
+# update scaled to AdamW's RMS, one train.lr for both parts; original: Keller Jordan's scale, with
+# adam_lr for the AdamW part), and Muon's own momentum, nesterov and ns_steps (refused with adamw).
+declare_axis("optim", OptimOption, default="adamw", adjust="match_rms_adamw", adam_lr=setting(None, float),
+             momentum=0.95, nesterov=True, ns_steps=5)
+register_option("optim", "adamw", "torch.optim:AdamW")
+register_option("optim", "muon", "ablate.train.optimizers.muon:Muon", state_per_param=1)

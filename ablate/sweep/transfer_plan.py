@@ -19,6 +19,13 @@ then every rung and seed at each variant's best LR there.
 The sweep directory's transfer.json (ablate/sweep/transfer_record.py) says which of the two a
 sweep is; `ablate compare` reads it to report best_lr, lr_sensitivity, tuned_delta or the compute
 multiplier (ablate/analysis/transfer_report.py).
+
+Learning rates that move with train.lr: under optim=muon optim.adjust=original, train.lr is Muon's
+and optim.adam_lr the AdamW part's; every job that sets train.lr (a grid point, a rung, a best LR)
+sets optim.adam_lr at the variant's own ratio of the two (its composed config's: a train.lr given
+beside --lr-grid is that ratio's reference, not a job's LR), so the grid scans both together
+(transfer.json's `tied_lrs`; compare says so under its table). Under match_rms_adamw (the
+default) one train.lr serves both parts and nothing else moves.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ablate.errors import ConfigError
 from ablate.names import LADDER_TOKENS_KEY as TOKENS_KEY
@@ -48,10 +55,22 @@ def lr_tag(lr: float) -> str:
 
 
 # ---- --lr-grid ----------------------------------------------------------------------------------
-def grid_jobs(variants: Sequence[Job], grid: Sequence[float]) -> list[Job]:
+Ratios = Mapping[str, Mapping[str, float]]  # variant -> {key: its value / train.lr} (tied_lrs)
+
+
+def with_lr(overrides: Sequence[str], lr: float, tied: Mapping[str, float]) -> list[str]:
+    """`overrides` without their train.lr and tied keys, then train.lr=lr and each tied key at
+    its ratio of it (optim.adam_lr under optim.adjust=original)."""
+    drop = {LR_KEY, *tied}
+    rest = [o for o in overrides if o.lstrip("+").split("=", 1)[0] not in drop]
+    return rest + [f"{LR_KEY}={lr:g}"] + [f"{key}={lr * ratio:.6g}" for key, ratio in tied.items()]
+
+
+def grid_jobs(variants: Sequence[Job], grid: Sequence[float], ratios: Optional[Ratios] = None) -> list[Job]:
     """Phase 1: every variant at every grid LR, seed 0 (the LR is the last override but the seed,
-    so it wins over a fixed train.lr)."""
-    return [dataclasses.replace(v, overrides=v.overrides + [f"{LR_KEY}={lr:g}", f"{SEED_KEY}=0"],
+    so it wins over a fixed train.lr; the variant's tied LRs follow it)."""
+    ratios = ratios or {}
+    return [dataclasses.replace(v, overrides=with_lr(v.overrides, lr, ratios.get(v.variant, {})) + [f"{SEED_KEY}=0"],
                                 seed=0, tag=lr_tag(lr))
             for v in variants for lr in grid]
 
@@ -184,10 +203,12 @@ def rung_size(rung: Rung, load: Callable[[], Any]) -> tuple[int, int]:
 
 
 def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Rung], tuple[int, int]],
-                seeds: Sequence[int], based: Sequence[bool] = ()) -> tuple[list[Job], list[RungPlan]]:
+                seeds: Sequence[int], based: Sequence[bool] = (),
+                ratios: Optional[Ratios] = None) -> tuple[list[Job], list[RungPlan]]:
     """Every variant on every rung (smallest first) with every seed. plan_rung(rung) -> (the
     baseline's non-embedding params there, tokens per step); based[i]: variant i trains with the
-    ladder's base shape (its param has one). Returns (jobs, the rung table)."""
+    ladder's base shape (its param has one); ratios: each variant's LRs tied to train.lr. Returns
+    (jobs, the rung table)."""
     table, jobs = [], []
     for rung in ladder.rungs:
         params, per_step = plan_rung(rung)  # a rung's config it cannot have is refused naming it (rung_size)
@@ -198,7 +219,8 @@ def ladder_jobs(variants: Sequence[Job], ladder: Ladder, plan_rung: Callable[[Ru
             own, rest = variant_tokens(v.overrides)
             n = steps if own is None else ladder.rung_steps(params, per_step, own)  # the tokens as a variant
             rest += rung.overrides() + (ladder.base_overrides() if i < len(based) and based[i] else []) + [
-                f"train.steps={n}", f"train.warmup_steps={ladder.warmup(n)}", f"{LR_KEY}={lr:g}"]
+                f"train.steps={n}", f"train.warmup_steps={ladder.warmup(n)}"]
+            rest = with_lr(rest, lr, (ratios or {}).get(v.variant, {}))
             for s in seeds or [None]:
                 jobs.append(dataclasses.replace(
                     v, overrides=rest + ([f"{SEED_KEY}={s}"] if s is not None else []),
@@ -252,16 +274,30 @@ def check_transfer(lr_grid: Optional[str], ladder: Optional[str],
 
 
 # ---- the plan the sweeper runs ------------------------------------------------------------------
+def tied_ratios(variants: Sequence[Job], base_lr: Callable[[Job], float],
+                tied_lrs: Callable[[Job], Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """variant -> {key: its LR / its train.lr} for the variants with LRs tied to train.lr."""
+    out = {}
+    for v in variants:
+        with naming(f"variant {v.variant}"):  # composed without the ladder's own keys
+            config = dataclasses.replace(v, overrides=variant_tokens(v.overrides)[1])
+            tied = dict(tied_lrs(config))
+            if tied:
+                lr = base_lr(config)
+                out[v.variant] = {key: float(value) / lr for key, value in tied.items()}
+    return out
+
+
 def _set_keys(p: Parsed) -> set[str]:
     return {o.lstrip("+~").split("=", 1)[0] for o in p.fixed} | {k.lstrip("+~") for k, _ in p.swept}
 
 
-def at_lr(job: Job, lr: float) -> Job:
-    """A ladder job at grid LR `lr`, its rung's LR replaced (the seed override stays last) and its
-    tag `r0_lr0.01`."""
+def at_lr(job: Job, lr: float, ratios: Optional[Ratios] = None) -> Job:
+    """A ladder job at grid LR `lr`, its rung's LR (and tied LRs) replaced (the seed override
+    stays last) and its tag `r0_lr0.01`."""
     *rest, seed = job.overrides
-    rest = [o for o in rest if not o.startswith(f"{LR_KEY}=")]
-    return dataclasses.replace(job, overrides=rest + [f"{LR_KEY}={lr:g}", seed], tag=f"{job.tag}_{lr_tag(lr)}")
+    rest = with_lr(rest, lr, (ratios or {}).get(job.variant, {}))
+    return dataclasses.replace(job, overrides=rest + [seed], tag=f"{job.tag}_{lr_tag(lr)}")
 
 
 def lr_of(job: Job) -> float:
@@ -306,35 +342,44 @@ class TransferPlan:
     pending: list = dataclasses.field(default_factory=list)
     base: Optional[tuple] = None  # (width, depth): the ladder's base shape, where a variant trains with it
 
+    @property
+    def ratios(self) -> Ratios:
+        """variant -> {key: ratio to train.lr}: the LRs its jobs move with train.lr (the record's)."""
+        return self.record.tied_lrs
+
     @classmethod
     def make(cls, arguments: Sequence[str], mode: str, seeds: int, explicit: Any,
              lr_grid: Optional[str], ladder: Optional[str],
              plan_rung: Callable[[Job, Rung], tuple[int, int]],
-             base_lr: Callable[[Job], float], param_of: Callable[[Job], str]) -> "TransferPlan":
+             base_lr: Callable[[Job], float], param_of: Callable[[Job], str],
+             tied_lrs: Callable[[Job], Mapping[str, float]] = lambda job: {}) -> "TransferPlan":
         """plan_rung(job, rung): the job's non-embedding params and tokens per step at the rung;
-        base_lr(job), param_of(job): its train.lr and param option (each from its composed config)."""
+        base_lr(job), param_of(job): its train.lr and param option; tied_lrs(job): the LRs of its
+        config that move with train.lr ({"optim.adam_lr": 0.003}; each from its composed config)."""
         from ablate.sweep.planning import parse, plan
 
         p = parse(arguments)
         grid, lad = check_transfer(lr_grid, ladder, ladder_settings(p))
         if p.seeds:
             raise ConfigError("with --lr-grid or --ladder give seeds as --seeds N, not seed=...")
-        if grid and LR_KEY in _set_keys(p):
-            raise ConfigError(f"--lr-grid sets {LR_KEY} for every job; do not set it too")
         variants = plan(arguments, mode, 0, explicit)
         k = max(seeds, 1)
+        ratios = tied_ratios(variants, base_lr, tied_lrs)
+        if grid and LR_KEY in _set_keys(p) and not ratios:  # with tied LRs: the reference of their ratio
+            raise ConfigError(f"--lr-grid sets {LR_KEY} for every job; do not set it too")
         if lad is None:
-            record = TransferRecord.lr_grid(grid, k, base_lr(variants[0]))
-            return cls(grid_jobs(variants, grid), variants, record, k, len(variants) * (k - 1))
+            record = TransferRecord.lr_grid(grid, k, base_lr(variants[0]), ratios)
+            return cls(grid_jobs(variants, grid, ratios), variants, record, k, len(variants) * (k - 1))
         params = []
         for v in variants:  # composed without the ladder's own keys
             with naming(f"variant {v.variant}"):
                 params.append(param_of(dataclasses.replace(v, overrides=variant_tokens(v.overrides)[1])))
-        return cls._ladder(p, variants, lad, grid, seeds, plan_rung, params)
+        return cls._ladder(p, variants, lad, grid, seeds, plan_rung, params, ratios)
 
     @classmethod
     def _ladder(cls, p: Parsed, variants: list, lad: Ladder, grid: list, seeds: int,
-                plan_rung: Callable[[Job, Rung], tuple[int, int]], params: list) -> "TransferPlan":
+                plan_rung: Callable[[Job, Rung], tuple[int, int]], params: list,
+                ratios: Optional[Ratios] = None) -> "TransferPlan":
         clash = _set_keys(p) & {*LADDER_KEYS, *BASE_KEYS, "train.steps", "train.warmup_steps", LR_KEY}
         if clash:
             raise ConfigError(f"--ladder {lad.name} sets {', '.join(sorted(clash))} on each rung; "
@@ -351,26 +396,30 @@ class TransferPlan:
         shape = lad.base if any(based) else None
         k, one_scan = max(seeds, 1), bool(grid) and lad.lr_rule is LrRule.MUP
         jobs, table = ladder_jobs(variants, lad, lambda rung: plan_rung(base, rung),
-                                  list(range(k)) if one_scan else [0] if grid else list(range(seeds)), based)
-        record = TransferRecord.of_ladder(lad, table, seeds)
+                                  list(range(k)) if one_scan else [0] if grid else list(range(seeds)), based,
+                                  ratios)
+        record = TransferRecord.of_ladder(lad, table, seeds, tied_lrs=ratios)
         if not grid:
             return cls(jobs, variants, record, seeds, base=shape)
         record = record.with_grid(grid, k)
         if not one_scan:  # a scan per rung (seed 0), then the seeds at the best LR of each rung
-            return cls([at_lr(j, lr) for j in jobs for lr in grid], variants, record, k,
+            return cls([at_lr(j, lr, ratios) for j in jobs for lr in grid], variants, record, k,
                        len(jobs) * (k - 1), base=shape)
         # one scan, at the smallest rung (seed 0); every other job waits for its variant's pick
         first = lad.rungs[0].name
-        scan = [at_lr(j, lr) for j in jobs if (j.tag, j.seed) == (first, 0) for lr in grid]
+        scan = [at_lr(j, lr, ratios) for j in jobs if (j.tag, j.seed) == (first, 0) for lr in grid]
         pending = [j for j in jobs if (j.tag, j.seed) != (first, 0)]
         return cls(scan, variants, record, k, len(pending), pending, shape)
 
     def header(self, n: int, sweep_dir: Path) -> str:
+        from ablate.analysis.transfer_report import tied_note
+
         r = self.record
         grid = ", ".join(f"{x:g}" for x in r.grid)
+        tied = "".join(f"\n  {line}" for line in tied_note(r.tied_lrs))
         if r.kind is TransferKind.LR_GRID:
             return (f"lr-grid sweep: {len(self.variants)} variants x {len(r.grid)} learning rates "
-                    f"({grid}), seed 0: {n} jobs -> {sweep_dir}")
+                    f"({grid}), seed 0: {n} jobs -> {sweep_dir}{tied}")
         lad, first = r.ladder, r.rungs[0].name
         rungs = "".join(f"\n  {t.name}: d_model {t.d_model}, {t.n_layers} layers, "
                         f"{t.n_heads} heads, {t.params:,} non-embedding params, {t.steps} steps "
@@ -383,7 +432,7 @@ class TransferPlan:
                 f"{lad.tokens_per_param:g} tokens per non-embedding parameter of the baseline")
         base = f"; param base shape: d_model {self.base[0]}, {self.base[1]} layers" if self.base else ""
         return (f"ladder {lad.name} sweep: {len(self.variants)} variants x {size}: {n} jobs -> "
-                f"{sweep_dir}\nrungs ({rule}{base}):{rungs}")
+                f"{sweep_dir}\nrungs ({rule}{base}):{rungs}{tied}")
 
     def then(self) -> str:
         if self.pending:
@@ -405,7 +454,7 @@ class TransferPlan:
         if not self.pending:  # the second phase repeats the first's configs with other seeds
             return []
         shapes = {(j.variant, j.tag): j for j in self.pending}
-        return [dataclasses.replace(at_lr(j, self.record.grid[0]), tag=j.tag) for j in shapes.values()]
+        return [dataclasses.replace(at_lr(j, self.record.grid[0], self.ratios), tag=j.tag) for j in shapes.values()]
 
     def next_jobs(self, results: Sequence[Any]) -> list[Job]:
         """The second phase, from the first phase's results."""
@@ -421,5 +470,5 @@ class TransferPlan:
                   file=sys.stderr)
         if self.pending:  # the smallest rung's pick, on every rung
             picks = {variant: lr_of(job) for (variant, _), (job, _) in best.items()}
-            return [at_lr(j, picks[j.variant]) for j in self.pending if j.variant in picks]
+            return [at_lr(j, picks[j.variant], self.ratios) for j in self.pending if j.variant in picks]
         return seed_jobs(best, self.seeds)

@@ -4,22 +4,26 @@ the sweep read it to choose the transfer report, ablate/analysis/transfer_report
 
 Its JSON is what the sweep has always written, key for key and in that order:
 
-  lr_grid  {"kind", "grid", "seeds", "shared_lr"}
-  ladder   {"kind", "ladder", "rungs", "seeds"} and, with an LR grid, "grid" last
+  lr_grid  {"kind", "grid", "seeds", "shared_lr"}, then "tied_lrs" where a variant has any
+  ladder   {"kind", "ladder", "rungs", "seeds"}, then "tied_lrs" where a variant has any and,
+           with an LR grid, "grid" last
 
 `ladder` is the ladder as the sweep ran it (the file and the `ladder.KEY=VALUE` settings; its
 `base_depth` and `steps` left out while unset, as a record from before they existed has them);
 `rungs` is what each rung trains (the baseline's non-embedding params, steps, tokens, LR). A
-record from an older version reads with those fields None.
+record from an older version reads with those fields None. `tied_lrs` is {variant: {key: its
+value / train.lr}}: the LRs that moved with train.lr in each of that variant's jobs (optim.adam_lr
+under optim=muon optim.adjust=original, ablate/sweep/transfer_plan.py); a sweep without any writes
+no such key, so its file is what it was before the optim axis.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from ablate.errors import AblateError
 from ablate.run.directory import TRANSFER, read_json, write_json
@@ -142,17 +146,24 @@ class TransferRecord:
     shared_lr: Optional[float] = None  # an LR grid's: the config's train.lr, where "shared Δ" compares
     ladder: Optional[Ladder] = None  # a ladder's
     rungs: tuple[RungPlan, ...] = ()  # a ladder's, smallest first
+    # variant -> {key: its value / train.lr}: the LRs each of its jobs moved with train.lr
+    tied_lrs: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", TransferKind(self.kind))
+        object.__setattr__(self, "tied_lrs", {str(v): {str(k): float(r) for k, r in tied.items()}
+                                              for v, tied in (self.tied_lrs or {}).items()})
 
     @classmethod
-    def lr_grid(cls, grid: Any, seeds: int, shared_lr: float) -> "TransferRecord":
-        return cls(TransferKind.LR_GRID, seeds, tuple(grid), shared_lr)
+    def lr_grid(cls, grid: Any, seeds: int, shared_lr: float,
+                tied_lrs: Optional[Mapping[str, Mapping[str, float]]] = None) -> "TransferRecord":
+        return cls(TransferKind.LR_GRID, seeds, tuple(grid), shared_lr, tied_lrs=tied_lrs or {})
 
     @classmethod
-    def of_ladder(cls, ladder: Ladder, rungs: Any, seeds: int, grid: Any = ()) -> "TransferRecord":
-        return cls(TransferKind.LADDER, seeds, tuple(grid), ladder=ladder, rungs=tuple(rungs))
+    def of_ladder(cls, ladder: Ladder, rungs: Any, seeds: int, grid: Any = (),
+                  tied_lrs: Optional[Mapping[str, Mapping[str, float]]] = None) -> "TransferRecord":
+        return cls(TransferKind.LADDER, seeds, tuple(grid), ladder=ladder, rungs=tuple(rungs),
+                   tied_lrs=tied_lrs or {})
 
     def with_grid(self, grid: Any, seeds: int) -> "TransferRecord":
         return replace(self, grid=tuple(grid), seeds=seeds)
@@ -164,10 +175,12 @@ class TransferRecord:
 
     # ---- the one JSON mapping --------------------------------------------------------------------
     def to_json(self) -> dict:
+        tied = {"tied_lrs": {v: dict(t) for v, t in self.tied_lrs.items()}} if self.tied_lrs else {}
         if self.kind is TransferKind.LR_GRID:
-            return {"kind": self.kind.value, "grid": list(self.grid), "seeds": self.seeds, "shared_lr": self.shared_lr}
+            return {"kind": self.kind.value, "grid": list(self.grid), "seeds": self.seeds, "shared_lr": self.shared_lr,
+                    **tied}
         out = {"kind": self.kind.value, "ladder": _ladder_json(self.ladder),
-               "rungs": [asdict(r) for r in self.rungs], "seeds": self.seeds}
+               "rungs": [asdict(r) for r in self.rungs], "seeds": self.seeds, **tied}
         return {**out, "grid": list(self.grid)} if self.grid else out
 
     @classmethod
@@ -177,11 +190,14 @@ class TransferRecord:
             raise TypeError(f"expected an object, got {type(data).__name__}")
         kind = TransferKind(data["kind"])
         grid = tuple(float(x) for x in data.get("grid") or ())
+        tied = data.get("tied_lrs") or {}
+        if not isinstance(tied, dict) or not all(isinstance(t, dict) for t in tied.values()):
+            raise TypeError("tied_lrs must map each variant to {key: ratio to train.lr}")
         if kind is TransferKind.LR_GRID:
             shared = data.get("shared_lr")
-            return cls.lr_grid(grid, int(data["seeds"]), None if shared is None else float(shared))
+            return cls.lr_grid(grid, int(data["seeds"]), None if shared is None else float(shared), tied)
         ladder = Ladder.from_dict(str(data["ladder"]["name"]), data["ladder"])
-        return cls.of_ladder(ladder, (RungPlan(**r) for r in data["rungs"]), int(data["seeds"]), grid)
+        return cls.of_ladder(ladder, (RungPlan(**r) for r in data["rungs"]), int(data["seeds"]), grid, tied)
 
     def write(self, sweep_dir: Path) -> None:
         write_json(Path(sweep_dir) / TRANSFER, self.to_json())

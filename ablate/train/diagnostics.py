@@ -1,8 +1,9 @@
 """Diagnostics that show why a variant wins or fails: gradient norms by layer, residual-stream
 RMS, the components' own statistics (attention: max and mean |logit|; a ReLU-family FFN: its dead
 units; any component's through the Sublayer protocol, ablate/model/component.py), update-to-weight
-ratios and the loss-spike count (the guard's: ablate/train/policy.py). Their plots are
-ablate/tracking/diagnostics_plots.py.
+ratios, under optim=muon each Muon group's update RMS over its LR (`update_rms/<group>`, what
+match_rms_adamw aims at 0.2), and the loss-spike count (the guard's: ablate/train/policy.py). Their
+plots are ablate/tracking/diagnostics_plots.py.
 
 The trainer calls `Diagnostics(trainer, step)` every `train.diagnostics_every` steps, after the
 backward pass and before clipping and the optimizer step (gradients are the raw ones, like the
@@ -169,6 +170,12 @@ def update_ratios(groups: dict[str, list[nn.Parameter]], before: dict[str, list[
     return out
 
 
+def update_recorders(trainer: Any) -> list:
+    """The trainer's optimizers that can record their update's RMS (Muon: `record_updates`)."""
+    return [part for part in getattr(getattr(trainer, "optimizer", None), "parts", {}).values()
+            if hasattr(part, "record_updates")]
+
+
 # ---- the trainer hook ----------------------------------------------------------------------
 
 class Diagnostics:
@@ -190,6 +197,9 @@ class Diagnostics:
         x = x.to(trainer.device)
         values.update(activation_stats(self.model, x, trainer.autocast))
         before = {name: [p.detach().clone() for p in ps] for name, ps in self.groups.items()}
+        recorders = update_recorders(trainer)
+        for part in recorders:  # the next step records its update (Muon's update_rms)
+            part.record_updates = True
 
         def finish(updated: bool) -> None:
             """After the optimizer step (updated=True) or instead of it (a skipped step, a
@@ -197,6 +207,10 @@ class Diagnostics:
             if updated:
                 values.update({f"update_ratio/{k}": v
                                for k, v in update_ratios(self.groups, before).items()})
+                values.update({f"update_rms/{k}": v for part in recorders for k, v in part.update_rms.items()})
+            for part in recorders:
+                part.record_updates = False
+                part.update_rms.clear()
             before.clear()
             keys = list(values)
             nums = torch.stack([values[k].detach().float().reshape(()) for k in keys]).tolist()

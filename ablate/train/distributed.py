@@ -227,16 +227,16 @@ def setup_distributed(cfg: Any) -> DistEnv:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            from ablate.model.roles import role_of, tag
-
-            # fully_shard swaps every parameter for a sharded one: carry the role tags over
-            roles = {name: role_of(p) for name, p in model.named_parameters()}
+            # fully_shard swaps every parameter for a sharded one: carry what modules recorded on
+            # them over (the role tag, a fused weight's parts: init, decay and Muon's matrices read them)
+            marks = {name: dict(vars(p)) for name, p in model.named_parameters()}
             mesh = init_device_mesh("cuda" if use_cuda else "cpu", (world,))
             for block in model.blocks:
                 fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
             for name, p in model.named_parameters():
-                tag(p, roles[name])
+                for key, value in marks[name].items():
+                    setattr(p, key, value)
             return model
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -253,27 +253,38 @@ def is_sharded(model) -> bool:
 
 
 def model_and_optimizer_state(model, optimizer) -> dict:
-    """Full (unsharded) state dicts for a checkpoint. Under FSDP they are gathered onto rank 0
-    (collective: every rank must call this; the others get empty dicts)."""
+    """Full (unsharded) state dicts for a checkpoint; `optimizer` is the run's Optimizers
+    container (ablate/train/optimizers/container.py), each part's state under its name. Under FSDP
+    they are gathered onto rank 0 (collective: every rank must call this; the others get empty dicts)."""
     if not is_sharded(model):
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
 
-    msd, osd = get_state_dict(model, optimizer,
-                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {"model": msd, "optimizer": osd}
+    from ablate.train.optimizers.container import PARTS
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return {"model": get_model_state_dict(model, options=options),
+            "optimizer": {PARTS: {name: get_optimizer_state_dict(model, part, options=options)
+                                  for name, part in optimizer.parts.items()}}}
 
 
 def load_model_and_optimizer_state(model, optimizer, state: dict) -> None:
-    """The inverse: every rank loads the full state; under FSDP each keeps its own shard."""
+    """The inverse: every rank loads the full state; under FSDP each keeps its own shard. A
+    checkpoint from before the container (one AdamW's state) loads into an AdamW-only container,
+    and is refused in one line otherwise (Optimizers.split)."""
     if not is_sharded(model):
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
 
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    options = StateDictOptions(full_state_dict=True)
+    parts = optimizer.split(state["optimizer"])
+    set_model_state_dict(model, state["model"], options=options)
+    for name, part in optimizer.parts.items():
+        set_optimizer_state_dict(model, part, parts[name], options=options)
 
 
 def all_ranks_mean(value, world_size: int):

@@ -139,6 +139,7 @@ def build_trainer(cfg: Any, data, tokenizer_vocab: int, byte_lengths=None, run_d
     from ablate.train.diagnostics import Diagnostics
     from ablate.model.spec import ModelSpec
     from ablate.model.transformer import build_model
+    from ablate.train.optimizers.optim_settings import OptimSpec
     from ablate.train.trainer import Trainer
 
     spec = ModelSpec.from_config(cfg, tokenizer_vocab=tokenizer_vocab)
@@ -151,7 +152,7 @@ def build_trainer(cfg: Any, data, tokenizer_vocab: int, byte_lengths=None, run_d
     trainer = Trainer(model, cfg.train, data, sinks=None, run_dir=run_dir, byte_lengths=byte_lengths,
                       data_seed=cfg.data_seed, rank=dist.rank if dist else 0,
                       world_size=dist.world_size if dist else 1, wrap=dist.wrap if dist else None,
-                      on_diagnostics=diagnostics, job_started=job_started)
+                      on_diagnostics=diagnostics, job_started=job_started, optim=OptimSpec.from_config(cfg))
     return trainer, spec
 
 

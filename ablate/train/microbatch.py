@@ -31,8 +31,11 @@ def largest_fitting(global_batch: int, fits: Callable[[int], bool]) -> Optional[
     return next((m for m in divisors_desc(global_batch) if fits(m)), None)
 
 
-def resolve_micro_batch(cfg: Any, model: torch.nn.Module, device: torch.device, autocast) -> int:
-    """The micro-batch this run trains with (see the module docstring); `cfg` is the train group."""
+def resolve_micro_batch(cfg: Any, model: torch.nn.Module, device: torch.device, autocast,
+                        optimizer_bytes: Optional[int] = None) -> int:
+    """The micro-batch this run trains with (see the module docstring); `cfg` is the train group,
+    optimizer_bytes the state its optimizers will hold (ablate/train/optimizer.py: state_bytes;
+    None: AdamW's two moments per parameter)."""
     global_batch = cfg.batch_size * cfg.grad_accum
     setting = cfg.micro_batch
     if setting is None:
@@ -41,16 +44,18 @@ def resolve_micro_batch(cfg: Any, model: torch.nn.Module, device: torch.device, 
         return int(setting)  # config.validate: a divisor of batch_size x grad_accum
     if device.type != "cuda":
         return cfg.batch_size
-    m = largest_fitting(global_batch, lambda m: cuda_fits(model, m, cfg.seq_len, device, autocast))
+    m = largest_fitting(global_batch, lambda m: cuda_fits(model, m, cfg.seq_len, device, autocast, optimizer_bytes))
     if m is None:
         raise ConfigError(f"train.micro_batch=auto: not even one sequence of train.seq_len={cfg.seq_len} "
                           f"fits in the memory of {device}; lower train.seq_len or the model size")
     return m
 
 
-def cuda_fits(model: torch.nn.Module, m: int, seq_len: int, device: torch.device, autocast) -> bool:
-    """One eager forward and backward pass of m sequences, plus AdamW's two fp32 moments per
-    parameter (not allocated yet), within HEADROOM of the memory this process can have: what is
+def cuda_fits(model: torch.nn.Module, m: int, seq_len: int, device: torch.device, autocast,
+              optimizer_bytes: Optional[int] = None) -> bool:
+    """One eager forward and backward pass of m sequences, plus the optimizers' state (not
+    allocated yet: `optimizer_bytes`, else AdamW's two fp32 moments per parameter), within
+    HEADROOM of the memory this process can have: what is
     free on the device now (other jobs on the GPU hold the rest) plus what it holds already.
     Eager uses more memory than the compiled step, so the choice errs small. RNG state is
     restored: the probe consumes no randomness of the run (dropout masks stay paired)."""
@@ -58,7 +63,8 @@ def cuda_fits(model: torch.nn.Module, m: int, seq_len: int, device: torch.device
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
     budget = HEADROOM * (free + torch.cuda.memory_reserved(device))
-    optimizer_state = 2 * sum(p.numel() for p in params if p.requires_grad) * 4
+    optimizer_state = (2 * sum(p.numel() for p in params if p.requires_grad) * 4
+                       if optimizer_bytes is None else optimizer_bytes)
     torch.cuda.reset_peak_memory_stats(device)
     vocab = model.spec.vocab_size
     try:

@@ -30,7 +30,8 @@ from ablate.train.distributed import (all_ranks_mean, all_ranks_min, all_ranks_s
                                       load_model_and_optimizer_state, model_and_optimizer_state)
 from ablate.train.evaluate import evaluate
 from ablate.train.microbatch import resolve_micro_batch
-from ablate.train.optimizer import build_optimizer, optimizer_step, restore_implementation, set_lr
+from ablate.train.optimizer import build_optimizer, optimizer_step, restore_implementation, set_lr, state_bytes
+from ablate.train.optimizers.optim_settings import OptimSpec
 from ablate.train.peak import Peak, device_peak, mfu
 from ablate.train.policy import Action, Cadence, Guard, Verdict
 from ablate.train.schedule import lr_at, resolved_warmup
@@ -123,8 +124,10 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, cfg: Any, data: TokenData, sinks: Optional[Sink],
                  run_dir: Path, byte_lengths, *, data_seed: int = 0, rank: int = 0, world_size: int = 1,
                  wrap: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None,
-                 on_diagnostics: Optional[Callable] = None, job_started: Optional[float] = None):
+                 on_diagnostics: Optional[Callable] = None, job_started: Optional[float] = None,
+                 optim: Optional[OptimSpec] = None):
         self.cfg = cfg  # the `train` config group
+        self.optim = optim or OptimSpec()  # the `optim` axis: which optimizers (AdamW when None)
         self.job_started = job_started  # time.time() the job began; None: when the process did
         self.run_dir = Path(run_dir)
         self.rank, self.world = rank, world_size
@@ -139,7 +142,8 @@ class Trainer:
         self.model = self._place(model)  # unwrapped: checkpoints, eval
         # train.micro_batch: the same global batch in fewer, larger passes where memory allows;
         # probed on the unwrapped model (no collectives), one choice for all ranks
-        self.micro_batch = all_ranks_min(resolve_micro_batch(cfg, self.model, self.device, self.autocast),
+        self.micro_batch = all_ranks_min(resolve_micro_batch(cfg, self.model, self.device, self.autocast,
+                                                             state_bytes(self.model, self.optim)),
                                          world_size, self.device)
         self.grad_accum = cfg.batch_size * cfg.grad_accum // self.micro_batch
         self.train_model = self._compiled(wrap(self.model) if wrap else self.model)
@@ -154,7 +158,7 @@ class Trainer:
         # train.diagnostics_every steps; it may return finish(updated: bool), run after the update.
         self.on_diagnostics = on_diagnostics
         self._diag_pending: Optional[Callable[[bool], None]] = None
-        self.optimizer = build_optimizer(self.model, cfg, self.device)
+        self.optimizer = build_optimizer(self.model, cfg, self.device, self.optim)  # after any wrap (FSDP)
         self._optimizer_step = optimizer_step(self.optimizer, cfg)  # after the reset above
         self.params = [p for p in unique_parameters(self.model) if p.requires_grad]
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * world_size

@@ -129,8 +129,13 @@ class AblateSweeper(Sweeper):
         def param_of(variant) -> str:
             return str(self._load(variant).param.name)
 
+        def tied_lrs(variant) -> dict:
+            from ablate.train.optimizers.optim_settings import OptimSpec
+
+            return OptimSpec.from_config(self._load(variant)).tied_lrs()
+
         return TransferPlan.make(arguments, self.mode, self.seeds, self.jobs, self.lr_grid,
-                                 self.ladder, plan_rung, base_lr, param_of)
+                                 self.ladder, plan_rung, base_lr, param_of, tied_lrs)
 
     def _load(self, job) -> DictConfig:
         """A job's composed config (with its hydra node), as the launcher will compose it."""
