@@ -146,6 +146,18 @@ def _composition_memo():
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny matrices: a second thread only adds wake-ups (seconds per test on a busy machine).
+    A test file takes it for every test with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def fresh_memo():
     """The composition memo empty for this test, as in a new process: what it composes and
     derives is recorded (a Record); skipped where ABLATE_TEST_MEMO=0 installed none."""

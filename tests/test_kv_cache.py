@@ -28,13 +28,7 @@ VARIANTS = ([[f"{axis}={o.name}"] for axis in options.AXES if axis != "optim"  #
 CHUNKS = [5, 1, 1, 1, 3, 1, 1]  # a prefill, one token at a time, a chunk of 3 (its mask), more steps
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: a second thread only adds wake-ups (seconds per test on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model_of(spec: ModelSpec) -> Transformer:

@@ -15,12 +15,7 @@ from conftest import compose, scripted_trainer
 SIZE = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=2, n_kv_heads=2, d_ff=64, max_seq_len=16)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("act", ["swiglu", "gelu"])

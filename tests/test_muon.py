@@ -17,12 +17,7 @@ from ablate.train.optimizers.muon import Muon
 ADJUSTS = ["match_rms_adamw", "original"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference_step(weight: torch.Tensor, grads: list[torch.Tensor], pieces: list[Matrix], adjust: str,

@@ -26,12 +26,7 @@ SPEC = ModelSpec(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                  act="swiglu", tied=False, mtp_heads=1)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def owners(optimizer) -> dict[int, tuple[str, dict]]:

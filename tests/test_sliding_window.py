@@ -27,12 +27,7 @@ BASE = dict(vocab_size=64, d_model=32, n_heads=4, d_ff=64, max_seq_len=64)
 HEAD_SHARING = {"mha": 4, "gqa": 2, "mqa": 1}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sharp(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
