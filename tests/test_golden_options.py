@@ -40,6 +40,7 @@ CASES = [
     "param=completep model.n_layers=8 model.base_depth=2 model.base_width=64",
     "arch=llama ffn=moe ffn.experts=4 ffn.top_k=1 ffn.dense_first=1 param=mup model.base_width=64",
     "attn=mla pos=rope attn.q_rank=32 attn.kv_rank=48 attn.rope_dim=8", "arch=deepseek_dense param=mup model.d_model=256 model.base_width=128",
+    "arch=deepseek", "arch=llama ffn=moe ffn.router=sigmoid ffn.shared=2 ffn.capacity=1.25 ffn.aux_scope=sequence",
 ]
 
 
