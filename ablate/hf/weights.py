@@ -66,6 +66,8 @@ WHEN: dict[str, Callable[[ModelSpec], bool]] = {
     "q_latent": lambda s: LatentShape.for_spec(s).q_rank is not None}
 LAYERS: dict[str, Callable[[ModelSpec, int], bool]] = {
     "": lambda s, i: True, "dense": lambda s, i: not is_moe_layer(s, i), "moe": is_moe_layer}
+
+
 def _shared_width(spec: ModelSpec) -> int:
     m = MoESettings.of(spec.ffn)
     return m.shared * expert_width(spec, m)

@@ -44,10 +44,9 @@ class AuxScope(str, Enum):
     SEQUENCE = "sequence"  # each sequence's tokens, the loss averaged over sequences (DeepSeek-V3)
 
 
-# The settings each balancing form reads, with their defaults: one form's settings moved from
-# their defaults while another form balances are refused (they would do nothing).
-FORM_SETTINGS = {Balance.AUX.value: {"aux_coef": 0.01, "aux_scope": AuxScope.BATCH.value},
-                 Balance.BIAS.value: {"bias_rate": None}}
+# The settings each balancing form reads: one form's settings moved from their defaults while
+# another form balances are refused (they would do nothing).
+FORM_SETTINGS = {Balance.AUX.value: ("aux_coef", "aux_scope"), Balance.BIAS.value: ("bias_rate",)}
 # with ffn.capacity, the fraction of a training forward's token-expert assignments dropped
 # (stat/moe_dropped on every row, the mean over MoE layers)
 DROPPED = "moe_dropped"
@@ -139,7 +138,7 @@ class MoESettings:
             raise ConfigError(f"ffn.bias_rate must be > 0 (the choice bias's step per optimizer step), "
                               f"got {self.bias_rate}; use ffn.balance=none for no balancing")
         for form, keys in FORM_SETTINGS.items():
-            moved = [k for k, default in keys.items() if getattr(self, k) != default]
+            moved = [k for k in keys if getattr(self, k) != self.__dataclass_fields__[k].default]
             if moved and self.balance != form:
                 raise ConfigError(f"ffn.{moved[0]}={getattr(self, moved[0])!r} is a setting of ffn.balance={form}, "
                                   f"not of ffn.balance={self.balance}: drop it or set ffn.balance={form}")
