@@ -50,6 +50,8 @@ PLACEHOLDERS = {
     "runs/docs/glu": "sweep", "runs/docs/norm_dyt": "sweep", "runs/pos_lengths": "sweep",
     "runs/docs/moe": "sweep", "runs/docs/moe_total": "sweep", "runs/docs/moe_balance": "sweep",
     "runs/docs/moe_granularity": "moe",  # docs/moe.md names its baseline variant: written runs hold it
+    "runs/docs/moe_balance_forms": "sweep", "runs/docs/moe_scope": "sweep", "runs/docs/moe_capacity": "sweep",
+    "runs/docs/moe_bias_rate": "sweep",  # docs/deepseek.md
     "runs/docs/qk_norm_x_norm": "sweep", "runs/docs/act_x_pos": "sweep", "runs/equal_kv_bytes": "sweep",
     "runs/docs/window-sizes": "sweep", "runs/docs/window-patterns": "sweep",
     "runs/docs/qk_norm_x_optim": "sweep",

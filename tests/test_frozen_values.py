@@ -36,6 +36,8 @@ CASES = [
     "pos=learned", "pos=sinusoidal", "pos=rope", "pos=alibi", "pos=nope",
     "attn=mha", "attn=gqa", "attn=mqa", "attn=mla",
     "ffn=dense", "ffn=moe", "arch=llama ffn=moe ffn.dense_first=1 ffn.renorm=true",
+    "arch=deepseek", "arch=llama ffn=moe ffn.router=sigmoid ffn.shared=1 ffn.aux_scope=sequence ffn.capacity=1.0",
+    "arch=llama ffn=moe ffn.balance=bias ffn.bias_rate=0.01 ffn.capacity=1.25",
     "tie=tied", "tie=untied",
     "bias=on", "bias=off",
     "dropout=off", "dropout=on",

@@ -46,6 +46,7 @@ CASES = [
     "optim=muon act=swiglu attn=gqa", "optim=muon param=mup model.d_model=256 model.base_width=64 arch=llama",
     "optim=muon optim.adjust=original optim.adam_lr=0.003 train.lr=0.02",
     "optim=muon ffn=moe ffn.experts=4 attn=mla pos=rope act=swiglu",
+    "arch=deepseek", "arch=llama ffn=moe ffn.router=sigmoid ffn.shared=2 ffn.capacity=1.25 ffn.aux_scope=sequence",
 ]
 
 

@@ -46,6 +46,12 @@ CASES = {  # name -> (HF family, ModelSpec fields)
     "gemma3": ("gemma3_text", dict(n_kv_heads=2, norm="rmsnorm", act="geglu", pos="rope", bias=False,
                                    norm_pos="sandwich", emb_scale=True, qk_norm=True, logit_softcap=3.0,
                                    norm_eps=1e-6)),
+    # MLA with DeepSeek's MoE: sigmoid router with its choice bias (perturbed), a shared expert,
+    # norm_topk_prob from renorm, the first layer dense
+    "deepseek-moe": ("deepseek_v3", dict(LLAMA, n_kv_heads=4, attn="mla", ffn="moe", settings={
+        "attn": {"kv_rank": 24, "rope_dim": 4}, "ffn": dict(experts=4, top_k=2, d_expert=24, renorm=True,
+                                                            router="sigmoid", shared=1, balance="bias", z_coef=0.0,
+                                                            dense_first=1)})),
 }
 
 
@@ -54,6 +60,9 @@ def perturb_(module: torch.nn.Module) -> None:
         for p in module.parameters():
             if p.ndim == 1:  # gains and biases start at 1 / 0: move them so they matter
                 p.add_(torch.randn_like(p) * 0.2)
+        for name, b in module.named_buffers():  # a router's choice bias (HF: e_score_correction_bias)
+            if name.endswith(("choice_bias", "e_score_correction_bias")):
+                b.add_(torch.randn_like(b) * 0.2)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -213,7 +222,10 @@ def test_act_clamp_blocks_every_family():
     ("mixtral", dict(renorm=True, dense_first=1), "ffn.dense_first=0"),
     ("llama", dict(), "ffn='moe' (needs one of dense)"),
     ("olmoe", dict(), "OLMoE norms q and k over the whole projection width"),
-    ("deepseek_v3", dict(), "ffn='moe' (needs one of dense)"),
+    # DeepSeek-V3's router is a sigmoid with shared experts; Qwen3-MoE and Mixtral have neither, nor a choice bias
+    ("deepseek_v3", dict(), "ffn='moe' (needs ffn.router=sigmoid, ffn.shared >= 1"),
+    ("mixtral", dict(renorm=True, shared=1), "ffn.shared=0"),
+    ("mixtral", dict(renorm=True, balance="bias"), "ffn.balance other than bias (no choice bias)"),
 ])
 def test_an_moe_export_that_does_not_map_is_refused_in_one_line(family, settings, words):
     spec = ModelSpec(**{**BASE, **CASES["mixtral"][1], "settings": {"ffn": dict(experts=4, **settings)}})
@@ -239,3 +251,18 @@ def test_mla_with_what_deepseek_v3_cannot_hold_is_refused_by_its_keys():
         hf.to_hf(Transformer(spec))
     assert str(e.value) == ("no Hugging Face family matches this architecture: the closest, deepseek_v3, "
                             "differs in norm='layernorm' (needs 'rmsnorm')")
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(routed_scaling_factor=2.5), "routed_scaling_factor=2.5"),
+    (dict(n_group=2, topk_group=1), "n_group=2, topk_group=1"),
+    (dict(n_shared_experts=0), "n_shared_experts=0"),
+])
+def test_a_deepseek_v3_moe_ablate_does_not_route_as_is_refused_on_import(change, words):
+    """DeepseekV3Config's own defaults (scaling 2.5, 8 groups of which 4 chosen) route another way."""
+    config = hf.FAMILIES.get("deepseek_v3").config_from_spec(ModelSpec(**{**BASE, **CASES["deepseek-moe"][1]}))
+    for key, value in change.items():
+        setattr(config, key, value)
+    with pytest.raises(ConfigError, match=r"^HF DeepseekV3 with ") as e:
+        hf.spec_from_hf_config(config)
+    assert words in str(e.value) and "\n" not in str(e.value)

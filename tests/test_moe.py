@@ -315,9 +315,20 @@ def test_mup_takes_each_expert_and_the_router_as_hidden_matrices_of_their_own_fa
     (dict(dense_first=4), "ffn.dense_first=4"),
     (dict(dense_first=-1), "ffn.dense_first=-1"),
     (dict(d_expert=0), "ffn.d_expert"),
-    (dict(balance="bias"), "ffn.balance='bias' is not one of aux, none"),
-    (dict(router="sigmoid"), "ffn.router='sigmoid'"),
+    (dict(balance="loss"), "ffn.balance='loss' is not one of aux, bias, none"),
+    (dict(router="relu"), "ffn.router='relu' is not one of softmax, sigmoid"),
     (dict(aux_coef=-0.1), "ffn.aux_coef must be >= 0"),
+    (dict(aux_scope="token"), "ffn.aux_scope='token' is not one of batch, sequence"),
+    (dict(balance="bias", bias_rate=0.0), "ffn.bias_rate must be > 0"),
+    (dict(balance="bias", bias_rate=-1e-3), "ffn.bias_rate must be > 0"),
+    (dict(capacity=0.0), "ffn.capacity must be > 0"),
+    (dict(capacity=-1.0), "ffn.capacity must be > 0"),
+    (dict(shared=-1), "ffn.shared must be >= 0"),
+    # one balancing form's settings with another form
+    (dict(balance="aux", bias_rate=0.01), "ffn.bias_rate=0.01 is a setting of ffn.balance=bias, not of ffn.balance=aux"),
+    (dict(balance="none", bias_rate=0.01), "ffn.bias_rate=0.01 is a setting of ffn.balance=bias"),
+    (dict(balance="bias", aux_coef=0.1), "ffn.aux_coef=0.1 is a setting of ffn.balance=aux, not of ffn.balance=bias"),
+    (dict(balance="bias", aux_scope="sequence"), "ffn.aux_scope='sequence' is a setting of ffn.balance=aux"),
 ])
 def test_bad_settings_are_one_line_naming_the_key(settings, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:

@@ -128,6 +128,13 @@ CASES = [
      ["optim.adjust=original with param=mup", "match_rms_adamw"]),
     ("optim-muon-key-with-adamw", ["optim.momentum=0.9"], ["optim.momentum=0.9", "optim=adamw", "optim=muon"]),
     ("optim-ns-steps-zero", ["optim=muon", "optim.ns_steps=0"], ["optim.ns_steps", "got 0"]),
+    ("moe-bias-rate-zero", ["ffn=moe", "ffn.balance=bias", "ffn.bias_rate=0"], ["ffn.bias_rate must be > 0", "got 0.0"]),
+    ("moe-capacity-zero", ["ffn=moe", "ffn.capacity=0"], ["ffn.capacity must be > 0", "null (dropless)"]),
+    ("moe-negative-shared", ["ffn=moe", "ffn.shared=-1"], ["ffn.shared must be >= 0", "got -1"]),
+    ("moe-bias-rate-with-aux", ["ffn=moe", "ffn.bias_rate=0.01"],
+     ["ffn.bias_rate=0.01 is a setting of ffn.balance=bias, not of ffn.balance=aux"]),
+    ("moe-aux-coef-with-bias", ["ffn=moe", "ffn.balance=bias", "ffn.aux_coef=0.1"],
+     ["ffn.aux_coef=0.1 is a setting of ffn.balance=aux, not of ffn.balance=bias"]),
 ]
 
 

@@ -182,6 +182,10 @@ FAMILY_RUNS = {  # a run each family exports (ablate/hf/families.py)
     "mistral": ["arch=mistral", "model.n_heads=4", "attn.window=8"],
     "ministral": ["arch=mistral", "model.n_heads=4", "attn.window=8", "attn.global_every=2"],
 }
+# further runs a family exports: arch=deepseek (MLA with the MoE: sigmoid router, choice bias, a shared
+# expert), trained with a capacity factor: sampling is dropless, as the exported model is
+MORE_RUNS = {"deepseek_v3-moe": ("deepseek_v3", ["arch=deepseek", "ffn.capacity=1.0"])}
+RUNS = {**{f: (f, o) for f, o in FAMILY_RUNS.items()}, **MORE_RUNS}
 
 
 def write_run(run_dir, overrides) -> None:
@@ -196,6 +200,9 @@ def write_run(run_dir, overrides) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 2 * p.shape[-1] ** -0.5) if p.ndim > 1 else p.add_(0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():  # an MoE's choice bias, as training leaves it
+            if name.endswith("choice_bias"):
+                b.normal_(0, 0.2)
         model.tok_emb.weight.div_(model.emb_multiplier)  # else the token itself outweighs the blocks
     os.makedirs(run_dir)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -208,13 +215,14 @@ def test_every_family_is_covered():
     assert set(FAMILY_RUNS) == set(FAMILIES.names())
 
 
-@pytest.mark.parametrize("family", list(FAMILY_RUNS))
-def test_greedy_sample_equals_the_exported_models_greedy_generate(family, tmp_path):
+@pytest.mark.parametrize("case", list(RUNS))
+def test_greedy_sample_equals_the_exported_models_greedy_generate(case, tmp_path):
     transformers = pytest.importorskip("transformers")
     from ablate.hf import export
 
+    family, overrides = RUNS[case]
     run = tmp_path / "run"
-    write_run(run, FAMILY_RUNS[family])
+    write_run(run, overrides)
     out = export(run, tmp_path / "hf", family=family, check=False).path
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tok, n = build_tokenizer("byte"), 24

@@ -288,20 +288,23 @@ FAMILIES.add("qwen3", Family(
 # ---- MoE: Qwen3-MoE (QK-norm, norm_topk_prob, mlp_only_layers) and Mixtral ------------------------
 # Their router is a softmax over the experts' logits with no bias, its top-k gates renormalized
 # (Mixtral always; Qwen3-MoE when norm_topk_prob), the experts SwiGLU banks; neither has a shared
-# expert or a router z-loss. OLMoE norms q and k over the whole projection (no ablate option does)
-# and DeepSeek's router has a selection bias and sigmoid scores: those are refused by their keys.
+# expert, a choice bias or a router z-loss. OLMoE norms q and k over the whole projection (no
+# ablate option does): refused by name. DeepSeek's (sigmoid, choice bias, shared) is deepseek_v3.
 MOE_COMPONENTS = {**DENSE_COMPONENTS, "ffn": ("moe",)}
 
 
 def _moe_rules(mixtral: bool) -> tuple:
-    """What ffn=moe's settings must be: the softmax router, and Mixtral's limits (it always
-    renormalizes the top-k gates, and every layer routes)."""
+    """What ffn=moe's settings must be: the softmax router without a choice bias or shared
+    experts (neither family has a place for them), and Mixtral's limits (it always renormalizes
+    the top-k gates, and every layer routes)."""
     def fits(s) -> bool:
         m = MoESettings.of(s.ffn)
-        return m.router == "softmax" and (not mixtral or (m.renorm and m.dense_first == 0))
+        return (m.router == "softmax" and m.balance != "bias" and m.shared == 0
+                and (not mixtral or (m.renorm and m.dense_first == 0)))
 
-    need = ("ffn.router=softmax" + (", ffn.renorm=true (Mixtral always renormalizes the top-k gates) and "
-                                    "ffn.dense_first=0 (every Mixtral layer routes)" if mixtral else ""))
+    need = ("ffn.router=softmax, ffn.balance other than bias (no choice bias), ffn.shared=0"
+            + (", ffn.renorm=true (Mixtral always renormalizes the top-k gates) and "
+               "ffn.dense_first=0 (every Mixtral layer routes)" if mixtral else ""))
     return (("ffn", need, fits),)
 
 
@@ -491,12 +494,29 @@ FAMILIES.add("ministral", Family("ministral", "MinistralForCausalLM", LLAMA_BLOC
                                  _ministral_config, ROPE, windows=Windows.PATTERN))
 
 
-# ---- DeepSeek-V3 with dense MLPs (attn=mla) ----------------------------------------------------
+# ---- DeepSeek-V3 (attn=mla; dense MLPs, or ffn=moe with its sigmoid router) ------------------------
+# Its MoE layers: sigmoid scores, the choice made on scores + e_score_correction_bias (our choice
+# bias) within the best topk_group of n_group expert groups, the gates the unbiased scores
+# (renormalized with norm_topk_prob) times routed_scaling_factor, plus n_shared_experts shared
+# experts as one MLP. Ours is the case n_group = topk_group = 1, routed_scaling_factor = 1.
+def _deepseek_v3_moe_settings(c: Any) -> dict:
+    why = ("n_group={c.n_group}, topk_group={c.topk_group} (ablate routes over all experts: 1 and 1)"
+           if (c.n_group or 1) != 1 or (c.topk_group or 1) != 1 else
+           "routed_scaling_factor={c.routed_scaling_factor} (ablate's gates are unscaled: 1.0)"
+           if c.routed_scaling_factor != 1.0 else
+           "n_shared_experts={c.n_shared_experts} (ablate exports and imports 1 or more)"
+           if not c.n_shared_experts else "")
+    if why:
+        raise ConfigError("HF DeepseekV3 with " + why.format(c=c) + " is not supported")
+    return dict(experts=c.n_routed_experts, top_k=c.num_experts_per_tok, d_expert=c.moe_intermediate_size,
+                renorm=bool(c.norm_topk_prob), router="sigmoid", shared=c.n_shared_experts, balance="bias",
+                z_coef=0.0, dense_first=c.first_k_dense_replace or 0)
+
+
 def _deepseek_v3_spec(c: Any) -> ModelSpec:
     hd = c.hidden_size // c.num_attention_heads
     moe = c.first_k_dense_replace is None or c.first_k_dense_replace < c.num_hidden_layers
-    why = ("MoE layers (first_k_dense_replace < num_hidden_layers)" if moe else
-           f"hidden_act={c.hidden_act!r}" if c.hidden_act != "silu" else
+    why = (f"hidden_act={c.hidden_act!r}" if c.hidden_act != "silu" else
            "attention_bias (DeepseekV3's MLPs have none)" if c.attention_bias else
            "rope_interleave=True (ablate's RoPE is the half-split layout)" if c.rope_interleave else
            f"num_key_value_heads={c.num_key_value_heads} != num_attention_heads" if
@@ -506,9 +526,11 @@ def _deepseek_v3_spec(c: Any) -> ModelSpec:
     if why:
         raise ConfigError(f"HF DeepseekV3 with {why} is not supported")
     kw = _rope_spec_kwargs(c, head_dim=hd)  # its config's head_dim is the rope dim
-    return ModelSpec(**kw, norm_pos="pre", act="swiglu", bias=False, attn="mla",
+    ffn = {"ffn": "moe"} if moe else {}
+    return ModelSpec(**kw, norm_pos="pre", act="swiglu", bias=False, attn="mla", **ffn,
                      settings={"attn": {"kv_rank": c.kv_lora_rank, "q_rank": c.q_lora_rank,
-                                        "rope_dim": c.qk_rope_head_dim}},
+                                        "rope_dim": c.qk_rope_head_dim},
+                               **({"ffn": _deepseek_v3_moe_settings(c)} if moe else {})},
                      dropout=float(c.attention_dropout or 0.0))
 
 
@@ -516,11 +538,24 @@ def _deepseek_v3_config(spec: ModelSpec) -> Any:
     s = LatentShape.for_spec(spec)
     kw = _rope_config_kwargs(spec)
     kw.pop("head_dim")  # DeepseekV3 sets head_dim to qk_rope_head_dim itself
+    if spec.ffn == "moe":  # its defaults (scaling 2.5, 8 groups, 4 chosen) would be another model
+        m = MoESettings.of(spec.ffn)
+        ffn = dict(first_k_dense_replace=m.dense_first, n_routed_experts=m.experts, num_experts_per_tok=m.top_k,
+                   moe_intermediate_size=expert_width(spec, m), n_shared_experts=m.shared, norm_topk_prob=m.renorm,
+                   routed_scaling_factor=1.0, n_group=1, topk_group=1)
+    else:
+        ffn = dict(first_k_dense_replace=spec.n_layers)  # every layer's MLP dense
     return transformers_module().DeepseekV3Config(
         **kw, hidden_act="silu", attention_bias=False, initializer_range=spec.init_std,
         kv_lora_rank=s.kv_rank, q_lora_rank=s.q_rank, qk_rope_head_dim=s.rope_dim,
-        qk_nope_head_dim=s.head_dim, v_head_dim=s.head_dim, rope_interleave=False,
-        first_k_dense_replace=spec.n_layers)  # every layer's MLP dense
+        qk_nope_head_dim=s.head_dim, v_head_dim=s.head_dim, rope_interleave=False, **ffn)
+
+
+def _deepseek_v3_moe_fits(spec: ModelSpec) -> bool:
+    if spec.ffn != "moe":
+        return True
+    m = MoESettings.of(spec.ffn)
+    return m.router == "sigmoid" and m.shared >= 1 and m.experts >= 2
 
 
 FAMILIES.add("deepseek_v3", Family(
@@ -529,7 +564,10 @@ FAMILIES.add("deepseek_v3", Family(
     dict(norm="rmsnorm", norm_pos="pre", act="swiglu", pos="rope", bias=False, qk_norm=False, emb_scale=False,
          parallel_block=False, attn_softcap=None, logit_softcap=None, **NOT_IN_HF),
     _deepseek_v3_spec, _deepseek_v3_config, DEEPSEEK_V3,
-    components={"attn": ("mla",), "ffn": ("dense",)}, settings_held=("attn",)))  # its config holds the ranks
+    rules=(("ffn", "ffn.router=sigmoid, ffn.shared >= 1 and ffn.experts >= 2 (DeepseekV3's MoE: sigmoid scores, "
+            "shared experts, a top-2 group score)", _deepseek_v3_moe_fits),),
+    # its config holds MLA's ranks and the MoE's routing
+    components={"attn": ("mla",), "ffn": ("dense", "moe")}, settings_held=("attn", "ffn")))
 
 
 # HF families asked for by name that no ablate model maps to, and why.

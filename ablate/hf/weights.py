@@ -13,6 +13,9 @@ Layout differences the entries carry:
     (E, 2h, d) with rows [gate; up], down_proj (E, d, h)), the router is their `gate`; a layer
     holds its entries by kind (`layers`: "dense" FFN layers, "moe" layers; the dense_first ones
     are Qwen3-MoE's mlp_only_layers).
+  - DeepseekV3's MoE layers (ffn=moe): the same banks and router, the choice bias as the router's
+    `e_score_correction_bias`, the shared experts as one MLP of width shared * d_expert
+    (`split="shared_gate_up"`).
   - MLA's query and kv_b projections hold each part for all heads in turn ([q_C of every head;
     q_R of every head], [keys of every head; values of every head]: kv_b's two matrices stay
     whole), DeepseekV3 each head's parts in turn: their rows are reordered (`heads`).
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ablate.model.latent import LatentShape
-from ablate.model.moe_spec import is_moe_layer
+from ablate.model.moe_spec import MoESettings, expert_width, is_moe_layer
 from ablate.model.spec import ModelSpec
 
 EMBEDDING = "tok_emb.weight"  # a tied head is the embedding: HF keeps it in its state dict too
@@ -63,9 +66,17 @@ WHEN: dict[str, Callable[[ModelSpec], bool]] = {
     "q_latent": lambda s: LatentShape.for_spec(s).q_rank is not None}
 LAYERS: dict[str, Callable[[ModelSpec, int], bool]] = {
     "": lambda s, i: True, "dense": lambda s, i: not is_moe_layer(s, i), "moe": is_moe_layer}
+
+
+def _shared_width(spec: ModelSpec) -> int:
+    m = MoESettings.of(spec.ffn)
+    return m.shared * expert_width(spec, m)
+
+
 SPLITS: dict[str, Callable[[ModelSpec], tuple[int, ...]]] = {
     "qkv": lambda s: (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.n_kv_heads * s.head_dim),
-    "gate_up": lambda s: (s.d_ff, s.d_ff)}
+    "gate_up": lambda s: (s.d_ff, s.d_ff),
+    "shared_gate_up": lambda s: (_shared_width(s),) * 2}
 HEADS: dict[str, Callable[[ModelSpec], tuple[int, tuple[int, ...]]]] = {  # (heads, each head's parts' widths)
     "q": lambda s: (s.n_heads, (s.head_dim, LatentShape.for_spec(s).rope_dim)),  # q_C, q_R
     "kv_b": lambda s: (s.n_heads, (s.head_dim, s.head_dim))}  # keys, values
@@ -128,6 +139,12 @@ DEEPSEEK_V3 = tuple(e for e in ROPE if ".attn." not in e.ours) + (  # dense MLPs
     W("blocks.{i}.attn.kv_norm.weight", (_A + "kv_a_layernorm.weight",)),
     W("blocks.{i}.attn.kv_b.weight", (_A + "kv_b_proj.weight",), heads="kv_b"),
     W("blocks.{i}.attn.proj.{p}", (_A + "o_proj.{p}",)),
+    # MoE layers: the router's choice bias and the shared experts
+    W("blocks.{i}.ffn.choice_bias", (_L + "mlp.gate.e_score_correction_bias",), layers="moe"),
+    W("blocks.{i}.ffn.shared.gate_up.weight", (_L + "mlp.shared_experts.gate_proj.weight",
+                                               _L + "mlp.shared_experts.up_proj.weight"), split="shared_gate_up",
+      layers="moe"),
+    W("blocks.{i}.ffn.shared.down.weight", (_L + "mlp.shared_experts.down_proj.weight",), layers="moe"),
 )
 
 

@@ -91,23 +91,26 @@ def ffn_sizes(cfg: Any) -> dict:
 def moe_sizes(spec: ModelSpec) -> Optional[dict]:
     """ffn=moe: its experts' width and why, and the active parameters of an MoE layer against the
     dense FFN's (the gap the fair width leaves, as ffn_sizes states the GLU width's); None when dense."""
-    from ablate.model.moe_spec import MoESettings, expert_params, expert_width, router_params
+    from ablate.model.moe_spec import MoESettings, expert_params, expert_width, router_params, shared_params
 
     if spec.ffn != "moe":
         return None
     s = MoESettings.of(spec.ffn)
     h = expert_width(spec, s)
     dense = expert_params(spec.d_model, spec.d_ff, spec.gated, spec.bias)
-    experts = s.top_k * expert_params(spec.d_model, h, spec.gated, spec.bias)
+    shared = shared_params(spec.d_model, h, spec.gated, spec.bias, s.shared)
+    experts = s.top_k * expert_params(spec.d_model, h, spec.gated, spec.bias) + shared
     router = router_params(spec.d_model, s.experts)
     gap = experts - dense
+    used = f"{s.top_k} experts" if not s.shared else f"{s.top_k} routed and {s.shared} shared experts"
     how = (f"ffn.d_expert={h} is set explicitly" if s.d_expert is not None else
            f"ffn.d_expert is null, so an expert's width is the multiple of model.ffn_multiple_of="
-           f"{spec.ffn_multiple_of} whose {s.top_k} experts' parameters are nearest the dense FFN's "
+           f"{spec.ffn_multiple_of} whose {used}' parameters are nearest the dense FFN's "
            f"(d_ff {spec.d_ff}; the router not counted): {h}")
-    why = (f"ffn=moe: {s.experts} experts, top-{s.top_k}; {how}; per MoE layer a token uses {s.top_k} experts "
+    why = (f"ffn=moe: {s.experts} experts, top-{s.top_k}" + (f", {s.shared} shared" if s.shared else "")
+           + f"; {how}; per MoE layer a token uses {used} "
            f"= {experts:,} params vs the dense FFN's {dense:,} ({gap:+,}, {100 * gap / dense:+.2f}%), plus the "
-           f"router's {router:,}; {s.experts * expert_params(spec.d_model, h, spec.gated, spec.bias) + router:,} "
+           f"router's {router:,}; {s.experts * expert_params(spec.d_model, h, spec.gated, spec.bias) + shared + router:,} "
            f"params in all" + (f"; the first {s.dense_first} layers keep the dense FFN" if s.dense_first else ""))
     return {"experts": s.experts, "top_k": s.top_k, "d_expert": h, "d_expert_explicit": s.d_expert is not None,
             "moe_layers": spec.n_layers - s.dense_first, "dense_ffn_params_per_layer": dense,

@@ -130,6 +130,10 @@ class Sublayer:
     record(on):   diagnostics and coord-check turn recording on around their own forward pass;
     diag_stats(): {name: scalar} recorded while on (diag/<name>/block<i>); an attention component
                   records MAX_ATTN_LOGIT and MEAN_ABS_ATTN_LOGIT (coord-check reads the latter).
+    after_update(loads): called by the trainer after each applied optimizer step (never after a
+                  skipped one, an evaluation or any other forward) for state that follows the
+                  training rather than the gradient (an MoE's choice bias); loads: the tokens per
+                  expert the step routed through this layer, summed over micro-steps and ranks.
     """
 
     def aux_losses(self) -> dict[str, "torch.Tensor"]:
@@ -143,3 +147,6 @@ class Sublayer:
 
     def diag_stats(self) -> dict[str, "torch.Tensor"]:
         return {}
+
+    def after_update(self, loads: Optional["torch.Tensor"]) -> None:
+        pass

@@ -9,6 +9,8 @@ activation, the fraction of hidden units that never fire (`dead_ffn_frac`)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,11 +67,12 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 class MLP(DenseFFN):
     """down(act(up(x)))"""
 
-    def __init__(self, spec: ModelSpec, act: ActOption):
+    def __init__(self, spec: ModelSpec, act: ActOption, width: Optional[int] = None):
         super().__init__(act)
+        d_ff = spec.d_ff if width is None else width
         self.act = act.function(spec)
-        self.up = linear(spec.d_model, spec.d_ff, spec.bias, Role.INPUT)
-        self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
+        self.up = linear(spec.d_model, d_ff, spec.bias, Role.INPUT)
+        self.down = linear(d_ff, spec.d_model, spec.bias, Role.OUTPUT)
         self.resid_drop = nn.Dropout(spec.dropout)  # on the residual branch, as after attention
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,13 +82,13 @@ class MLP(DenseFFN):
 class GatedMLP(DenseFFN):
     """down(act(gate(x)) * up(x)); gate and up are one fused (d, 2*d_ff) matmul."""
 
-    def __init__(self, spec: ModelSpec, act: ActOption):
+    def __init__(self, spec: ModelSpec, act: ActOption, width: Optional[int] = None):
         super().__init__(act)
+        d_ff = spec.d_ff if width is None else width
         self.act = act.function(spec)
         self.clamp = spec.act_clamp
-        self.gate_up = linear(spec.d_model, 2 * spec.d_ff, spec.bias, Role.INPUT,
-                              fused=(spec.d_ff, spec.d_ff))
-        self.down = linear(spec.d_ff, spec.d_model, spec.bias, Role.OUTPUT)
+        self.gate_up = linear(spec.d_model, 2 * d_ff, spec.bias, Role.INPUT, fused=(d_ff, d_ff))
+        self.down = linear(d_ff, spec.d_model, spec.bias, Role.OUTPUT)
         self.resid_drop = nn.Dropout(spec.dropout)
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +99,8 @@ class GatedMLP(DenseFFN):
         return h
 
 
-def build_ffn(spec: ModelSpec, layer: int = 0) -> DenseFFN:
-    """ffn=dense for a layer: the act axis's choice says plain or gated."""
+def build_ffn(spec: ModelSpec, layer: int = 0, width: Optional[int] = None) -> DenseFFN:
+    """ffn=dense for a layer: the act axis's choice says plain or gated; `width` another hidden
+    width than model.d_ff (an MoE's shared experts)."""
     act = options.get("act", spec.act)
-    return (GatedMLP if act.gated else MLP)(spec, act)
+    return (GatedMLP if act.gated else MLP)(spec, act, width)

@@ -1,9 +1,12 @@
 """Axis `ffn`, option `moe`: a Mixture-of-Experts FFN with token-choice top-k routing (Shazeer
-et al. 2017; Switch Transformer; OLMoE), dropless. Its settings, checks and counts are
+et al. 2017; Switch Transformer; OLMoE), dropless unless `ffn.capacity`, with DeepSeek's parts
+(sigmoid scores, a choice bias, shared experts). Its settings, checks and counts are
 ablate/model/moe_spec.py.
 
-    x ─ router (no bias) ─ softmax ─ scores ─ top-k ─> k experts, their scores as gates (per token)
-    x ─ sorted by expert ─ W_in (grouped) ─ act ─ × gate ─ W_out (grouped) ─ Σ over the token's k rows ─> y
+    x ─ router (no bias) ─ softmax | sigmoid ─ scores ─ (+ choice bias) ─ top-k ─> k experts,
+        their unbiased scores as gates (renormalized over them with ffn.renorm)      (per token)
+    x ─ sorted by expert ─ (capacity: each expert's lowest gates dropped, training only)
+      ─ W_in (grouped) ─ act ─ × gate ─ W_out (grouped) ─ Σ over the token's kept rows ─ + shared(x) ─> y
 
 Experts follow the act axis's choice (GLU experts with swiglu: W_in holds [gate; up] per expert,
 as HF's Mixtral / Qwen3-MoE `gate_up_proj`), stored as 3-D banks (E, out, in), one matrix per
@@ -17,21 +20,25 @@ over experts with autograd through each slice, as HF's eager experts do.
 After each forward the module holds (for the objective, the log rows and diagnostics) its
 auxiliary losses, the tokens each expert received (`counts`) and, while recording, its detailed
 statistics. Only the training step reads `counts` (the trainer sums them over micro-steps), so
-evaluation, diagnostics' extra forward and the micro-batch probe count nothing.
+evaluation, diagnostics' extra forward and the micro-batch probe count nothing. With
+ffn.balance=bias the choice bias moves only in `after_update`, which the trainer calls with the
+step's loads (summed over micro-steps and ranks) after an applied optimizer step: every rank
+moves it alike, and nothing else moves it.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import torch
 from torch import nn
 
 from ablate.model import options
-from ablate.model.component import MEAN_ABS_FFN_HIDDEN, Sublayer
+from ablate.model.component import MEAN_ABS_FFN_HIDDEN, Sublayer, sublayers
 from ablate.model.ffn import DEAD_FFN_FRAC, build_ffn
-from ablate.model.moe_spec import Balance, MoESettings, expert_width
+from ablate.model.moe_spec import DROPPED, AuxScope, Balance, MoESettings, RouterKind, expert_width
 from ablate.model.roles import Role, bank, linear
 from ablate.names import BALANCE_TERM as BALANCE
 from ablate.names import ROUTER_Z_TERM as ROUTER_Z
@@ -157,10 +164,17 @@ class MoE(Sublayer, nn.Module):
         self.w_out = bank(self.E, d, d_expert, Role.OUTPUT)  # (E, d, h)
         self.b_in = bank(self.E, n_in * d_expert, None, Role.BIAS) if spec.bias else None  # (E, n_in*h)
         self.b_out = bank(self.E, d, None, Role.BIAS) if spec.bias else None  # (E, d)
+        # ffn.shared experts side by side: one FFN of width shared * d_expert that every token uses
+        self.shared = build_ffn(spec, width=settings.shared * d_expert) if settings.shared else None
+        if settings.has_choice_bias:  # added to the scores for the choice only (checkpointed)
+            self.register_buffer("choice_bias", torch.zeros(self.E))  # (E,), fp32
+        else:
+            self.choice_bias = None
         self.resid_drop = nn.Dropout(spec.dropout)
         self.path = GROUPED
         # of the last forward: tokens per expert (E,), its terms, and while recording its statistics
         self.counts: Optional[torch.Tensor] = None
+        self.dropped: Optional[torch.Tensor] = None  # with ffn.capacity in training: the fraction dropped
         self.terms: dict[str, torch.Tensor] = {}
         self.recording = False
         self.recorded: dict[str, torch.Tensor] = {}
@@ -168,10 +182,15 @@ class MoE(Sublayer, nn.Module):
     def route(self, x: torch.Tensor):
         """x (N, d) -> logits (N, E), scores (N, E) in fp32, chosen experts (N, k), gates (N, k).
         The choice and the gates are separate steps: the gates are the chosen experts' scores
-        (renormalized over them with ffn.renorm), whatever decided the choice."""
+        (renormalized over them with ffn.renorm), whatever decided the choice (the choice bias
+        moves the choice only)."""
         logits = self.router(x)  # (N, E), in the compute dtype (autocast's, or x's)
-        scores = logits.float().softmax(dim=-1)  # (N, E): ffn.router=softmax
-        chosen = scores.topk(self.k, dim=-1).indices  # (N, k)
+        if self.settings.router == RouterKind.SIGMOID.value:
+            scores = logits.float().sigmoid()  # (N, E), each in (0, 1)
+        else:
+            scores = logits.float().softmax(dim=-1)  # (N, E), summing to 1
+        choice = scores if self.choice_bias is None else scores + self.choice_bias
+        chosen = choice.topk(self.k, dim=-1).indices  # (N, k)
         gates = scores.gather(-1, chosen)  # (N, k)
         if self.settings.renorm:
             gates = gates / gates.sum(dim=-1, keepdim=True)
@@ -206,39 +225,79 @@ class MoE(Sublayer, nn.Module):
         B, T, d = x.shape
         flat = x.reshape(-1, d)  # (N, d)
         N = flat.shape[0]
-        logits, probs, top_i, gates = self.route(flat)
+        logits, scores, top_i, gates = self.route(flat)
         chosen = top_i.reshape(-1)  # (N*k,): token n's j-th expert at n*k + j
-        sorted_experts, order = torch.sort(chosen, stable=True)  # (M,), M = N*k
         counts = torch.zeros(self.E, dtype=torch.long, device=x.device).scatter_add_(
-            0, chosen, torch.ones_like(chosen))  # (E,)
-        offs = counts.cumsum(0).to(torch.int32)  # (E,)
+            0, chosen, torch.ones_like(chosen))  # (E,): the choice, before any drop
+        gate_rows = gates.reshape(-1)  # (N*k,)
+        if self.settings.capacity is not None and self.training:  # evaluation and decode: dropless
+            sorted_experts, order, kept = self._within_capacity(chosen, gate_rows, counts, N)
+            self.dropped = 1.0 - kept.sum().float() / chosen.numel()
+        else:
+            sorted_experts, order = torch.sort(chosen, stable=True)  # (M,), M = N*k
+            kept, self.dropped = counts, None
+        offs = kept.cumsum(0).to(torch.int32)  # (E,)
         token = order // self.k  # (M,): the token of each sorted row
         xs = flat[token].to(logits.dtype)  # (M, d), sorted by expert
-        ys = self.experts(xs, sorted_experts, gates.reshape(-1)[order], offs)  # (M, d)
-        # each token's k rows summed (in x's dtype: fp32 under autocast); on the CPU index_add
-        # adds in index order, so the sum is deterministic
+        ys = self.experts(xs, sorted_experts, gate_rows[order], offs)  # (M, d)
+        # each token's kept rows summed (in x's dtype: fp32 under autocast; a token with none
+        # gets zero, the residual carries it); on the CPU index_add adds in index order, so the
+        # sum is deterministic
         out = torch.zeros_like(flat).index_add_(0, token, ys.to(x.dtype))  # (N, d)
         self.counts = counts.detach()
-        self.terms = self._terms(logits, probs, counts, N) if self.training else {}
+        self.terms = self._terms(logits, scores, counts, top_i, B) if self.training else {}
         if self.recording:
-            self._record_routing(probs, counts)
-        return self.resid_drop(out.view(B, T, d))
+            self._record_routing(scores, counts)
+        y = self.resid_drop(out.view(B, T, d))
+        return y if self.shared is None else y + self.shared(x)  # (B, T, d)
 
-    def _terms(self, logits, probs, counts, n_tokens: int) -> dict[str, torch.Tensor]:
+    def _within_capacity(self, chosen: torch.Tensor, gates: torch.Tensor, counts: torch.Tensor, n_tokens: int):
+        """The assignments each expert keeps under ffn.capacity: at most ceil(capacity * k *
+        tokens / E) (at least one while capacity > 0), those with the highest gates (ties: the
+        earlier token). -> its rows sorted by expert (M',), their indices among the N*k
+        assignments (M',) and the kept count per expert (E,)."""
+        cap = math.ceil(self.settings.capacity * self.k * n_tokens / self.E)
+        by_gate = torch.sort(gates, descending=True, stable=True).indices  # (N*k,)
+        by_expert = torch.sort(chosen[by_gate], stable=True)  # each expert's rows, highest gate first
+        order = by_gate[by_expert.indices]  # (N*k,)
+        starts = counts.cumsum(0) - counts  # (E,): each expert's first row
+        rank = torch.arange(order.numel(), device=order.device) - starts[by_expert.values]  # (N*k,)
+        keep = rank < cap
+        return by_expert.values[keep], order[keep], counts.clamp(max=cap)
+
+    def _terms(self, logits, scores, counts, chosen, batch: int) -> dict[str, torch.Tensor]:
         """The weighted auxiliary losses of this layer, each divided by the MoE layer count."""
         s, out = self.settings, {}
         if s.balance == Balance.AUX.value and s.aux_coef > 0:
-            out[BALANCE] = s.aux_coef / self.moe_layers * balance_loss(probs, counts, n_tokens, self.k)
+            # the router's probabilities: sigmoid scores normalized per token (DeepSeek-V3's s')
+            probs = scores if s.router == RouterKind.SOFTMAX.value else scores / scores.sum(-1, keepdim=True)
+            if s.aux_scope == AuxScope.SEQUENCE.value:
+                loss = sequence_balance_loss(probs.view(batch, -1, self.E), chosen.view(batch, -1), self.k)
+            else:
+                loss = balance_loss(probs, counts, probs.shape[0], self.k)
+            out[BALANCE] = s.aux_coef / self.moe_layers * loss
         if s.z_coef > 0:
             out[ROUTER_Z] = s.z_coef / self.moe_layers * router_z_loss(logits)
         return out
+
+    def after_update(self, loads: Optional[torch.Tensor]) -> None:
+        """ffn.balance=bias, after an applied optimizer step: the choice bias moves by -bias_rate
+        * sign(load - mean load) against the step's loads (E,) (all its micro-steps and ranks),
+        then is centred to mean 0 (torchtitan's convention)."""
+        if self.settings.balance != Balance.BIAS.value or loads is None:
+            return
+        load = loads.to(self.choice_bias)
+        with torch.no_grad():
+            self.choice_bias.sub_(self.settings.rate * torch.sign(load - load.mean()))
+            self.choice_bias.sub_(self.choice_bias.mean())
 
     # -- the component's reports (ablate/model/component.py's Sublayer) -------------------------
     def aux_losses(self) -> dict[str, torch.Tensor]:
         return dict(self.terms)
 
     def log_stats(self) -> dict[str, torch.Tensor]:
-        return {}  # a row's imbalance is of the whole step's loads (ExpertLoads), not one micro-step's
+        # a row's imbalance is of the whole step's loads (ExpertLoads), not one micro-step's
+        return {} if self.dropped is None else {DROPPED: self.dropped.detach()}
 
     def record(self, on: bool) -> None:
         self.recording, self.recorded = on, {}
@@ -273,6 +332,17 @@ def balance_loss(probs: torch.Tensor, counts: torch.Tensor, n_tokens: int, top_k
     return E / top_k * (f * probs.mean(dim=0)).sum()
 
 
+def sequence_balance_loss(probs: torch.Tensor, chosen: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The balancing loss taken per sequence and averaged over them (DeepSeek-V3's sequence-wise
+    loss in the same normalization, 1 when each sequence is balanced): probs (B, T, E), chosen
+    (B, T*k) the experts each sequence's tokens were routed to."""
+    B, T, E = probs.shape
+    counts = torch.zeros(B, E, dtype=probs.dtype, device=probs.device).scatter_add_(
+        1, chosen, torch.ones_like(chosen, dtype=probs.dtype))  # (B, E)
+    f = counts / T  # (B, E), no gradient
+    return (E / top_k * (f * probs.mean(dim=1)).sum(-1)).mean()
+
+
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
     """ST-MoE's router z-loss: the mean over tokens of logsumexp(logits)^2."""
     return torch.logsumexp(logits.float(), dim=-1).square().mean()
@@ -294,6 +364,7 @@ class ExpertLoads:
     evaluation, diagnostics' extra forward and the micro-batch probe count no token."""
 
     def __init__(self, blocks):
+        self.blocks = list(blocks)
         self.layers = [i for i, b in enumerate(blocks) if isinstance(b.ffn, MoE)]
         self._moe = [blocks[i].ffn for i in self.layers]
         self.total: Optional[torch.Tensor] = None  # (MoE layers, E)
@@ -304,6 +375,15 @@ class ExpertLoads:
     def add(self) -> None:
         counts = torch.stack([m.counts for m in self._moe])  # (L, E)
         self.total = counts if self.total is None else self.total + counts
+
+    def after_update(self, loads: Optional[torch.Tensor]) -> None:
+        """After an applied optimizer step: every component's own update (Sublayer.after_update),
+        an MoE layer's with its row of the step's loads (L, E) (ffn.balance=bias moves its
+        choice bias)."""
+        rows = dict(zip(self.layers, loads)) if loads is not None else {}
+        for i, block in enumerate(self.blocks):
+            for c in sublayers(block):
+                c.after_update(rows.get(i) if c is block.ffn else None)
 
     def take(self) -> Optional[torch.Tensor]:
         total, self.total = self.total, None

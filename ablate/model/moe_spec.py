@@ -2,12 +2,14 @@
 width by the fair rule, and its parameter counts (total and active), which the `ffn=moe`
 declaration, `ablate inspect` and the ladders read. The module is ablate/model/moe.py.
 
-Counts, per MoE layer, with d = d_model, h = the expert width (`d_expert`), E experts, k chosen:
+Counts, per MoE layer, with d = d_model, h = the expert width (`d_expert`), E experts, k chosen,
+S shared experts:
   one expert   n_in * (d*h + b*h) + h*d + b*d      (n_in = 2 for a GLU act, 1 otherwise; b = bias;
                                                     the dense FFN's count at width h)
   router       E * d                                (no bias: no HF router has one)
-  total        router + E * expert
-  active       router + k * expert                  (the parameters one token uses)
+  shared       one FFN of width S*h (S experts side by side; none when S = 0)
+  total        router + E * expert + shared
+  active       router + k * expert + shared         (the parameters one token uses)
 The dense layers of `dense_first` count as the dense FFN does.
 """
 
@@ -24,13 +26,31 @@ class Balance(str, Enum):
     """How the experts' load is balanced."""
 
     AUX = "aux"  # the auxiliary loss (Switch Transformer; OLMo-core's normalization, 1 when balanced)
+    BIAS = "bias"  # a per-expert bias on the scores for the choice only, moved after each step (DeepSeek-V3)
     NONE = "none"
 
 
 class RouterKind(str, Enum):
-    """How the router scores the experts (softmax over the experts' logits)."""
+    """How the router scores the experts."""
 
-    SOFTMAX = "softmax"
+    SOFTMAX = "softmax"  # a softmax over the experts' logits
+    SIGMOID = "sigmoid"  # each logit's sigmoid (DeepSeek-V3)
+
+
+class AuxScope(str, Enum):
+    """Over what the balancing loss's f_i and P_i are taken."""
+
+    BATCH = "batch"  # the forward pass's tokens
+    SEQUENCE = "sequence"  # each sequence's tokens, the loss averaged over sequences (DeepSeek-V3)
+
+
+# The settings each balancing form reads: one form's settings moved from their defaults while
+# another form balances are refused (they would do nothing).
+FORM_SETTINGS = {Balance.AUX.value: ("aux_coef", "aux_scope"), Balance.BIAS.value: ("bias_rate",)}
+# with ffn.capacity, the fraction of a training forward's token-expert assignments dropped
+# (stat/moe_dropped on every row, the mean over MoE layers)
+DROPPED = "moe_dropped"
+DEFAULT_BIAS_RATE = 0.001  # DeepSeek-V3's bias update speed (its gamma) while it balances
 
 
 @dataclass(frozen=True)
@@ -42,11 +62,16 @@ class MoESettings:
     top_k:       k, experts each token is routed to
     d_expert:    an expert's hidden width; None: the fair width (`fair_d_expert`)
     renorm:      the k chosen gates renormalized to sum to 1 (Mixtral, Qwen3-MoE's norm_topk_prob)
-    balance:     `aux` (the balancing loss) or `none`
-    aux_coef:    the balancing loss's weight in the objective
+    balance:     `aux` (the balancing loss), `bias` (a choice bias moved by the loads) or `none`
+    aux_coef:    the balancing loss's weight in the objective (balance=aux)
     z_coef:      the router z-loss's weight (ST-MoE: mean over tokens of logsumexp(logits)^2)
     dense_first: the first n layers keep the dense FFN (Qwen3-MoE's mlp_only_layers)
-    router:      `softmax`
+    router:      `softmax` or `sigmoid` (DeepSeek-V3's scores)
+    shared:      S shared experts every token uses, ungated, each d_expert wide (DeepSeek's)
+    aux_scope:   `batch` or `sequence`: over what the balancing loss is taken (balance=aux)
+    bias_rate:   the choice bias's step, gamma (balance=bias); None: DEFAULT_BIAS_RATE
+    capacity:    each expert keeps at most ceil(capacity * k * tokens / E) of a training forward's
+                 tokens (the lowest gates dropped); None: dropless
     """
 
     experts: int = 8
@@ -58,6 +83,21 @@ class MoESettings:
     z_coef: float = 0.001
     dense_first: int = 0
     router: str = RouterKind.SOFTMAX.value
+    shared: int = 0
+    aux_scope: str = AuxScope.BATCH.value
+    bias_rate: Optional[float] = None
+    capacity: Optional[float] = None
+
+    @property
+    def rate(self) -> float:
+        """The choice bias's step under balance=bias."""
+        return DEFAULT_BIAS_RATE if self.bias_rate is None else self.bias_rate
+
+    @property
+    def has_choice_bias(self) -> bool:
+        """Whether its layers hold a choice bias: balance=bias moves it; a sigmoid router keeps one
+        (zero unless moved) so it holds what DeepSeek-V3's `e_score_correction_bias` holds."""
+        return self.balance == Balance.BIAS.value or self.router == RouterKind.SIGMOID.value
 
     @classmethod
     def of(cls, settings: Any) -> "MoESettings":
@@ -69,7 +109,7 @@ class MoESettings:
 
     def check(self, n_layers: int) -> None:
         """ConfigError, one line naming the key, for settings no model can have."""
-        for key in ("experts", "top_k", "d_expert", "dense_first"):
+        for key in ("experts", "top_k", "d_expert", "dense_first", "shared"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"ffn.{key} must be an integer, got {value!r}")
@@ -82,13 +122,26 @@ class MoESettings:
         if not 0 <= self.dense_first < n_layers:
             raise ConfigError(f"ffn.dense_first={self.dense_first} must be >= 0 and below model.n_layers="
                               f"{n_layers} (at least one MoE layer); use ffn=dense for a dense model")
-        for key, enum in (("balance", Balance), ("router", RouterKind)):
+        for key, enum in (("balance", Balance), ("router", RouterKind), ("aux_scope", AuxScope)):
             if getattr(self, key) not in {e.value for e in enum}:
                 raise ConfigError(f"ffn.{key}={getattr(self, key)!r} is not one of "
                                   f"{', '.join(e.value for e in enum)}")
         for key in ("aux_coef", "z_coef"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"ffn.{key} must be >= 0, got {getattr(self, key)}")
+        if self.shared < 0:
+            raise ConfigError(f"ffn.shared must be >= 0 (shared experts every token uses), got {self.shared}")
+        if self.capacity is not None and not self.capacity > 0:
+            raise ConfigError(f"ffn.capacity must be > 0 (a multiple of an expert's fair share k*tokens/E) "
+                              f"or null (dropless), got {self.capacity}")
+        if self.bias_rate is not None and not self.bias_rate > 0:
+            raise ConfigError(f"ffn.bias_rate must be > 0 (the choice bias's step per optimizer step), "
+                              f"got {self.bias_rate}; use ffn.balance=none for no balancing")
+        for form, keys in FORM_SETTINGS.items():
+            moved = [k for k in keys if getattr(self, k) != self.__dataclass_fields__[k].default]
+            if moved and self.balance != form:
+                raise ConfigError(f"ffn.{moved[0]}={getattr(self, moved[0])!r} is a setting of ffn.balance={form}, "
+                                  f"not of ffn.balance={self.balance}: drop it or set ffn.balance={form}")
 
     def is_moe(self, layer: int) -> bool:
         return layer >= self.dense_first
@@ -101,15 +154,24 @@ def expert_params(d_model: int, width: int, gated: bool, bias: bool) -> int:
     return n_in * (d_model * width + b * width) + width * d_model + b * d_model
 
 
-def fair_d_expert(d_model: int, dense_d_ff: int, gated: bool, bias: bool, top_k: int, multiple: int) -> int:
-    """The multiple of `multiple` whose k experts' parameters are nearest the dense FFN's (the
-    router not counted); a tie goes to the smaller width, as the GLU width rule's does."""
+def shared_params(d_model: int, width: int, gated: bool, bias: bool, shared: int) -> int:
+    """The shared experts of one layer: one FFN of width shared * width (none when shared = 0)."""
+    return expert_params(d_model, shared * width, gated, bias) if shared else 0
+
+
+def fair_d_expert(d_model: int, dense_d_ff: int, gated: bool, bias: bool, top_k: int, multiple: int,
+                  shared: int = 0) -> int:
+    """The multiple of `multiple` whose k routed experts' and the shared experts' parameters are
+    nearest the dense FFN's (the router not counted); a tie goes to the smaller width, as the GLU
+    width rule's does."""
+    def used(w: int) -> int:  # the expert parameters a token uses at width w
+        return top_k * expert_params(d_model, w, gated, bias) + shared_params(d_model, w, gated, bias, shared)
+
     target = expert_params(d_model, dense_d_ff, gated, bias)
-    per_unit = expert_params(d_model, 1, gated, bias) - expert_params(d_model, 0, gated, bias)
-    exact = (target / top_k - expert_params(d_model, 0, gated, bias)) / per_unit  # k*P(h) = target
+    exact = (target - used(0)) / (used(1) - used(0))  # used() is linear in w: used(exact) = target
     low = max(multiple, int(exact) // multiple * multiple)
     candidates = [w for w in (low - multiple, low, low + multiple) if w >= multiple]
-    return min(candidates, key=lambda w: (abs(top_k * expert_params(d_model, w, gated, bias) - target), w))
+    return min(candidates, key=lambda w: (abs(used(w) - target), w))
 
 
 def expert_width(spec: Any, settings: MoESettings) -> int:
@@ -117,7 +179,8 @@ def expert_width(spec: Any, settings: MoESettings) -> int:
     dense FFN (so a muP base model, at its own d_ff, gets its own fair width)."""
     if settings.d_expert is not None:
         return settings.d_expert
-    return fair_d_expert(spec.d_model, spec.d_ff, spec.gated, spec.bias, settings.top_k, spec.ffn_multiple_of)
+    return fair_d_expert(spec.d_model, spec.d_ff, spec.gated, spec.bias, settings.top_k, spec.ffn_multiple_of,
+                         settings.shared)
 
 
 def layer_params(spec: Any, layer: int, active: bool = False) -> int:
@@ -128,7 +191,8 @@ def layer_params(spec: Any, layer: int, active: bool = False) -> int:
         return expert_params(spec.d_model, spec.d_ff, spec.gated, spec.bias)
     h = expert_width(spec, s)
     n = s.top_k if active else s.experts
-    return router_params(spec.d_model, s.experts) + n * expert_params(spec.d_model, h, spec.gated, spec.bias)
+    return (router_params(spec.d_model, s.experts) + n * expert_params(spec.d_model, h, spec.gated, spec.bias)
+            + shared_params(spec.d_model, h, spec.gated, spec.bias, s.shared))
 
 
 def is_moe_layer(spec: Any, layer: int) -> bool:

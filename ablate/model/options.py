@@ -13,7 +13,7 @@ from ablate.model import moe_spec
 from ablate.model.axis import (AXES, ActOption, AttnOption, BlockOption, FfnOption, FlagOption, NormOption,
                                OptimOption, ParamOption, PosOption, component_axes, declare_axis, declared,
                                default, get, names, norm_factory, register_option, setting, store_in_hydra)
-from ablate.model.component import CacheLayout, CacheTensor, kv_layout
+from ablate.model.component import CacheLayout, CacheTensor, kv_layout, Reduce
 from ablate.model.latent import DECODE_MODES, LatentShape, ranks_of, shape_and_scales
 from ablate.model.sliding import attended_keys, spec_window
 from ablate.names import BALANCE_TERM, ROUTER_Z_TERM
@@ -186,13 +186,17 @@ register_option("ffn", "dense", "ablate.model.ffn:build_ffn",  # up/down, or gat
                 params=lambda spec, layer: ffn_layer_params(spec.d_model, spec.d_ff, spec.gated, spec.bias))
 # moe (ablate/model/moe.py; counts and checks in moe_spec.py): E experts of the act axis's kind, each
 # token routed to k; the defaults are OLMoE's recipe at 8 experts top-2 (softmax, no renorm,
-# balancing loss 0.01, router z-loss 0.001, dropless); d_expert null: the fair width
+# balancing loss 0.01, router z-loss 0.001, dropless); d_expert null: the fair width. DeepSeek's
+# parts: shared experts, the sigmoid router, the choice bias (balance=bias, bias_rate null: 0.001),
+# the sequence-wise loss; capacity null: dropless
 register_option("ffn", "moe", "ablate.model.moe:build_moe",
                 settings=dict(experts=8, top_k=2, d_expert=setting(None, int), renorm=False, balance="aux",
-                              aux_coef=0.01, z_coef=0.001, dense_first=0, router="softmax"),
+                              aux_coef=0.01, z_coef=0.001, dense_first=0, router="softmax", shared=0,
+                              aux_scope="batch", bias_rate=setting(None, float), capacity=setting(None, float)),
                 params=lambda spec, layer: moe_spec.layer_params(spec, layer),
                 active=lambda spec, layer: moe_spec.layer_params(spec, layer, active=True),
-                check=lambda spec: moe_spec.check_spec(spec), losses=(BALANCE_TERM, ROUTER_Z_TERM))
+                check=lambda spec: moe_spec.check_spec(spec), losses=(BALANCE_TERM, ROUTER_Z_TERM),
+                stats={moe_spec.DROPPED: Reduce.MEAN})
 
 # ---- flags: what each option sets in the ModelSpec ---------------------------------------------
 declare_axis("tie", FlagOption, default="tied")  # the output head shares the embedding matrix

@@ -314,6 +314,8 @@ class Trainer:
         `ablate bench` times train_step + apply_update, the same code path as fit."""
         self._optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.loads is not None:  # the components' updates that follow the step (an MoE's choice bias)
+            self.loads.after_update(self.step_loads)
 
     def fit(self, start_step: int = 0) -> Outcome:
         """Train from `start_step` to train.steps, one `step()` at a time; the outcome says how
