@@ -135,6 +135,9 @@ CASES = [
      ["ffn.bias_rate=0.01 is a setting of ffn.balance=bias, not of ffn.balance=aux"]),
     ("moe-aux-coef-with-bias", ["ffn=moe", "ffn.balance=bias", "ffn.aux_coef=0.1"],
      ["ffn.aux_coef=0.1 is a setting of ffn.balance=aux, not of ffn.balance=bias"]),
+    # a preset's setting of an option the command line replaced: named with the preset
+    ("preset-setting-of-replaced-option", ["arch=deepseek", "ffn=dense"],
+     ["arch=deepseek sets ffn.router, a setting of ffn=moe only"]),
 ]
 
 

@@ -68,6 +68,17 @@ def hydra_message(e: Exception) -> str:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     cause = e.__cause__
+    preset = re.match(r"In '([\w-]+)/([\w-]+)': ConfigKeyError", str(e))
+    if preset and isinstance(e.__context__, ConfigKeyError):
+        # a preset sets a setting of an option the command line replaced (arch=deepseek ffn=dense)
+        from ablate.config.schema import setting_owners
+
+        key, choice = e.__context__.full_key, f"{preset[1]}={preset[2]}"
+        owners = setting_owners(key)
+        if owners:
+            return (f"{choice} sets {key}, a setting of {' or '.join(owners)} only: keep "
+                    f"{' or '.join(owners)} with {choice}, or choose a preset that does not set {key}")
+        return f"{choice} sets {key}: {unknown_key_message(key, getattr(e.__context__, 'object_type', None))}"
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
             return unknown_key_message(cause.full_key, getattr(cause, "object_type", None))
