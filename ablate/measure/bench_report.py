@@ -234,10 +234,6 @@ class DecodeRow(JsonRow):
     prefill_spread: Optional[float]
     decode_spread: Optional[float]
 
-    @classmethod
-    def of(cls, x: dict) -> "DecodeRow":
-        return cls(*(x.get(f) for f in cls.__dataclass_fields__))
-
 
 def _prefill(spec: str, get: Callable[[DecodeRow], float], unit: str = "") -> Callable[[DecodeRow], str]:
     return lambda x: marked(format(get(x), spec) + unit, x.prefill_spread)

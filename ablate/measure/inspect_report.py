@@ -44,10 +44,6 @@ class RuleRow(JsonRow):
     lr_mult: float
     weight_decay_mult: float
 
-    @classmethod
-    def of(cls, x: dict) -> "RuleRow":
-        return cls(*(x.get(f) for f in cls.__dataclass_fields__))
-
 
 RULE_COLUMNS: list[Column] = [
     Column("role", lambda x: x.role, ("role",), align=Align.LEFT),
@@ -72,10 +68,6 @@ class LayerRow(JsonRow):
     rope_base: Optional[float]
     kv_positions: int
     kv_bytes: int
-
-    @classmethod
-    def of(cls, x: dict) -> "LayerRow":
-        return cls(*(x.get(f) for f in cls.__dataclass_fields__))
 
 
 LAYER_COLUMNS: list[Column] = [

@@ -44,6 +44,11 @@ class JsonRow:
     def as_dict(self) -> dict:
         return asdict(self)  # type: ignore[call-overload]
 
+    @classmethod
+    def of(cls, x: dict) -> Any:
+        """The row of a `--json` object, field by field (a key the object lacks: None)."""
+        return cls(*(x.get(f) for f in cls.__dataclass_fields__))  # type: ignore[attr-defined]
+
     def __getitem__(self, key: str) -> Any:
         return self.as_dict()[key]
 
