@@ -54,7 +54,7 @@ PLACEHOLDERS = {
     "runs/docs/moe_bias_rate": "sweep",  # docs/deepseek.md
     "runs/docs/qk_norm_x_norm": "sweep", "runs/docs/act_x_pos": "sweep", "runs/equal_kv_bytes": "sweep",
     "runs/docs/window-sizes": "sweep", "runs/docs/window-patterns": "sweep",
-    "runs/docs/qk_norm_x_optim": "sweep",
+    "runs/docs/qk_norm_x_optim": "sweep", "runs/docs/qk_norm_x_optim_lr": "sweep",
     "runs": "root",
     "OUT_DIR": "out", "hf/llama": "out",
 }
