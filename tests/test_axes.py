@@ -133,6 +133,12 @@ def test_command_line_axis_wins_over_preset():
     assert compose(["arch=vaswani", "model.emb_scale=false"]).model.emb_scale is False
     explicit = compose(["arch=llama", "model.n_kv_heads=4", "model.n_heads=8"])  # gqa's own: 2
     assert ModelSpec.from_config(explicit).n_kv_heads == 4
+    # a preset's settings of one option apply only while it is chosen: arch=deepseek's MoE with
+    # ffn=dense is arch=deepseek_dense's block; its settings still lose to the command line's
+    assert ModelSpec.from_config(compose(["arch=deepseek", "ffn=dense"])) == \
+        ModelSpec.from_config(compose(["arch=deepseek_dense"]))
+    moe = compose(["arch=deepseek", "ffn.router=softmax", "ffn.balance=aux"]).ffn
+    assert (moe.name, moe.router, moe.balance, moe.shared) == ("moe", "softmax", "aux", 1)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -136,8 +136,8 @@ CASES = [
     ("moe-aux-coef-with-bias", ["ffn=moe", "ffn.balance=bias", "ffn.aux_coef=0.1"],
      ["ffn.aux_coef=0.1 is a setting of ffn.balance=aux, not of ffn.balance=bias"]),
     # a preset's setting of an option the command line replaced: named with the preset
-    ("preset-setting-of-replaced-option", ["arch=deepseek", "ffn=dense"],
-     ["arch=deepseek sets ffn.router, a setting of ffn=moe only"]),
+    ("preset-setting-of-replaced-option", ["arch=mistral", "attn=mla"],
+     ["arch=mistral sets attn.window, a setting of attn=mha or attn=gqa or attn=mqa only"]),
 ]
 
 
