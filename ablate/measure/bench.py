@@ -399,6 +399,16 @@ def expert_path(model, path: str) -> None:
             m.path = path
 
 
+def _speed_row(variant, base, flops: float, base_flops: float) -> dict:
+    """A variant's tokens/s against the baseline's in the same rounds, and what its FLOPs explain."""
+    ratios = speed_ratios(variant, base)
+    # At equal MFU a variant's tokens/s ratio is the inverse ratio of FLOPs/token: what its
+    # extra math explains. Below that, its kernels are less efficient than the baseline's.
+    flops_ratio = base_flops / flops
+    return {TOKENS_PER_S: variant.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s, **ratios,
+            "flops_per_token": flops, "flops_ratio": flops_ratio, "efficiency": ratios["ratio"] / flops_ratio}
+
+
 def bench_variants(base_overrides: list[str], variants: list[tuple], steps: int = 10,
                    warmup: int = 2, rounds: int = 5, progress: Optional[Callable[[str], None]] = None,
                    clock: str = "wall") -> dict:
@@ -445,15 +455,9 @@ def bench_variants(base_overrides: list[str], variants: list[tuple], steps: int 
             base.run(0, max(warmup, 1))  # the baseline's compiled code went with the reset
             base.times, base.steps_timed = [], 0
             alternate([base, variant], rounds, steps_per_round, warmup)
-        ratios = speed_ratios(variant, base)
-        # At equal MFU a variant's tokens/s ratio is the inverse ratio of FLOPs/token: what its
-        # extra math explains. Below that, its kernels are less efficient than the baseline's.
-        flops_ratio = trainer.flops_per_token / v_trainer.flops_per_token
-        rows.append({"variant": label, "overrides": extra, "params": v_params,
-                     "active_params": active_params(v_spec),
-                     TOKENS_PER_S: variant.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s,
-                     **ratios, "flops_per_token": v_trainer.flops_per_token, "flops_ratio": flops_ratio,
-                     "efficiency": ratios["ratio"] / flops_ratio, "compile_fallback": bool(watch.hits),
+        rows.append({"variant": label, "overrides": extra, "params": v_params, "active_params": active_params(v_spec),
+                     **_speed_row(variant, base, v_trainer.flops_per_token, trainer.flops_per_token),
+                     "compile_fallback": bool(watch.hits),
                      **({"compile_fallback_reason": watch.reason} if watch.hits else {})})
         del v_trainer, variant
     return {"baseline": {"overrides": base_overrides, "params": params, "active_params": active_params(spec),
