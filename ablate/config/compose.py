@@ -70,7 +70,7 @@ def hydra_message(e: Exception) -> str:
     cause = e.__cause__
     preset = re.match(r"In '([\w-]+)/([\w-]+)': ConfigKeyError", str(e))
     if preset and isinstance(e.__context__, ConfigKeyError):
-        # a preset sets a setting of an option the command line replaced (arch=deepseek ffn=dense)
+        # a preset sets a setting of an option the command line replaced (arch=mistral attn=mla)
         from ablate.config.schema import setting_owners
 
         key, choice = e.__context__.full_key, f"{preset[1]}={preset[2]}"
