@@ -63,6 +63,15 @@ def test_every_axis_option_trains_compiled_on_cuda(tmp_path, variant):
     assert torch.isfinite(torch.tensor(out.result.train_loss))
 
 
+def outputs_and_grads(attn, x, ctx, explicit: bool):
+    """The attention's output and its input's gradient, on the explicit path (forced by
+    record_max_logit) or the fused one."""
+    attn.record_max_logit = explicit
+    y = attn(x, ctx)
+    (gx,) = torch.autograd.grad(y.square().sum(), x)
+    return y.detach(), gx
+
+
 @pytest.mark.parametrize("pos, softcap, n_kv", [("alibi", None, 4), ("learned", 5.0, 4),
                                                 ("alibi", 3.0, 2), ("alibi", None, 1)])
 def test_flex_attention_matches_the_explicit_path_on_cuda(pos, softcap, n_kv):
@@ -85,12 +94,7 @@ def test_flex_attention_matches_the_explicit_path_on_cuda(pos, softcap, n_kv):
         attn = CausalSelfAttention(spec).to(dev)
         ctx = options.get("pos", pos).build(spec).to(dev).context(128, dev, torch.float32)
         x = torch.randn(2, 128, 64, device=dev, requires_grad=True)
-        results = []
-        for explicit in (False, True):
-            attn.record_max_logit = explicit
-            y = attn(x, ctx)
-            (gx,) = torch.autograd.grad(y.square().sum(), x)
-            results.append((y.detach(), gx))
+        results = [outputs_and_grads(attn, x, ctx, explicit) for explicit in (False, True)]
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         flex.enable(False)
@@ -122,12 +126,7 @@ def test_flex_sliding_window_matches_the_explicit_band_on_cuda(pos, softcap, n_k
         ctx = options.get("pos", pos).build(spec).to(dev).context(512, dev, torch.float32)
         x = torch.randn(2, 512, 64, device=dev, requires_grad=True)
         flex.sliding_block_mask = lambda *a: calls.append(a) or real(*a)
-        results = []
-        for explicit in (False, True):
-            attn.record_max_logit = explicit
-            y = attn(x, ctx)
-            (gx,) = torch.autograd.grad(y.square().sum(), x)
-            results.append((y.detach(), gx))
+        results = [outputs_and_grads(attn, x, ctx, explicit) for explicit in (False, True)]
     finally:
         flex.sliding_block_mask = real
         torch.backends.cuda.matmul.allow_tf32 = tf32

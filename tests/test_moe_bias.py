@@ -23,12 +23,7 @@ BIAS = ["arch=llama", "model.n_heads=4", "ffn=moe", "ffn.experts=4", "ffn.router
         f"ffn.bias_rate={RATE}"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def biases(model) -> torch.Tensor:

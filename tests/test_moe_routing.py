@@ -19,12 +19,7 @@ from ablate.model.transformer import Transformer
 D = 32
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def spec_of(**kw) -> ModelSpec:

@@ -145,20 +145,21 @@ def active(r) -> str:
     return num(r.active_params, ",") + (f" ({r.active_delta_pct:+.2f}%)" if r.active_delta else "")
 
 
-def rich_active(r, sep: str = " ") -> str:
-    cell = num(r.active_params, ",")
-    if r.active_delta:
+def _rich_count(r, count: Optional[int], delta: Optional[int], pct: Optional[float], sep: str) -> str:
+    """A parameter count with its % difference from the baseline, yellow when it is too large."""
+    cell = num(count, ",")
+    if delta:
         color = "yellow" if r.size_differs else "dim"
-        cell += f"{sep}[{color}]({r.active_delta_pct:+.2f}%)[/{color}]"
+        cell += f"{sep}[{color}]({pct:+.2f}%)[/{color}]"
     return cell
+
+
+def rich_active(r, sep: str = " ") -> str:
+    return _rich_count(r, r.active_params, r.active_delta, r.active_delta_pct, sep)
 
 
 def rich_params(r, sep: str = " ") -> str:
-    cell = num(r.params, ",")
-    if r.params_delta:
-        color = "yellow" if r.size_differs else "dim"
-        cell += f"{sep}[{color}]({r.params_delta_pct:+.2f}%)[/{color}]"
-    return cell
+    return _rich_count(r, r.params, r.params_delta, r.params_delta_pct, sep)
 
 
 def rich_delta(r, prev: bool = False) -> str:
